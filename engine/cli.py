@@ -1,0 +1,65 @@
+"""``reptables engine serve``: run one engine process serving one table cluster.
+
+The token is taken from ``--token``, else ``REPTABLES_TOKEN``, else generated and written to
+``DATA_DIR/token`` (mode 0600) *before* the port opens, so ``YT_TOKEN=$(cat DATA_DIR/token)``
+works for the official client as soon as the engine answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from reptables.engine import logs
+from reptables.engine.cluster import Cluster
+from reptables.engine.http import create_app
+
+app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
+log = logging.getLogger("reptables.engine")
+
+
+def resolve_token(data_dir: Path, token: str | None) -> str:
+    token = token or os.environ.get("REPTABLES_TOKEN")
+    token_file = data_dir / "token"
+    if not token:
+        if token_file.exists():
+            token = token_file.read_text().strip()
+        else:
+            token = secrets.token_urlsafe(32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(token_file, 0o600)
+    return token
+
+
+@app.command()
+def serve(
+    cluster_name: Annotated[str, typer.Option("--cluster-name", help="Name of this table cluster")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Directory for the SQLite database and token")],
+    port: Annotated[int, typer.Option("--port", help="HTTP port")] = 9012,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
+    token: Annotated[str | None, typer.Option("--token", help="API token (default: $REPTABLES_TOKEN, or "
+                                                              "generated into DATA_DIR/token)")] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+) -> None:
+    """Serve the YTsaurus HTTP API for one table cluster."""
+    logs.configure(log_level)
+    secret = resolve_token(data_dir, token)
+    cluster = Cluster.open(cluster_name, data_dir)
+    cluster.start_background()
+    log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
+                                       "data_dir": str(data_dir)})
+    try:
+        uvicorn.run(create_app(cluster, secret), host=host, port=port, log_level="warning",
+                    access_log=False, timeout_graceful_shutdown=10)
+    finally:
+        cluster.close()
+        log.info("engine stopped", extra={"cluster": cluster_name})

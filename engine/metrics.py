@@ -1,0 +1,29 @@
+"""Prometheus metrics of one engine process.
+
+Each engine has its own registry (not the global one) so that several engines can live in one test
+process without clashing, and so that ``/metrics`` shows exactly this engine's figures.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("reptables_requests", "HTTP API requests", ["command", "outcome"],
+                                registry=self.registry)
+        self.latency = Histogram("reptables_request_seconds", "HTTP API request latency", ["command"],
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                          2.5, 5, 10),
+                                 registry=self.registry)
+        self.commits = Counter("reptables_commits", "Committed tablet transactions", ["kind"],
+                               registry=self.registry)
+        self.rows_written = Counter("reptables_rows_written", "Rows written by commits", registry=self.registry)
+        self.conflicts = Counter("reptables_conflicts", "Transactions aborted by a row lock conflict",
+                                 registry=self.registry)
+
+
+#: the metrics of the engine running in this process
+METRICS = EngineMetrics()

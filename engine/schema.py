@@ -1,0 +1,276 @@
+"""Table schemas in YT's shape, and validation of rows against them.
+
+A YT schema is a list of columns ``{name; type; sort_order; required; lock}``. Key columns (those
+with ``sort_order=ascending``) come first and make the row key of a sorted dynamic table. Columns
+may name a ``lock`` group: writes to columns of different groups do not conflict, which is how
+seed 003 lets two transactions update different parts of one row at once.
+
+Validation happens here, before anything reaches storage, so that a bad row fails the whole
+request with an error naming the table, the column and the reason, and nothing is applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from reptables.engine import yson_util
+from reptables.engine.errors import ErrorCode, SchemaViolation, YtError
+
+#: YT's limit on the weight of one row
+MAX_ROW_WEIGHT = 16 * 1024 * 1024
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: uint64 values are stored in signed 64-bit SQL integers; larger values are refused (docs/engine.md)
+UINT64_STORABLE_MAX = (1 << 63) - 1
+RESERVED_PREFIXES = ("_rt_", "$")
+PRIMARY_LOCK = "<primary>"
+
+
+class ColumnType(StrEnum):
+    INT64 = "int64"
+    UINT64 = "uint64"
+    DOUBLE = "double"
+    BOOLEAN = "boolean"
+    STRING = "string"
+    ANY = "any"
+
+
+_TYPE_ALIASES = {
+    "int8": ColumnType.INT64, "int16": ColumnType.INT64, "int32": ColumnType.INT64,
+    "uint8": ColumnType.UINT64, "uint16": ColumnType.UINT64, "uint32": ColumnType.UINT64,
+    "utf8": ColumnType.STRING, "float": ColumnType.DOUBLE, "yson": ColumnType.ANY,
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: ColumnType
+    sort_order: str | None = None
+    required: bool = False
+    lock: str | None = None
+    #: the type name the user wrote (kept so `get @schema` shows it back)
+    type_name: str = ""
+
+    @property
+    def is_key(self) -> bool:
+        return self.sort_order is not None
+
+    def to_yt(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type_name or str(self.type),
+                               "required": self.required}
+        if self.sort_order:
+            out["sort_order"] = self.sort_order
+        if self.lock:
+            out["lock"] = self.lock
+        return out
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    columns: tuple[Column, ...]
+    strict: bool = True
+    unique_keys: bool = False
+    by_name: dict[str, Column] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.by_name.update({c.name: c for c in self.columns})
+
+    @property
+    def key_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.is_key)
+
+    @property
+    def value_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if not c.is_key)
+
+    @property
+    def key_names(self) -> list[str]:
+        return [c.name for c in self.key_columns]
+
+    @property
+    def is_sorted(self) -> bool:
+        return bool(self.key_columns)
+
+    @property
+    def lock_groups(self) -> list[str]:
+        """Lock group names; index 0 is the primary lock (bit 0 of a lock mask)."""
+        groups = [PRIMARY_LOCK]
+        for c in self.value_columns:
+            if c.lock and c.lock not in groups:
+                groups.append(c.lock)
+        return groups
+
+    def lock_mask(self, columns: list[str] | None) -> int:
+        """The lock mask a write of ``columns`` takes; ``None`` means every column (overwrite)."""
+        groups = self.lock_groups
+        names = [c.name for c in self.value_columns] if columns is None else columns
+        mask = 0
+        for name in names:
+            col = self.by_name[name]
+            if col.is_key:
+                continue
+            mask |= 1 << groups.index(col.lock or PRIMARY_LOCK)
+        return mask or 1
+
+    def to_yt(self) -> Any:
+        return yson_util.with_attributes(
+            [c.to_yt() for c in self.columns], {"strict": self.strict, "unique_keys": self.unique_keys}
+        )
+
+    @classmethod
+    def parse(cls, raw: Any, path: str) -> TableSchema:
+        """Parse a schema given by a user (YSON/JSON structure); errors name the table."""
+        attrs = yson_util.attributes_of(raw)
+        value = yson_util.strip(raw)
+        if not isinstance(value, list) or not value:
+            raise YtError(f"Invalid schema for table {path}: expected a non-empty list of columns",
+                          code=ErrorCode.INVALID_PARAMETER)
+        columns: list[Column] = []
+        seen: set[str] = set()
+        keys_done = False
+        for i, item in enumerate(value):
+            item = yson_util.strip(item)
+            if not isinstance(item, dict):
+                raise YtError(f"Invalid schema for table {path}: column #{i} is not a map",
+                              code=ErrorCode.INVALID_PARAMETER)
+            name = yson_util.to_str(item.get("name"))
+            if not name:
+                raise YtError(f"Invalid schema for table {path}: column #{i} has no name",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if name.startswith(RESERVED_PREFIXES):
+                raise YtError(f"Invalid schema for table {path}: column name {name!r} is reserved "
+                              f"(names starting with {' or '.join(RESERVED_PREFIXES)} are system columns)",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if name in seen:
+                raise YtError(f"Invalid schema for table {path}: duplicate column {name!r}",
+                              code=ErrorCode.INVALID_PARAMETER)
+            seen.add(name)
+            type_name = yson_util.to_str(item.get("type") or item.get("type_v3") or "")
+            try:
+                col_type = _TYPE_ALIASES.get(type_name) or ColumnType(type_name)
+            except ValueError:
+                raise YtError(f"Invalid schema for table {path}: column {name!r} has unsupported type "
+                              f"{type_name!r} (supported: {', '.join(t.value for t in ColumnType)})",
+                              code=ErrorCode.INVALID_PARAMETER) from None
+            sort_order = yson_util.to_str(item.get("sort_order")) or None
+            if sort_order not in (None, "ascending"):
+                raise YtError(f"Invalid schema for table {path}: column {name!r} has unsupported sort order "
+                              f"{sort_order!r}", code=ErrorCode.INVALID_PARAMETER)
+            if sort_order and keys_done:
+                raise YtError(f"Invalid schema for table {path}: key column {name!r} follows a non-key "
+                              "column; key columns must form a prefix", code=ErrorCode.INVALID_PARAMETER)
+            if not sort_order:
+                keys_done = True
+            lock = yson_util.to_str(item.get("lock")) or None
+            if lock and sort_order:
+                raise YtError(f"Invalid schema for table {path}: key column {name!r} cannot have a lock",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if sort_order and col_type is ColumnType.ANY:
+                raise YtError(f"Invalid schema for table {path}: key column {name!r} cannot be of type any",
+                              code=ErrorCode.INVALID_PARAMETER)
+            columns.append(Column(name=name, type=col_type, sort_order=sort_order,
+                                  required=bool(item.get("required", False)), lock=lock, type_name=type_name))
+        strict = bool(attrs.get("strict", True))
+        unique_keys = bool(attrs.get("unique_keys", any(c.is_key for c in columns)))
+        return cls(columns=tuple(columns), strict=strict, unique_keys=unique_keys)
+
+
+def _coerce(value: Any, col: Column, path: str) -> Any:
+    if value is None:
+        return None
+    t = col.type
+    if t is ColumnType.INT64:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(value, col, path)
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise SchemaViolation(f"Value {value} of column {col.name!r} of table {path} is out of int64 range")
+        return int(value)
+    if t is ColumnType.UINT64:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(value, col, path)
+        if value < 0:
+            raise SchemaViolation(f"Value {value} of column {col.name!r} of table {path} is negative, "
+                                  "expected uint64")
+        if value > UINT64_STORABLE_MAX:
+            raise SchemaViolation(f"Value {value} of column {col.name!r} of table {path} exceeds {UINT64_STORABLE_MAX},"
+                                  " the largest uint64 reptables stores")
+        return int(value)
+    if t is ColumnType.DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _type_error(value, col, path)
+        value = float(value)
+        if math.isnan(value) and col.is_key:
+            raise SchemaViolation(f"NaN is not allowed in key column {col.name!r} of table {path}")
+        return value
+    if t is ColumnType.BOOLEAN:
+        if not isinstance(value, bool):
+            raise _type_error(value, col, path)
+        return bool(value)
+    if t is ColumnType.STRING:
+        if isinstance(value, bytes):
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise SchemaViolation(f"Value of column {col.name!r} of table {path} is not valid UTF-8; "
+                                      "reptables stores strings as UTF-8 text") from None
+        if not isinstance(value, str):
+            raise _type_error(value, col, path)
+        return str(value)
+    return yson_util.dumps_text(value)
+
+
+def _type_error(value: Any, col: Column, path: str) -> SchemaViolation:
+    return SchemaViolation(
+        f"Cannot write value {value!r} of type {yson_util.type_name(value)} to column {col.name!r} "
+        f"of type {col.type.value} of table {path}",
+        attributes={"column": col.name, "path": path},
+    )
+
+
+def validate_row(schema: TableSchema, row: Any, path: str, *, update: bool = False,
+                 key_only: bool = False) -> dict[str, Any]:
+    """Check one input row against the schema and return it with Python-typed values.
+
+    ``update`` is YT's update mode (unspecified columns keep their values, so ``required`` columns
+    need not all be present... except that YT still demands them: we follow YT). ``key_only`` is
+    for delete and lookup keys: exactly the key columns, all present.
+    """
+    if not isinstance(row, dict):
+        raise SchemaViolation(f"Row for table {path} must be a map, got {yson_util.type_name(row)}")
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        name = yson_util.to_str(name)
+        col = schema.by_name.get(name)
+        if col is None:
+            if name.startswith("$"):
+                continue
+            raise YtError(f"Column {name!r} is not found in the schema of table {path}",
+                          code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": path})
+        if key_only and not col.is_key:
+            raise SchemaViolation(f"Column {name!r} of table {path} is not a key column")
+        value = yson_util.to_python(value)
+        if value is None and col.required:
+            raise SchemaViolation(f"Required column {name!r} of table {path} cannot have a null value",
+                                  attributes={"column": name, "path": path})
+        out[name] = _coerce(value, col, path)
+    for col in schema.key_columns:
+        if col.name not in out:
+            raise SchemaViolation(f"Missing key column {col.name!r} in a row of table {path}",
+                                  attributes={"column": col.name, "path": path})
+    if not key_only:
+        for col in schema.value_columns:
+            if col.required and col.name not in out:
+                raise SchemaViolation(f"Missing required column {col.name!r} in a row of table {path}",
+                                      attributes={"column": col.name, "path": path})
+    return out
+
+
+def row_weight(row: dict[str, Any]) -> int:
+    """An estimate of YT's row weight, to enforce the 16 MiB limit."""
+    weight = 0
+    for name, value in row.items():
+        weight += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
+    return weight

@@ -1,0 +1,431 @@
+"""Dynamic tables: sorted (keyed, multi-versioned) and ordered (append-only, per-tablet queues).
+
+This module knows how table data is laid out in SQL and how to read it at a timestamp; it knows
+nothing of transactions beyond "apply these already-validated, already-locked writes with this
+commit timestamp" and "which keys changed after timestamp T" (the conflict check of seed 003).
+
+Sorted tables keep two SQL tables: the latest image (what SQL tools see) and the versions
+(what reads at a timestamp and conflict checks use). Ordered tables are one SQL table keyed by
+``(tablet_index, row_index)``; a row's timestamp is its commit timestamp, and row indexes are
+assigned at commit so they follow commit order within a tablet.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+
+from reptables.engine import yson_util
+from reptables.engine.errors import ErrorCode, SchemaViolation, TabletStateError, YtError
+from reptables.engine.query import QuerySource
+from reptables.engine.schema import ColumnType, TableSchema
+from reptables.engine.storage import (
+    DELETED,
+    LOCK_MASK,
+    ROW_INDEX,
+    TABLET_INDEX,
+    TS,
+    UserTables,
+    read_locks_table,
+    tablets_table,
+)
+
+#: rows per SQL statement when we bind key lists
+_CHUNK = 500
+
+
+class TabletState(StrEnum):
+    UNMOUNTED = "unmounted"
+    MOUNTING = "mounting"
+    MOUNTED = "mounted"
+    FREEZING = "freezing"
+    FROZEN = "frozen"
+    UNFREEZING = "unfreezing"
+    UNMOUNTING = "unmounting"
+
+
+class WriteKind(StrEnum):
+    WRITE = "write"
+    DELETE = "delete"
+    LOCK = "lock"
+
+
+@dataclass
+class RowWrite:
+    """One row change of a transaction, merged per key before commit."""
+
+    kind: WriteKind
+    row: dict[str, Any]
+    #: lock groups this write takes (bit 0 = primary lock)
+    mask: int
+    #: update mode: columns not in ``row`` keep their stored values
+    update: bool = False
+    #: for LOCK: True for shared (read) locks, False for exclusive
+    shared: bool = False
+    strong: bool = False
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "row": self.row, "mask": self.mask, "update": self.update,
+                "shared": self.shared, "strong": self.strong}
+
+    @classmethod
+    def from_payload(cls, data: dict[str, Any]) -> RowWrite:
+        return cls(kind=WriteKind(data["kind"]), row=data["row"], mask=int(data["mask"]),
+                   update=bool(data["update"]), shared=bool(data["shared"]), strong=bool(data["strong"]))
+
+
+def _null_first(value: Any) -> tuple[int, Any]:
+    return (0, 0) if value is None else (1, value)
+
+
+def key_sort_tuple(key: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
+    return tuple(_null_first(v) for v in key)
+
+
+@dataclass
+class DynamicTable:
+    """A mounted-or-not dynamic table and its tablets."""
+
+    table_id: str
+    schema: TableSchema
+    sql: UserTables
+    pivot_keys: list[list[Any]] = field(default_factory=lambda: [[]])
+    tablet_count_ordered: int = 1
+    state: TabletState = TabletState.UNMOUNTED
+    atomicity: str = "full"
+    #: ordered tables: per tablet [row_count, trimmed_row_count]; kept in sync with _rt_tablets
+    tablet_rows: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def sorted(self) -> bool:
+        return self.schema.is_sorted
+
+    @property
+    def tablet_count(self) -> int:
+        return len(self.pivot_keys) if self.sorted else self.tablet_count_ordered
+
+    def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(row[name] for name in self.schema.key_names)
+
+    def tablet_of_key(self, key: tuple[Any, ...]) -> int:
+        if len(self.pivot_keys) == 1:
+            return 0
+        pivots = [key_sort_tuple(tuple(p)) for p in self.pivot_keys[1:]]
+        return bisect.bisect_right(pivots, key_sort_tuple(key))
+
+    def tablet_for_row(self, row: dict[str, Any], explicit: Any = None) -> int:
+        if self.sorted:
+            return self.tablet_of_key(self.key_of(row))
+        if explicit is not None:
+            index = int(explicit)
+            if not 0 <= index < self.tablet_count:
+                raise YtError(f"Invalid $tablet_index {index}: table has {self.tablet_count} tablets",
+                              code=ErrorCode.NO_SUCH_TABLET)
+            return index
+        return random.randrange(self.tablet_count)
+
+    # -- state checks ----------------------------------------------------------------------------
+
+    def check_writable(self, path: str) -> None:
+        if self.state == TabletState.FROZEN:
+            raise TabletStateError(f"Cannot write into table {path}: its tablets are frozen",
+                                   attributes={"path": path, "tablet_state": self.state.value})
+        if self.state != TabletState.MOUNTED:
+            raise TabletStateError(f"Cannot write into table {path}: table is not mounted "
+                                   f"(tablet state is {self.state.value!r})",
+                                   code=ErrorCode.TABLET_NOT_MOUNTED,
+                                   attributes={"path": path, "tablet_state": self.state.value})
+
+    def check_readable(self, path: str) -> None:
+        if self.state not in (TabletState.MOUNTED, TabletState.FROZEN, TabletState.FREEZING,
+                              TabletState.UNFREEZING):
+            raise TabletStateError(f"Cannot read from table {path}: table is not mounted "
+                                   f"(tablet state is {self.state.value!r})",
+                                   code=ErrorCode.TABLET_NOT_MOUNTED,
+                                   attributes={"path": path, "tablet_state": self.state.value})
+
+    # -- conflict checks -------------------------------------------------------------------------
+
+    def find_conflicts(self, conn: sa.Connection, writes: dict[tuple[Any, ...], RowWrite],
+                       start_ts: int) -> tuple[tuple[Any, ...], str] | None:
+        """First key whose write or lock conflicts with history after ``start_ts`` (seed 003)."""
+        versions = self.sql.versions
+        assert versions is not None
+        keycols = [versions.c[n] for n in self.schema.key_names]
+        changed: dict[tuple[Any, ...], int] = {}
+        stmt = sa.select(*keycols, versions.c[LOCK_MASK]).where(versions.c[TS] > start_ts)
+        for row in conn.execute(stmt):
+            key = tuple(row[:-1])
+            if key in writes:
+                changed[key] = changed.get(key, 0) | row[-1]
+        for key, mask in changed.items():
+            if _masks_conflict(mask, writes[key].mask):
+                return key, "a write with a timestamp greater than the transaction start timestamp"
+        if any(not w.shared for w in writes.values()):
+            rl = read_locks_table
+            stmt = sa.select(rl.c.row_key, rl.c.lock_mask).where(
+                rl.c.table_id == self.table_id, rl.c.timestamp > start_ts)
+            for row_key, mask in conn.execute(stmt):
+                key = tuple(yson_util.loads_text(row_key))
+                w = writes.get(key)
+                if w is not None and not w.shared and _masks_conflict(mask, w.mask):
+                    return key, "a lock taken after the transaction start timestamp"
+        return None
+
+    # -- applying writes -------------------------------------------------------------------------
+
+    def apply(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
+              tablet_index: int | None = None) -> int:
+        """Apply merged writes with ``commit_ts``; returns the number of data rows written."""
+        if self.sorted:
+            return self._apply_sorted(conn, writes, commit_ts)
+        return self._apply_ordered(conn, writes, commit_ts, tablet_index or 0)
+
+    def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int) -> int:
+        data, versions = self.sql.data, self.sql.versions
+        assert versions is not None
+        keys = self.schema.key_names
+        values = [c.name for c in self.schema.value_columns]
+        updates = [w for w in writes if w.kind is WriteKind.WRITE and w.update]
+        current: dict[tuple[Any, ...], dict[str, Any]] = {}
+        if updates:
+            current = self._fetch_latest(conn, [self.key_of(w.row) for w in updates])
+        upserts: list[dict[str, Any]] = []
+        deletes: list[dict[str, Any]] = []
+        version_rows: list[dict[str, Any]] = []
+        lock_rows: list[dict[str, Any]] = []
+        for w in writes:
+            if w.kind is WriteKind.LOCK:
+                if w.strong or not w.shared:
+                    lock_rows.append({"table_id": self.table_id,
+                                      "row_key": yson_util.dumps_text(list(self.key_of(w.row))),
+                                      "lock_mask": w.mask, "timestamp": commit_ts})
+                continue
+            if w.kind is WriteKind.DELETE:
+                key_part = {k: w.row[k] for k in keys}
+                deletes.append(key_part)
+                version_rows.append({**key_part, **dict.fromkeys(values), TS: commit_ts,
+                                     DELETED: True, LOCK_MASK: w.mask})
+                continue
+            if w.update:
+                image = dict(current.get(self.key_of(w.row)) or dict.fromkeys(values))
+                image.update(w.row)
+            else:
+                image = {**dict.fromkeys(values), **w.row}
+            upserts.append({**image, TS: commit_ts})
+            version_rows.append({**image, TS: commit_ts, DELETED: False, LOCK_MASK: w.mask})
+        if deletes:
+            for chunk in _chunks(deletes):
+                conn.execute(data.delete().where(
+                    sa.tuple_(*[data.c[k] for k in keys]).in_([tuple(d[k] for k in keys) for d in chunk])))
+        if upserts:
+            self._upsert(conn, upserts)
+        if version_rows:
+            conn.execute(versions.insert(), version_rows)
+        if lock_rows:
+            self._record_locks(conn, lock_rows)
+        return len(upserts) + len(deletes)
+
+    def _upsert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        data = self.sql.data
+        keys = self.schema.key_names
+        dialect = conn.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            if dialect == "sqlite":
+                from sqlalchemy.dialects.sqlite import insert as dialect_insert
+            else:
+                from sqlalchemy.dialects.postgresql import insert as dialect_insert
+            stmt = dialect_insert(data)
+            non_keys = [c.name for c in data.columns if c.name not in keys]
+            stmt = stmt.on_conflict_do_update(index_elements=keys,
+                                              set_={n: stmt.excluded[n] for n in non_keys})
+            conn.execute(stmt, rows)
+            return
+        for chunk in _chunks(rows):
+            conn.execute(data.delete().where(
+                sa.tuple_(*[data.c[k] for k in keys]).in_([tuple(r[k] for k in keys) for r in chunk])))
+            conn.execute(data.insert(), chunk)
+
+    def _record_locks(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        rl = read_locks_table
+        for row in rows:
+            updated = conn.execute(rl.update().where(
+                rl.c.table_id == row["table_id"], rl.c.row_key == row["row_key"],
+                rl.c.lock_mask == row["lock_mask"]).values(timestamp=row["timestamp"]))
+            if updated.rowcount == 0:
+                conn.execute(rl.insert().values(**row))
+
+    def _apply_ordered(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
+                       tablet_index: int) -> int:
+        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
+        start = counts[0]
+        rows = []
+        for i, w in enumerate(writes):
+            row = {c.name: w.row.get(c.name) for c in self.schema.columns}
+            row.update({TABLET_INDEX: tablet_index, ROW_INDEX: start + i, TS: commit_ts})
+            rows.append(row)
+        if rows:
+            conn.execute(self.sql.data.insert(), rows)
+            conn.execute(tablets_table.update().where(
+                tablets_table.c.table_id == self.table_id,
+                tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
+            counts[0] = start + len(rows)
+        return len(rows)
+
+    def trim_rows(self, conn: sa.Connection, tablet_index: int, trimmed_row_count: int, path: str) -> None:
+        if self.sorted:
+            raise YtError(f"Cannot trim sorted table {path}: trim_rows is for ordered tables",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if not 0 <= tablet_index < self.tablet_count:
+            raise YtError(f"Invalid tablet index {tablet_index} for table {path} with {self.tablet_count} "
+                          "tablets", code=ErrorCode.NO_SUCH_TABLET)
+        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
+        if trimmed_row_count > counts[0]:
+            raise YtError(f"Cannot trim tablet {tablet_index} of table {path} to {trimmed_row_count} rows: "
+                          f"it has only {counts[0]} rows", code=ErrorCode.INVALID_PARAMETER)
+        if trimmed_row_count <= counts[1]:
+            return
+        data = self.sql.data
+        conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
+                                         data.c[ROW_INDEX] < trimmed_row_count))
+        conn.execute(tablets_table.update().where(
+            tablets_table.c.table_id == self.table_id,
+            tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=trimmed_row_count))
+        counts[1] = trimmed_row_count
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def _fetch_latest(self, conn: sa.Connection, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict]:
+        data = self.sql.data
+        names = self.schema.key_names
+        result: dict[tuple[Any, ...], dict[str, Any]] = {}
+        cols = [data.c[c.name] for c in self.schema.columns]
+        for chunk in _chunks(keys):
+            stmt = sa.select(*cols).where(sa.tuple_(*[data.c[k] for k in names]).in_(chunk))
+            for row in conn.execute(stmt):
+                d = dict(zip([c.name for c in self.schema.columns], row, strict=True))
+                result[tuple(d[k] for k in names)] = d
+        return result
+
+    def _fetch_at(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int) -> dict[tuple[Any, ...], dict]:
+        versions = self.sql.versions
+        assert versions is not None
+        names = self.schema.key_names
+        colnames = [c.name for c in self.schema.columns]
+        cols = [versions.c[n] for n in colnames]
+        result: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for key in keys:
+            stmt = (sa.select(*cols, versions.c[DELETED])
+                    .where(*[versions.c[k] == v for k, v in zip(names, key, strict=True)], versions.c[TS] <= ts)
+                    .order_by(versions.c[TS].desc()).limit(1))
+            row = conn.execute(stmt).first()
+            if row is not None and not row[-1]:
+                result[key] = dict(zip(colnames, row[:-1], strict=True))
+        return result
+
+    def lookup(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int | None) -> list[dict | None]:
+        found = self._fetch_latest(conn, keys) if ts is None else self._fetch_at(conn, keys, ts)
+        return [found.get(k) for k in keys]
+
+    def query_source(self, ts: int | None) -> QuerySource:
+        """The relation a query reads: latest data, or the versions visible at ``ts``."""
+        types = {c.name: c.type.value for c in self.schema.columns}
+        if not self.sorted:
+            data = self.sql.data
+            cols: dict[str, sa.ColumnElement[Any]] = {
+                "$tablet_index": data.c[TABLET_INDEX], "$row_index": data.c[ROW_INDEX],
+                "$timestamp": data.c[TS]}
+            cols.update({c.name: data.c[c.name] for c in self.schema.columns})
+            types.update({"$tablet_index": "int64", "$row_index": "int64", "$timestamp": "uint64"})
+            if ts is None:
+                return QuerySource(from_clause=data, columns=cols, column_types=types)
+            sub = sa.select(data).where(data.c[TS] <= ts).subquery("visible")
+            return QuerySource(from_clause=sub, columns={
+                name: sub.c[col.name] for name, col in cols.items()}, column_types=types)
+        if ts is None:
+            data = self.sql.data
+            return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in self.schema.columns},
+                               column_types=types)
+        versions = self.sql.versions
+        assert versions is not None
+        names = self.schema.key_names
+        latest = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
+                  .where(versions.c[TS] <= ts).group_by(*[versions.c[k] for k in names]).subquery("latest"))
+        visible = (sa.select(*[versions.c[c.name] for c in self.schema.columns])
+                   .join(latest, sa.and_(*[versions.c[k] == latest.c[k] for k in names],
+                                         versions.c[TS] == latest.c["m"]))
+                   .where(versions.c[DELETED] == sa.false())
+                   .subquery("visible"))
+        return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in self.schema.columns},
+                           column_types=types)
+
+    def compact(self, conn: sa.Connection, horizon: int) -> int:
+        """Drop versions no read at or after ``horizon`` can see; returns the number removed."""
+        versions = self.sql.versions
+        if versions is None:
+            return 0
+        names = self.schema.key_names
+        keep = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
+                .where(versions.c[TS] <= horizon).group_by(*[versions.c[k] for k in names]).subquery("keep"))
+        rows = conn.execute(sa.select(*[keep.c[k] for k in names], keep.c["m"])).all()
+        removed = 0
+        for row in rows:
+            key_cond = [versions.c[k] == v for k, v in zip(names, row[:-1], strict=True)]
+            removed += conn.execute(versions.delete().where(*key_cond, versions.c[TS] < row[-1])).rowcount
+            removed += conn.execute(versions.delete().where(
+                *key_cond, versions.c[TS] == row[-1], versions.c[DELETED] == sa.true())).rowcount
+        rl = read_locks_table
+        conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
+        return removed
+
+
+def _masks_conflict(a: int, b: int) -> bool:
+    """Lock groups conflict on overlap; the primary lock (bit 0) conflicts with every group."""
+    if a & b:
+        return True
+    return bool((a & 1) and b) or bool((b & 1) and a)
+
+
+def _chunks(items: list[Any]) -> list[list[Any]]:
+    return [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+
+
+def validate_key_not_null(schema: TableSchema, row: dict[str, Any], path: str) -> None:
+    for col in schema.key_columns:
+        if row.get(col.name) is None:
+            raise SchemaViolation(f"Key column {col.name!r} of table {path} cannot be null "
+                                  "(reptables keys are SQL primary keys)",
+                                  attributes={"column": col.name, "path": path})
+
+
+def parse_pivot_keys(raw: Any, schema: TableSchema, path: str) -> list[list[Any]]:
+    pivots = yson_util.to_python(raw)
+    if not isinstance(pivots, list) or not pivots or any(not isinstance(p, list) for p in pivots):
+        raise YtError(f"Invalid pivot keys for table {path}: expected a list of key lists",
+                      code=ErrorCode.INVALID_PARAMETER)
+    if pivots[0] != []:
+        raise YtError(f"Invalid pivot keys for table {path}: the first pivot key must be []",
+                      code=ErrorCode.INVALID_PARAMETER)
+    keycols = schema.key_columns
+    for p in pivots[1:]:
+        if len(p) > len(keycols) or not p:
+            raise YtError(f"Invalid pivot key {p} for table {path}: it must be a non-empty prefix of "
+                          f"the key columns {[c.name for c in keycols]}", code=ErrorCode.INVALID_PARAMETER)
+        for value, col in zip(p, keycols, strict=False):
+            if value is not None and col.type in (ColumnType.INT64, ColumnType.UINT64) and (
+                    isinstance(value, bool) or not isinstance(value, int)):
+                raise YtError(f"Invalid pivot key {p} for table {path}: value {value!r} does not match "
+                              f"key column {col.name!r} of type {col.type.value}", code=ErrorCode.INVALID_PARAMETER)
+            if value is not None and col.type is ColumnType.STRING and not isinstance(value, str):
+                raise YtError(f"Invalid pivot key {p} for table {path}: value {value!r} does not match "
+                              f"key column {col.name!r} of type string", code=ErrorCode.INVALID_PARAMETER)
+    sort_keys = [key_sort_tuple(tuple(p)) for p in pivots[1:]]
+    if any(a >= b for a, b in zip(sort_keys, sort_keys[1:], strict=False)):
+        raise YtError(f"Invalid pivot keys for table {path}: pivot keys must be strictly increasing",
+                      code=ErrorCode.INVALID_PARAMETER)
+    return pivots

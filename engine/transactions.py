@@ -1,0 +1,464 @@
+"""Tablet transactions (seed 003): snapshot isolation, row locks, two-phase commit, recovery.
+
+A tablet transaction lives in the engine between ``start_transaction`` and ``commit_transaction``
+(the HTTP proxy plays the role of YT's client library, which buffers writes). Reads inside it use
+its start timestamp; its own writes are invisible to it until commit.
+
+Commit groups the buffered writes by *participant* (one tablet of one table) and then:
+
+* one participant: one-phase commit — conflict checks, commit timestamp and the write happen in
+  one SQL transaction under the writer lock (YT also commits single-participant transactions in
+  one phase);
+* several participants: two-phase commit — each participant *prepares* (checks conflicts, takes
+  row locks in the lock table, writes a durable prepare record with the write set), the
+  coordinator durably records its *commit decision* with the commit timestamp, and the
+  participants apply the writes and drop their prepare records. After a crash, prepared
+  participants with a decision are committed from their records and those without one are
+  aborted (presumed abort), so a transaction is either wholly visible or not at all.
+
+Visibility: a reader at timestamp T must see every commit with a smaller timestamp. A commit
+timestamp is registered as *in flight* at the moment it is generated, and readers at T >= it wait
+until it is applied (``wait_visible``), which closes the window between "timestamp chosen" and
+"rows written".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+
+from reptables.engine import faults, yson_util
+from reptables.engine.errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
+from reptables.engine.metrics import METRICS
+from reptables.engine.storage import Storage, commits_table, prepared_table
+from reptables.engine.tables import DynamicTable, RowWrite, WriteKind
+from reptables.engine.timestamps import COUNTER_BITS, TimestampProvider
+
+#: seed 003: "Transactions must be short (the default limit is 1 minute)"
+MAX_TRANSACTION_LIFETIME = 60.0
+#: seed 003: "Transactions must write a limited amount of data (the default limit is 100,000 rows)"
+MAX_ROWS_PER_TRANSACTION = 100_000
+#: seed 003: client_timestamp_threshold, one minute by default
+CLIENT_TIMESTAMP_THRESHOLD = 60.0
+
+ATOMIC_TX_TYPE = 0x2
+NON_ATOMIC_TX_TYPE = 0x3
+
+
+class Atomicity(StrEnum):
+    FULL = "full"
+    NONE = "none"
+
+
+class Durability(StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class TxState(StrEnum):
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+def make_object_id(object_type: int, counter: int = 0) -> str:
+    """A YT-shaped object id ``a-b-c-d`` whose third part carries the object type."""
+    raw = uuid.uuid4().int
+    return f"{(raw >> 96) & 0xFFFFFFFF:x}-{(raw >> 64) & 0xFFFFFFFF:x}-{((counter & 0xFFFF) << 16) | object_type:x}-" \
+           f"{raw & 0xFFFFFFFF:x}"
+
+
+@dataclass
+class Participant:
+    """One tablet of one table taking part in a commit."""
+
+    table: DynamicTable
+    path: str
+    tablet_index: int
+    writes: list[RowWrite]
+
+    @property
+    def name(self) -> str:
+        return f"{self.table.table_id}:{self.tablet_index}"
+
+
+@dataclass
+class TabletTransaction:
+    id: str
+    start_timestamp: int
+    atomicity: Atomicity
+    durability: Durability
+    started_at: float
+    timeout: float
+    state: TxState = TxState.ACTIVE
+    #: (table_id, tablet) -> key or row position -> merged write, in arrival order
+    writes: dict[tuple[str, int], dict[Any, RowWrite]] = field(default_factory=dict)
+    tables: dict[str, tuple[DynamicTable, str]] = field(default_factory=dict)
+    row_count: int = 0
+    last_ping: float = 0.0
+    commit_timestamp: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def check_active(self) -> None:
+        if self.state is not TxState.ACTIVE:
+            raise YtError(f"Transaction {self.id} is {self.state.value}, cannot use it",
+                          code=ErrorCode.INVALID_TRANSACTION_STATE)
+        if time.monotonic() - self.started_at > MAX_TRANSACTION_LIFETIME:
+            raise YtError(f"Transaction {self.id} has exceeded the maximum lifetime of "
+                          f"{MAX_TRANSACTION_LIFETIME:.0f} s and can no longer be used",
+                          code=ErrorCode.INVALID_TRANSACTION_STATE)
+
+    def add(self, table: DynamicTable, path: str, tablet: int, write: RowWrite) -> None:
+        """Buffer a write, merging it with earlier writes of the same key (last one wins)."""
+        if self.row_count >= MAX_ROWS_PER_TRANSACTION:
+            raise YtError(f"Transaction {self.id} exceeds the limit of {MAX_ROWS_PER_TRANSACTION} rows",
+                          code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION,
+                          attributes={"limit": MAX_ROWS_PER_TRANSACTION})
+        self.row_count += 1
+        self.tables[table.table_id] = (table, path)
+        bucket = self.writes.setdefault((table.table_id, tablet), {})
+        if not table.sorted:
+            bucket[len(bucket)] = write
+            return
+        key = table.key_of(write.row)
+        prev = bucket.get(key)
+        bucket[key] = _merge(prev, write) if prev is not None else write
+
+
+def _merge(prev: RowWrite, new: RowWrite) -> RowWrite:
+    if new.kind is WriteKind.LOCK:
+        if prev.kind is WriteKind.LOCK:
+            return RowWrite(WriteKind.LOCK, new.row, prev.mask | new.mask,
+                            shared=prev.shared and new.shared, strong=prev.strong or new.strong)
+        prev.mask |= new.mask
+        return prev
+    mask = prev.mask | new.mask
+    if new.kind is WriteKind.WRITE and new.update and prev.kind is WriteKind.WRITE:
+        return RowWrite(WriteKind.WRITE, {**prev.row, **new.row}, mask, update=prev.update)
+    if new.kind is WriteKind.WRITE and new.update and prev.kind is WriteKind.DELETE:
+        return RowWrite(WriteKind.WRITE, new.row, mask, update=False)
+    return RowWrite(new.kind, new.row, mask, update=new.update)
+
+
+@dataclass
+class _LockHolder:
+    transaction_id: str
+    mask: int
+    shared: bool
+
+
+class LockTable:
+    """Row locks held by prepared (not yet committed) transactions."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, tuple[Any, ...]], list[_LockHolder]] = defaultdict(list)
+
+    def conflict(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> str | None:
+        for holder in self._locks.get((table_id, key), ()):
+            if holder.transaction_id == tx_id:
+                continue
+            if holder.shared and write.kind is WriteKind.LOCK and write.shared:
+                continue
+            if holder.mask & write.mask or (holder.mask & 1) or (write.mask & 1):
+                return holder.transaction_id
+        return None
+
+    def acquire(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> None:
+        shared = write.kind is WriteKind.LOCK and write.shared
+        self._locks[(table_id, key)].append(_LockHolder(tx_id, write.mask, shared))
+
+    def release(self, tx_id: str) -> None:
+        for lock_key in list(self._locks):
+            holders = [h for h in self._locks[lock_key] if h.transaction_id != tx_id]
+            if holders:
+                self._locks[lock_key] = holders
+            else:
+                del self._locks[lock_key]
+
+
+class TransactionManager:
+    def __init__(self, storage: Storage, timestamps: TimestampProvider,
+                 resolve_table: Callable[[str], tuple[DynamicTable, str] | None]) -> None:
+        self.storage = storage
+        self.timestamps = timestamps
+        self._resolve_table = resolve_table
+        self._transactions: dict[str, TabletTransaction] = {}
+        self._lock_table = LockTable()
+        self._lock = threading.Lock()
+        self._inflight: set[int] = set()
+        self._inflight_cond = threading.Condition()
+
+    # -- timestamps and visibility -----------------------------------------------------------------
+
+    def _begin_commit_timestamp(self, at_least: int = 0) -> int:
+        with self._inflight_cond:
+            ts = self.timestamps.generate()
+            if at_least > ts:
+                self.timestamps.observe(at_least)
+                ts = at_least
+            self._inflight.add(ts)
+            return ts
+
+    def _end_commit_timestamp(self, ts: int) -> None:
+        with self._inflight_cond:
+            self._inflight.discard(ts)
+            self._inflight_cond.notify_all()
+
+    def wait_visible(self, ts: int, timeout: float = 10.0) -> None:
+        """Block until no commit with a timestamp <= ``ts`` is still being applied."""
+        deadline = time.monotonic() + timeout
+        with self._inflight_cond:
+            while any(t <= ts for t in self._inflight):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise YtError(f"Timed out waiting for commits before timestamp {ts:x} to be applied",
+                                  code=ErrorCode.TIMEOUT)
+                self._inflight_cond.wait(remaining)
+
+    def oldest_active_start_timestamp(self) -> int | None:
+        with self._lock:
+            starts = [t.start_timestamp for t in self._transactions.values()
+                      if t.state is TxState.ACTIVE and t.atomicity is Atomicity.FULL]
+        return min(starts) if starts else None
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def start(self, atomicity: Atomicity = Atomicity.FULL, durability: Durability = Durability.SYNC,
+              timeout: float | None = None, start_timestamp: int | None = None) -> TabletTransaction:
+        if durability is Durability.ASYNC and atomicity is Atomicity.FULL:
+            raise YtError("durability=async is only allowed for non-atomic transactions (atomicity=none)",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if atomicity is Atomicity.FULL:
+            if start_timestamp is not None:
+                raise YtError("start_timestamp may only be given for non-atomic transactions (atomicity=none)",
+                              code=ErrorCode.INVALID_PARAMETER)
+            start_ts = self.timestamps.generate()
+            tx_type = ATOMIC_TX_TYPE
+        else:
+            start_ts = start_timestamp if start_timestamp is not None else int(time.time()) << COUNTER_BITS
+            tx_type = NON_ATOMIC_TX_TYPE
+        now = time.monotonic()
+        tx = TabletTransaction(id=make_object_id(tx_type), start_timestamp=start_ts, atomicity=atomicity,
+                               durability=durability, started_at=now,
+                               timeout=min(timeout or MAX_TRANSACTION_LIFETIME, MAX_TRANSACTION_LIFETIME),
+                               last_ping=now)
+        with self._lock:
+            self._transactions[tx.id] = tx
+        return tx
+
+    def get(self, tx_id: str) -> TabletTransaction:
+        with self._lock:
+            tx = self._transactions.get(tx_id)
+        if tx is None:
+            raise NoSuchTransaction(f"No such transaction {tx_id}", attributes={"transaction_id": tx_id})
+        return tx
+
+    def ping(self, tx_id: str) -> None:
+        tx = self.get(tx_id)
+        tx.check_active()
+        tx.last_ping = time.monotonic()
+
+    def abort(self, tx_id: str) -> None:
+        tx = self.get(tx_id)
+        with tx.lock:
+            if tx.state is TxState.COMMITTED:
+                raise YtError(f"Transaction {tx_id} is already committed", code=ErrorCode.INVALID_TRANSACTION_STATE)
+            tx.state = TxState.ABORTED
+        self._forget(tx)
+
+    def _forget(self, tx: TabletTransaction) -> None:
+        with self._lock:
+            self._transactions.pop(tx.id, None)
+
+    def expire(self) -> int:
+        """Abort transactions past their lifetime or unpinged past their timeout."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [t for t in self._transactions.values() if t.state is TxState.ACTIVE and (
+                now - t.started_at > MAX_TRANSACTION_LIFETIME or now - t.last_ping > t.timeout)]
+        for tx in stale:
+            tx.state = TxState.ABORTED
+            self._forget(tx)
+        return len(stale)
+
+    # -- commit ----------------------------------------------------------------------------------
+
+    def commit(self, tx: TabletTransaction) -> int:
+        with tx.lock:
+            tx.check_active()
+            tx.state = TxState.COMMITTING
+        try:
+            ts = self._commit(tx)
+        except BaseException:
+            tx.state = TxState.ABORTED
+            self._forget(tx)
+            raise
+        tx.state = TxState.COMMITTED
+        tx.commit_timestamp = ts
+        self._forget(tx)
+        return ts
+
+    def _participants(self, tx: TabletTransaction) -> list[Participant]:
+        parts = []
+        for (table_id, tablet), bucket in tx.writes.items():
+            table, path = tx.tables[table_id]
+            parts.append(Participant(table, path, tablet, list(bucket.values())))
+        for part in parts:
+            part.table.check_writable(part.path)
+            if part.table.atomicity != tx.atomicity.value:
+                raise YtError(
+                    f"Atomicity mismatch: table {part.path} has atomicity {part.table.atomicity!r}, "
+                    f"transaction {tx.id} has atomicity {tx.atomicity.value!r}",
+                    code=ErrorCode.INVALID_TRANSACTION_ATOMICITY,
+                    attributes={"path": part.path, "transaction_id": tx.id})
+        return parts
+
+    def _commit(self, tx: TabletTransaction) -> int:
+        parts = self._participants(tx)
+        if not parts:
+            return self.timestamps.generate()
+        if tx.atomicity is Atomicity.NONE:
+            return self._commit_non_atomic(tx, parts)
+        if len(parts) == 1:
+            return self._commit_one_phase(tx, parts[0])
+        return self._commit_two_phase(tx, parts)
+
+    def _check(self, conn: sa.Connection, tx: TabletTransaction, part: Participant) -> None:
+        if not part.table.sorted:
+            return
+        keyed = {part.table.key_of(w.row): w for w in part.writes}
+        for key, write in keyed.items():
+            holder = self._lock_table.conflict(part.table.table_id, key, write, tx.id)
+            if holder is not None:
+                raise self._conflict_error(tx, part, key, f"a lock held by transaction {holder}")
+        found = part.table.find_conflicts(conn, keyed, tx.start_timestamp)
+        if found is not None:
+            raise self._conflict_error(tx, part, found[0], found[1])
+
+    @staticmethod
+    def _conflict_error(tx: TabletTransaction, part: Participant, key: tuple[Any, ...], why: str) -> LockConflict:
+        METRICS.conflicts.inc()
+        return LockConflict(
+            f"Row lock conflict due to concurrent write: transaction {tx.id} conflicts on key "
+            f"{list(key)} of table {part.path} with {why}",
+            attributes={"transaction_id": tx.id, "path": part.path, "key": list(key),
+                        "start_timestamp": tx.start_timestamp})
+
+    def _commit_one_phase(self, tx: TabletTransaction, part: Participant) -> int:
+        ts = 0
+        try:
+            with self.storage.write() as conn:
+                self._check(conn, tx, part)
+                ts = self._begin_commit_timestamp()
+                rows = part.table.apply(conn, part.writes, ts, part.tablet_index)
+        finally:
+            if ts:
+                self._end_commit_timestamp(ts)
+        METRICS.rows_written.inc(rows)
+        METRICS.commits.labels(kind="one_phase").inc()
+        return ts
+
+    def _commit_non_atomic(self, tx: TabletTransaction, parts: list[Participant]) -> int:
+        server_ts = self.timestamps.generate()
+        drift = abs((server_ts >> COUNTER_BITS) - (tx.start_timestamp >> COUNTER_BITS))
+        if drift > CLIENT_TIMESTAMP_THRESHOLD:
+            raise YtError("Transaction timestamp is off limits, check the local clock readings",
+                          code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"client_timestamp": tx.start_timestamp, "server_timestamp": server_ts})
+        ts = 0
+        rows = 0
+        try:
+            with self.storage.write(durable=tx.durability is Durability.SYNC) as conn:
+                ts = self._begin_commit_timestamp(at_least=tx.start_timestamp)
+                for part in parts:
+                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index)
+        finally:
+            if ts:
+                self._end_commit_timestamp(ts)
+        METRICS.rows_written.inc(rows)
+        METRICS.commits.labels(kind="non_atomic").inc()
+        return ts
+
+    def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant]) -> int:
+        prepared: list[Participant] = []
+        prepare_ts = self.timestamps.generate()
+        try:
+            for part in parts:
+                with self.storage.write() as conn:
+                    self._check(conn, tx, part)
+                    conn.execute(prepared_table.insert().values(
+                        transaction_id=tx.id, participant=part.name, start_timestamp=tx.start_timestamp,
+                        prepare_timestamp=prepare_ts,
+                        payload=yson_util.dumps_text({"table_id": part.table.table_id, "path": part.path,
+                                                      "tablet_index": part.tablet_index,
+                                                      "writes": [w.to_payload() for w in part.writes]})))
+                    if part.table.sorted:
+                        for w in part.writes:
+                            self._lock_table.acquire(part.table.table_id, part.table.key_of(w.row), w, tx.id)
+                prepared.append(part)
+                faults.crash_point("after_prepare")
+        except BaseException:
+            self._abort_prepared(tx, prepared)
+            raise
+        ts = 0
+        rows = 0
+        try:
+            with self.storage.write() as conn:
+                ts = self._begin_commit_timestamp()
+                conn.execute(commits_table.insert().values(
+                    transaction_id=tx.id, commit_timestamp=ts,
+                    participants=yson_util.dumps_text([p.name for p in parts])))
+            faults.crash_point("after_commit_decision")
+            with self.storage.write() as conn:
+                for part in parts:
+                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index)
+                conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx.id))
+                conn.execute(commits_table.delete().where(commits_table.c.transaction_id == tx.id))
+        finally:
+            self._lock_table.release(tx.id)
+            if ts:
+                self._end_commit_timestamp(ts)
+        METRICS.rows_written.inc(rows)
+        METRICS.commits.labels(kind="two_phase").inc()
+        return ts
+
+    def _abort_prepared(self, tx: TabletTransaction, prepared: list[Participant]) -> None:
+        self._lock_table.release(tx.id)
+        if prepared:
+            with self.storage.write() as conn:
+                conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx.id))
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self) -> tuple[int, int]:
+        """Resolve in-doubt transactions left by a crash; returns (committed, aborted)."""
+        committed = aborted = 0
+        with self.storage.write() as conn:
+            decisions = {r.transaction_id: r.commit_timestamp for r in conn.execute(sa.select(commits_table))}
+            rows = conn.execute(sa.select(prepared_table)).all()
+            for row in rows:
+                ts = decisions.get(row.transaction_id)
+                if ts is None:
+                    aborted += 1
+                    continue
+                payload = yson_util.loads_text(row.payload)
+                resolved = self._resolve_table(payload["table_id"])
+                if resolved is None:
+                    continue
+                table, _ = resolved
+                writes = [RowWrite.from_payload(w) for w in payload["writes"]]
+                self.timestamps.observe(ts)
+                table.apply(conn, writes, ts, int(payload["tablet_index"]))
+                committed += 1
+            conn.execute(prepared_table.delete())
+            conn.execute(commits_table.delete())
+        return committed, aborted

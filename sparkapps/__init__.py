@@ -1,0 +1,1 @@
+"""reptables.sparkapps — PySpark data source and bootstrap jobs (arrives with the bootstrap issue)."""
