@@ -652,7 +652,8 @@ class Cluster:
                           start_timestamp: int | None = None) -> str:
         if type != "tablet":
             raise YtError(f"Transaction type {type!r} is not supported: reptables serves tablet "
-                          "transactions only (start_transaction type=tablet)", code=ErrorCode.INVALID_PARAMETER)
+                          "transactions only: use yt.wrapper.Transaction(type=\"tablet\") or "
+                          "`yt execute start_transaction '{type=tablet}'`", code=ErrorCode.INVALID_PARAMETER)
         try:
             atom = Atomicity(atomicity or "full")
             dur = Durability(durability or "sync")

@@ -26,7 +26,7 @@ INTERNAL_PREFIX = "_rt_"
 OBJECT_TYPES = {
     "map_node": 0x12F, "document": 0x132, "string_node": 0x12A, "int64_node": 0x12B, "uint64_node": 0x12C,
     "double_node": 0x12D, "boolean_node": 0x13A, "list_node": 0x130, "table": 0x191,
-    "replicated_table": 0x2C5, "table_replica": 0x2C6, "table_collocation": 0x3F5,
+    "replicated_table": 0x2C4, "table_replica": 0x2C5, "table_collocation": 0x3F5,
 }
 
 

@@ -12,7 +12,6 @@ storage that is momentarily unavailable answers 503, which clients retry.
 
 from __future__ import annotations
 
-import gzip
 import hmac
 import json
 import logging
@@ -288,10 +287,9 @@ def _decompress(body: bytes, encoding: str) -> bytes:
     if encoding in ("", "identity"):
         return body
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
+        if encoding in ("gzip", "deflate"):
+            # YT clients label zlib streams "gzip"; wbits=47 accepts both zlib and gzip headers
+            return zlib.decompress(body, zlib.MAX_WBITS | 32)
         if encoding == "br":
             import brotli
 
@@ -401,6 +399,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             fmt = parse_format(params.get("input_format") or request.headers.get("x-yt-input-format"))
             input_value = load_rows(body, fmt) if cmd.input_type == "tabular" else load_structured(body, fmt)
         result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
+        if _bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
+            result = result["value"]
         if cmd.output_type is None:
             return Response(status_code=200, headers={"X-YT-Response-Code": "0"})
         fmt = parse_format(params.get("output_format") or request.headers.get("x-yt-output-format"),

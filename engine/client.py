@@ -1,0 +1,744 @@
+"""A small, typed client for the YTsaurus HTTP proxy API v4, as the reptables engine speaks it.
+
+Why this module exists: the official ``yt.wrapper`` client is large, configured through global
+state and synchronous only. Code of reptables that talks to an engine (the operator, jobs, tests)
+wants a client it can hold in one object, close deterministically and use from asyncio, raising
+the engine's own error classes. This is it, in the style of httpx: :class:`Client` and
+:class:`AsyncClient` have the same constructor and methods (the async ones are coroutines). Both
+build every request (``_Build``, ``_Request``) and parse every response (``_parse_*``,
+``_error_from_response``) with the same private helpers; the two classes differ only in the call
+that moves bytes, so the protocol is written down exactly once.
+
+The tricky parts of the protocol, all handled here:
+
+* **Parameters** travel JSON-encoded in the ``X-YT-Parameters`` header (``X-YT-Header-Format:
+  json``). HTTP headers are bytes, not text, so the JSON is ASCII-escaped (``ensure_ascii``): a
+  query that mentions ``"привет"`` arrives intact.
+* **HTTP method** follows the command's descriptor: ``PUT`` when the command reads a body,
+  ``POST`` when it mutates (is "volatile"), ``GET`` otherwise. :meth:`Client.call` learns the
+  descriptors of commands this module does not know from ``GET /api/v4``.
+* **Formats**: rows and values travel as JSON with ``encode_utf8=false``. YT's JSON format
+  defaults to ``encode_utf8=true``, under which every *byte* of a string's UTF-8 form travels as one
+  code point (``"п"`` becomes ``"Ð¿"``); turning it off makes strings plain Unicode in both
+  directions. Tabular data is one JSON value per line (a ``null`` line is a missing row of
+  ``lookup_rows(keep_missing_rows=True)``); structured data is one JSON value.
+* **Result wrapping**: v4 wraps structured results in a one-key map (``get`` → ``{"value": ...}``,
+  ``create`` → ``{"node_id": ...}``, ``start_transaction`` → ``{"transaction_id": ...}``, ...).
+  The typed methods unwrap it; :meth:`Client.call` returns what the proxy sent.
+* **YSON attributes** on values appear in JSON as ``{"$attributes": {...}, "$value": ...}`` and are
+  returned as-is (e.g. ``get(path, attributes=["type"])``). The same form is accepted on input, so
+  a row value or a ``set`` value that is a map with a ``"$value"`` key is read by the proxy as an
+  attributed YSON value. One exception for convenience: ``get("<table>/@schema")`` returns a
+  :class:`Schema` — a list of column dicts that keeps the schema's own attributes (``strict``,
+  ``unique_keys``) in ``.attributes`` and is sent back in the attributed form when passed as a
+  parameter or value, so ``create("table", p2, attributes={"schema": client.get(p1 + "/@schema")})``
+  copies a schema exactly.
+* **Errors**: one hierarchy. A failed command answers with a YT error (JSON body and the
+  ``X-YT-Error`` header; a ``X-YT-Response-Code`` other than ``0`` also means failure), rebuilt by
+  :meth:`YtError.from_dict` into the most specific class (``ResolveError``, ``LockConflict``, ...).
+  A request that never got an answer (connection refused, timeout) raises :class:`TransportError`,
+  an :class:`~reptables.engine.errors.UnavailableError` (code 105), so ``except YtError`` catches
+  everything this client raises.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from reptables.engine.errors import (
+    AlreadyExistsError,
+    AuthenticationError,
+    ErrorCode,
+    LockConflict,
+    NoSuchTransaction,
+    QuerySyntaxError,
+    ResolveError,
+    SchemaViolation,
+    TabletStateError,
+    UnavailableError,
+    YtError,
+)
+
+__all__ = [
+    "AlreadyExistsError",
+    "AsyncClient",
+    "AuthenticationError",
+    "Client",
+    "ErrorCode",
+    "LockConflict",
+    "NoSuchTransaction",
+    "QuerySyntaxError",
+    "ResolveError",
+    "Schema",
+    "SchemaViolation",
+    "TabletStateError",
+    "TransportError",
+    "UnavailableError",
+    "YtError",
+]
+
+#: JSON with strings as plain Unicode (see the module docstring on ``encode_utf8``)
+_JSON_FORMAT: dict[str, Any] = {"$value": "json", "$attributes": {"encode_utf8": False}}
+
+_Row = Mapping[str, Any]
+
+
+class TransportError(UnavailableError):
+    """The request got no HTTP answer: connection refused or reset, DNS failure, timeout.
+
+    ``url`` is the request's URL and ``cause`` the underlying ``httpx`` exception (also chained as
+    ``__cause__``). The code is ``UNAVAILABLE`` (105), like a proxy that answers 503, so callers
+    can treat both as "retry later".
+    """
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"Cannot reach YT proxy at {url}: {type(cause).__name__}: {cause}",
+                         attributes={"url": url})
+        self.url = url
+        self.cause = cause
+
+
+class Schema(list[dict[str, Any]]):
+    """A table schema as returned by ``get(".../@schema")``: a list of column dicts.
+
+    ``attributes`` holds the schema's YSON attributes (``strict``, ``unique_keys``); when a
+    ``Schema`` is sent back (``create`` attributes, ``set``) it travels in the attributed form.
+    """
+
+    def __init__(self, columns: Iterable[dict[str, Any]] = (), attributes: dict[str, Any] | None = None) -> None:
+        super().__init__(columns)
+        self.attributes: dict[str, Any] = dict(attributes or {})
+
+    def __repr__(self) -> str:
+        return f"Schema({list(self)!r}, attributes={self.attributes!r})"
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A command's descriptor: what it reads and writes, and whether it mutates."""
+
+    input_type: str | None  # None, "structured" or "tabular"
+    output_type: str | None
+    volatile: bool
+
+    @property
+    def http_method(self) -> str:
+        if self.input_type is not None:
+            return "PUT"
+        return "POST" if self.volatile else "GET"
+
+
+_READ = _Spec(None, "structured", volatile=False)
+_ACTION = _Spec(None, None, volatile=True)
+_ROWS_IN = _Spec("tabular", None, volatile=True)
+
+#: the commands with typed methods; any other command's descriptor is fetched by ``call``
+_KNOWN_SPECS: dict[str, _Spec] = {
+    "create": _Spec(None, "structured", volatile=True),
+    "get": _READ,
+    "set": _Spec("structured", None, volatile=True),
+    "remove": _ACTION,
+    "exists": _READ,
+    "list": _READ,
+    "mount_table": _ACTION,
+    "unmount_table": _ACTION,
+    "freeze_table": _ACTION,
+    "unfreeze_table": _ACTION,
+    "reshard_table": _ACTION,
+    "trim_rows": _ACTION,
+    "insert_rows": _ROWS_IN,
+    "delete_rows": _ROWS_IN,
+    "lock_rows": _ROWS_IN,
+    "lookup_rows": _Spec("tabular", "tabular", volatile=False),
+    "select_rows": _Spec(None, "tabular", volatile=False),
+    "generate_timestamp": _READ,
+    "start_transaction": _Spec(None, "structured", volatile=True),
+    "ping_transaction": _ACTION,
+    "commit_transaction": _Spec(None, "structured", volatile=True),
+    "abort_transaction": _ACTION,
+}
+
+
+# -- encoding -------------------------------------------------------------------------------------
+
+
+def _to_wire(value: Any) -> Any:
+    """``value`` with every :class:`Schema` in YT's attributed JSON form."""
+    if isinstance(value, Schema):
+        return {"$attributes": _to_wire(value.attributes), "$value": [_to_wire(c) for c in value]}
+    if isinstance(value, Mapping):
+        return {k: _to_wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def _dump_json(value: Any) -> str:
+    return json.dumps(_to_wire(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _encode_input(spec: _Spec, value: Any) -> bytes:
+    if spec.input_type == "tabular":
+        return "".join(_dump_json(row) + "\n" for row in value).encode("utf-8")
+    return _dump_json(value).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One HTTP request, and the function that turns its successful response into a result."""
+
+    method: str
+    url: str
+    parse: Callable[[httpx.Response], Any]
+    params: dict[str, Any] | None = None
+    body: bytes | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"X-YT-Header-Format": "json"}
+        if self.params is not None:
+            headers["X-YT-Parameters"] = json.dumps(_to_wire(self.params), ensure_ascii=True,
+                                                    separators=(",", ":"))
+        return headers
+
+    @classmethod
+    def command(cls, name: str, params: Mapping[str, Any], input: Any = None, *, spec: _Spec | None = None,
+                unwrap: str | None = None, convert: Callable[[Any], Any] | None = None) -> _Request:
+        """A request of command ``name`` (``spec`` defaults to the known one).
+
+        Parameters whose value is None are left out. A structured result is unwrapped from its
+        one-key map ``{unwrap: ...}``, then passed through ``convert``.
+        """
+        spec = spec or _KNOWN_SPECS[name]
+        wire_params = {k: v for k, v in params.items() if v is not None}
+        body = None
+        if spec.input_type is not None:
+            wire_params["input_format"] = _JSON_FORMAT
+            body = _encode_input(spec, input)
+        parse: Callable[[httpx.Response], Any] = _parse_nothing
+        if spec.output_type is not None:
+            wire_params["output_format"] = _JSON_FORMAT
+            parse = _parse_tabular if spec.output_type == "tabular" else partial(
+                _parse_structured, unwrap=unwrap, convert=convert)
+        return cls(spec.http_method, f"/api/v4/{name}", parse, wire_params, body)
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+def _parse_nothing(response: httpx.Response) -> None:
+    return None
+
+
+def _parse_structured(response: httpx.Response, unwrap: str | None,
+                      convert: Callable[[Any], Any] | None) -> Any:
+    value = json.loads(response.content.decode("utf-8"))
+    if unwrap is not None:
+        value = value[unwrap]
+    return convert(value) if convert is not None else value
+
+
+def _parse_tabular(response: httpx.Response) -> list[Any]:
+    text = response.content.decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _parse_descriptors(response: httpx.Response) -> dict[str, _Spec]:
+    def kind(raw: str | None) -> str | None:
+        return None if raw in (None, "", "null") else raw
+
+    return {d["name"]: _Spec(kind(d.get("input_type")), kind(d.get("output_type")), bool(d.get("is_volatile")))
+            for d in response.json()}
+
+
+def _to_schema(value: Any) -> Any:
+    """A ``get`` result of a ``@schema`` attribute as a :class:`Schema` (anything else unchanged)."""
+    if isinstance(value, dict) and isinstance(value.get("$value"), list):
+        return Schema(value["$value"], value.get("$attributes"))
+    if isinstance(value, list):
+        return Schema(value)
+    return value
+
+
+def _error_from_response(response: httpx.Response) -> YtError | None:
+    """The YT error a response carries, or None if it is a success."""
+    if response.is_success and response.headers.get("X-YT-Response-Code", "0") == "0":
+        return None
+    for raw in (response.headers.get("X-YT-Error"), response.content.decode("utf-8", errors="replace")):
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "code" in data:
+            return YtError.from_dict(data)
+    # not a YT error (e.g. a load balancer's 502 page): keep the status and the text
+    code = ErrorCode.UNAVAILABLE if response.status_code in (502, 503, 504) else ErrorCode.GENERIC
+    return YtError.from_dict({
+        "code": code,
+        "message": f"HTTP {response.status_code} from {response.request.url}: {response.text[:1000]}",
+        "attributes": {"http_status": response.status_code, "url": str(response.request.url)},
+    })
+
+
+def _result(req: _Request, response: httpx.Response) -> Any:
+    error = _error_from_response(response)
+    if error is not None:
+        raise error
+    return req.parse(response)
+
+
+# -- the requests of the typed methods, shared by both clients ------------------------------------
+
+
+class _Build:
+    """The request of each typed method, built from that method's arguments (same names, same order)."""
+
+    @staticmethod
+    def descriptors() -> _Request:
+        return _Request("GET", "/api/v4", _parse_descriptors)
+
+    @staticmethod
+    def call(specs: Mapping[str, _Spec], command: str, params: Mapping[str, Any], input: Any) -> _Request:
+        if command not in specs:
+            raise YtError(f"Command {command!r} is not supported by this proxy", code=ErrorCode.NO_SUCH_METHOD)
+        return _Request.command(command, params, input, spec=specs[command])
+
+    @staticmethod
+    def create(type: str, path: str, attributes: dict[str, Any] | None, recursive: bool, ignore_existing: bool,
+               force: bool) -> _Request:
+        return _Request.command("create", {
+            "type": type, "path": path, "attributes": attributes, "recursive": recursive,
+            "ignore_existing": ignore_existing, "force": force}, unwrap="node_id")
+
+    @staticmethod
+    def get(path: str, attributes: list[str] | None) -> _Request:
+        is_schema = path.rstrip("/").endswith("/@schema")
+        return _Request.command("get", {"path": path, "attributes": attributes}, unwrap="value",
+                                convert=_to_schema if is_schema else None)
+
+    @staticmethod
+    def set(path: str, value: Any, recursive: bool, force: bool) -> _Request:
+        return _Request.command("set", {"path": path, "recursive": recursive, "force": force}, value)
+
+    @staticmethod
+    def remove(path: str, recursive: bool, force: bool) -> _Request:
+        return _Request.command("remove", {"path": path, "recursive": recursive, "force": force})
+
+    @staticmethod
+    def exists(path: str) -> _Request:
+        return _Request.command("exists", {"path": path}, unwrap="value", convert=bool)
+
+    @staticmethod
+    def list(path: str, attributes: builtins.list[str] | None) -> _Request:
+        return _Request.command("list", {"path": path, "attributes": attributes}, unwrap="value")
+
+    @staticmethod
+    def mount_table(path: str, freeze: bool) -> _Request:
+        return _Request.command("mount_table", {"path": path, "freeze": freeze})
+
+    @staticmethod
+    def by_path(command: str, path: str) -> _Request:
+        """unmount_table, freeze_table, unfreeze_table: commands of a path alone."""
+        return _Request.command(command, {"path": path})
+
+    @staticmethod
+    def reshard_table(path: str, pivot_keys: builtins.list[builtins.list[Any]] | None,
+                      tablet_count: int | None) -> _Request:
+        return _Request.command("reshard_table", {"path": path, "pivot_keys": pivot_keys,
+                                                  "tablet_count": tablet_count})
+
+    @staticmethod
+    def trim_rows(path: str, tablet_index: int, trimmed_row_count: int) -> _Request:
+        return _Request.command("trim_rows", {"path": path, "tablet_index": tablet_index,
+                                              "trimmed_row_count": trimmed_row_count})
+
+    @staticmethod
+    def insert_rows(path: str, rows: Iterable[_Row], update: bool | None, transaction_id: str | None,
+                    atomicity: str | None, durability: str | None, require_sync_replica: bool | None) -> _Request:
+        return _Request.command("insert_rows", {
+            "path": path, "update": update, "transaction_id": transaction_id, "atomicity": atomicity,
+            "durability": durability, "require_sync_replica": require_sync_replica}, list(rows))
+
+    @staticmethod
+    def delete_rows(path: str, keys: Iterable[_Row], transaction_id: str | None, atomicity: str | None,
+                    durability: str | None, require_sync_replica: bool | None) -> _Request:
+        return _Request.command("delete_rows", {
+            "path": path, "transaction_id": transaction_id, "atomicity": atomicity, "durability": durability,
+            "require_sync_replica": require_sync_replica}, list(keys))
+
+    @staticmethod
+    def lock_rows(path: str, keys: Iterable[_Row], locks: builtins.list[str] | None, lock_type: str | None,
+                  transaction_id: str | None) -> _Request:
+        return _Request.command("lock_rows", {
+            "path": path, "locks": locks, "lock_type": lock_type, "transaction_id": transaction_id}, list(keys))
+
+    @staticmethod
+    def lookup_rows(path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None,
+                    timestamp: int | None, keep_missing_rows: bool | None, transaction_id: str | None) -> _Request:
+        return _Request.command("lookup_rows", {
+            "path": path, "column_names": column_names, "timestamp": timestamp,
+            "keep_missing_rows": keep_missing_rows, "transaction_id": transaction_id}, list(keys))
+
+    @staticmethod
+    def select_rows(query: str, timestamp: int | None, transaction_id: str | None,
+                    output_row_limit: int | None) -> _Request:
+        return _Request.command("select_rows", {
+            "query": query, "timestamp": timestamp, "transaction_id": transaction_id,
+            "output_row_limit": output_row_limit})
+
+    @staticmethod
+    def generate_timestamp() -> _Request:
+        return _Request.command("generate_timestamp", {}, unwrap="timestamp")
+
+    @staticmethod
+    def start_transaction(type: str, atomicity: str | None, durability: str | None,
+                          timeout: int | None) -> _Request:
+        return _Request.command("start_transaction", {
+            "type": type, "atomicity": atomicity, "durability": durability, "timeout": timeout},
+            unwrap="transaction_id")
+
+    @staticmethod
+    def by_transaction_id(command: str, transaction_id: str) -> _Request:
+        """ping_transaction, abort_transaction: commands of a transaction id alone."""
+        return _Request.command(command, {"transaction_id": transaction_id})
+
+    @staticmethod
+    def commit_transaction(transaction_id: str) -> _Request:
+        return _Request.command("commit_transaction", {"transaction_id": transaction_id}, unwrap="commit_timestamp")
+
+
+class _Config:
+    """What :class:`Client` and :class:`AsyncClient` make of their constructor arguments."""
+
+    def __init__(self, proxy_url: str, token: str | None, timeout: float) -> None:
+        if "://" not in proxy_url:
+            proxy_url = f"http://{proxy_url}"
+        self.proxy_url = proxy_url.rstrip("/")
+        token = token if token is not None else os.environ.get("YT_TOKEN")
+        self.headers = {"Authorization": f"OAuth {token}"} if token else {}
+        self.timeout = httpx.Timeout(timeout)
+        #: command descriptors; ``call`` adds the proxy's own on meeting an unknown command
+        self.specs: dict[str, _Spec] = dict(_KNOWN_SPECS)
+
+
+class Client:
+    """A synchronous client of one YT HTTP proxy (one reptables engine).
+
+    ``proxy_url`` is e.g. ``http://127.0.0.1:9012`` (``http://`` is assumed when no scheme is given);
+    ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds; ``transport`` is
+    passed to ``httpx`` (tests, proxies, retries). Each method runs the YT command of the same name
+    and takes YT's parameter names as keyword arguments. Use as a context manager, or ``close()``.
+    """
+
+    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._config = _Config(proxy_url, token, timeout)
+        self._http = httpx.Client(base_url=self._config.proxy_url, headers=self._config.headers,
+                                  timeout=self._config.timeout, transport=transport)
+
+    @property
+    def proxy_url(self) -> str:
+        return self._config.proxy_url
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _send(self, req: _Request) -> Any:
+        try:
+            response = self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+        except httpx.TransportError as exc:
+            raise TransportError(self.proxy_url + req.url, exc) from exc
+        return _result(req, response)
+
+    def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
+        """Run any command. ``input`` is a list of rows or a value, as the command takes; the output
+        is returned as the proxy sent it (a structured result stays wrapped, e.g. ``{"value": ...}``).
+        """
+        if command not in self._config.specs:
+            self._config.specs.update(self._send(_Build.descriptors()))
+        return self._send(_Build.call(self._config.specs, command, params, input))
+
+    # -- Cypress --
+
+    def create(self, type: str, path: str, attributes: dict[str, Any] | None = None, recursive: bool = False,
+               ignore_existing: bool = False, force: bool = False) -> str:
+        """Create a node; returns its id."""
+        return self._send(_Build.create(type, path, attributes, recursive, ignore_existing, force))
+
+    def get(self, path: str, attributes: builtins.list[str] | None = None) -> Any:
+        """A node's value, or an attribute's (``path/@name``): attributed values come as-is, in the
+        ``{"$attributes", "$value"}`` form, except a ``@schema``, which comes as a :class:`Schema`.
+        """
+        return self._send(_Build.get(path, attributes))
+
+    def set(self, path: str, value: Any, recursive: bool = False, force: bool = False) -> None:
+        self._send(_Build.set(path, value, recursive, force))
+
+    def remove(self, path: str, recursive: bool = False, force: bool = False) -> None:
+        self._send(_Build.remove(path, recursive, force))
+
+    def exists(self, path: str) -> bool:
+        return self._send(_Build.exists(path))
+
+    def list(self, path: str, attributes: builtins.list[str] | None = None) -> builtins.list[Any]:
+        return self._send(_Build.list(path, attributes))
+
+    # -- tablets --
+
+    def mount_table(self, path: str, freeze: bool = False) -> None:
+        self._send(_Build.mount_table(path, freeze))
+
+    def unmount_table(self, path: str) -> None:
+        self._send(_Build.by_path("unmount_table", path))
+
+    def freeze_table(self, path: str) -> None:
+        self._send(_Build.by_path("freeze_table", path))
+
+    def unfreeze_table(self, path: str) -> None:
+        self._send(_Build.by_path("unfreeze_table", path))
+
+    def reshard_table(self, path: str, pivot_keys: builtins.list[builtins.list[Any]] | None = None,
+                      tablet_count: int | None = None) -> None:
+        self._send(_Build.reshard_table(path, pivot_keys, tablet_count))
+
+    def trim_rows(self, path: str, tablet_index: int, trimmed_row_count: int) -> None:
+        self._send(_Build.trim_rows(path, tablet_index, trimmed_row_count))
+
+    # -- rows --
+
+    def insert_rows(self, path: str, rows: Iterable[_Row], update: bool | None = None,
+                    transaction_id: str | None = None, atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool | None = None) -> None:
+        self._send(_Build.insert_rows(path, rows, update, transaction_id, atomicity, durability,
+                                      require_sync_replica))
+
+    def delete_rows(self, path: str, keys: Iterable[_Row], transaction_id: str | None = None,
+                    atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool | None = None) -> None:
+        self._send(_Build.delete_rows(path, keys, transaction_id, atomicity, durability, require_sync_replica))
+
+    def lock_rows(self, path: str, keys: Iterable[_Row], locks: builtins.list[str] | None = None,
+                  lock_type: str | None = None, transaction_id: str | None = None) -> None:
+        self._send(_Build.lock_rows(path, keys, locks, lock_type, transaction_id))
+
+    def lookup_rows(self, path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None = None,
+                    timestamp: int | None = None, keep_missing_rows: bool | None = None,
+                    transaction_id: str | None = None) -> builtins.list[dict[str, Any] | None]:
+        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``."""
+        return self._send(_Build.lookup_rows(path, keys, column_names, timestamp, keep_missing_rows,
+                                             transaction_id))
+
+    def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
+                    output_row_limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        return self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit))
+
+    # -- timestamps and transactions --
+
+    def generate_timestamp(self) -> int:
+        return self._send(_Build.generate_timestamp())
+
+    def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
+                          durability: str | None = None, timeout: int | None = None) -> str:
+        """Start a transaction (``timeout`` in milliseconds); returns its id."""
+        return self._send(_Build.start_transaction(type, atomicity, durability, timeout))
+
+    def ping_transaction(self, transaction_id: str) -> None:
+        self._send(_Build.by_transaction_id("ping_transaction", transaction_id))
+
+    def commit_transaction(self, transaction_id: str) -> int:
+        """Commit a transaction; returns its commit timestamp."""
+        return self._send(_Build.commit_transaction(transaction_id))
+
+    def abort_transaction(self, transaction_id: str) -> None:
+        self._send(_Build.by_transaction_id("abort_transaction", transaction_id))
+
+    @contextmanager
+    def transaction(self, atomicity: str | None = None, durability: str | None = None) -> Iterator[str]:
+        """A tablet transaction: yields its id, commits if the block succeeds, aborts if it raises.
+
+        Should the abort fail too, the block's exception still propagates (with a note saying so).
+        """
+        transaction_id = self.start_transaction(atomicity=atomicity, durability=durability)
+        try:
+            yield transaction_id
+        except BaseException as exc:
+            try:
+                self.abort_transaction(transaction_id)
+            except YtError as abort_error:
+                exc.add_note(f"aborting transaction {transaction_id} failed too: {abort_error}")
+            raise
+        self.commit_transaction(transaction_id)
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`: the same constructor and methods, as coroutines.
+
+    ``transport`` is an ``httpx.AsyncBaseTransport``; use as ``async with``, or ``await close()``;
+    ``transaction`` is an async context manager.
+    """
+
+    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._config = _Config(proxy_url, token, timeout)
+        self._http = httpx.AsyncClient(base_url=self._config.proxy_url, headers=self._config.headers,
+                                       timeout=self._config.timeout, transport=transport)
+
+    @property
+    def proxy_url(self) -> str:
+        return self._config.proxy_url
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def _send(self, req: _Request) -> Any:
+        try:
+            response = await self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+        except httpx.TransportError as exc:
+            raise TransportError(self.proxy_url + req.url, exc) from exc
+        return _result(req, response)
+
+    async def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
+        """Run any command. ``input`` is a list of rows or a value, as the command takes; the output
+        is returned as the proxy sent it (a structured result stays wrapped, e.g. ``{"value": ...}``).
+        """
+        if command not in self._config.specs:
+            self._config.specs.update(await self._send(_Build.descriptors()))
+        return await self._send(_Build.call(self._config.specs, command, params, input))
+
+    # -- Cypress --
+
+    async def create(self, type: str, path: str, attributes: dict[str, Any] | None = None, recursive: bool = False,
+                     ignore_existing: bool = False, force: bool = False) -> str:
+        """Create a node; returns its id."""
+        return await self._send(_Build.create(type, path, attributes, recursive, ignore_existing, force))
+
+    async def get(self, path: str, attributes: builtins.list[str] | None = None) -> Any:
+        """A node's value, or an attribute's (``path/@name``): attributed values come as-is, in the
+        ``{"$attributes", "$value"}`` form, except a ``@schema``, which comes as a :class:`Schema`.
+        """
+        return await self._send(_Build.get(path, attributes))
+
+    async def set(self, path: str, value: Any, recursive: bool = False, force: bool = False) -> None:
+        await self._send(_Build.set(path, value, recursive, force))
+
+    async def remove(self, path: str, recursive: bool = False, force: bool = False) -> None:
+        await self._send(_Build.remove(path, recursive, force))
+
+    async def exists(self, path: str) -> bool:
+        return await self._send(_Build.exists(path))
+
+    async def list(self, path: str, attributes: builtins.list[str] | None = None) -> builtins.list[Any]:
+        return await self._send(_Build.list(path, attributes))
+
+    # -- tablets --
+
+    async def mount_table(self, path: str, freeze: bool = False) -> None:
+        await self._send(_Build.mount_table(path, freeze))
+
+    async def unmount_table(self, path: str) -> None:
+        await self._send(_Build.by_path("unmount_table", path))
+
+    async def freeze_table(self, path: str) -> None:
+        await self._send(_Build.by_path("freeze_table", path))
+
+    async def unfreeze_table(self, path: str) -> None:
+        await self._send(_Build.by_path("unfreeze_table", path))
+
+    async def reshard_table(self, path: str, pivot_keys: builtins.list[builtins.list[Any]] | None = None,
+                            tablet_count: int | None = None) -> None:
+        await self._send(_Build.reshard_table(path, pivot_keys, tablet_count))
+
+    async def trim_rows(self, path: str, tablet_index: int, trimmed_row_count: int) -> None:
+        await self._send(_Build.trim_rows(path, tablet_index, trimmed_row_count))
+
+    # -- rows --
+
+    async def insert_rows(self, path: str, rows: Iterable[_Row], update: bool | None = None,
+                          transaction_id: str | None = None, atomicity: str | None = None,
+                          durability: str | None = None, require_sync_replica: bool | None = None) -> None:
+        await self._send(_Build.insert_rows(path, rows, update, transaction_id, atomicity, durability,
+                                            require_sync_replica))
+
+    async def delete_rows(self, path: str, keys: Iterable[_Row], transaction_id: str | None = None,
+                          atomicity: str | None = None, durability: str | None = None,
+                          require_sync_replica: bool | None = None) -> None:
+        await self._send(_Build.delete_rows(path, keys, transaction_id, atomicity, durability, require_sync_replica))
+
+    async def lock_rows(self, path: str, keys: Iterable[_Row], locks: builtins.list[str] | None = None,
+                        lock_type: str | None = None, transaction_id: str | None = None) -> None:
+        await self._send(_Build.lock_rows(path, keys, locks, lock_type, transaction_id))
+
+    async def lookup_rows(self, path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None = None,
+                          timestamp: int | None = None, keep_missing_rows: bool | None = None,
+                          transaction_id: str | None = None) -> builtins.list[dict[str, Any] | None]:
+        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``."""
+        return await self._send(_Build.lookup_rows(path, keys, column_names, timestamp, keep_missing_rows,
+                                                   transaction_id))
+
+    async def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
+                          output_row_limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        return await self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit))
+
+    # -- timestamps and transactions --
+
+    async def generate_timestamp(self) -> int:
+        return await self._send(_Build.generate_timestamp())
+
+    async def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
+                                durability: str | None = None, timeout: int | None = None) -> str:
+        """Start a transaction (``timeout`` in milliseconds); returns its id."""
+        return await self._send(_Build.start_transaction(type, atomicity, durability, timeout))
+
+    async def ping_transaction(self, transaction_id: str) -> None:
+        await self._send(_Build.by_transaction_id("ping_transaction", transaction_id))
+
+    async def commit_transaction(self, transaction_id: str) -> int:
+        """Commit a transaction; returns its commit timestamp."""
+        return await self._send(_Build.commit_transaction(transaction_id))
+
+    async def abort_transaction(self, transaction_id: str) -> None:
+        await self._send(_Build.by_transaction_id("abort_transaction", transaction_id))
+
+    @asynccontextmanager
+    async def transaction(self, atomicity: str | None = None, durability: str | None = None) -> AsyncIterator[str]:
+        """A tablet transaction: yields its id, commits if the block succeeds, aborts if it raises.
+
+        Should the abort fail too, the block's exception still propagates (with a note saying so).
+        """
+        transaction_id = await self.start_transaction(atomicity=atomicity, durability=durability)
+        try:
+            yield transaction_id
+        except BaseException as exc:
+            try:
+                await self.abort_transaction(transaction_id)
+            except YtError as abort_error:
+                exc.add_note(f"aborting transaction {transaction_id} failed too: {abort_error}")
+            raise
+        await self.commit_transaction(transaction_id)

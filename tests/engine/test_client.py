@@ -1,0 +1,249 @@
+"""reptables.engine.client against a real engine process: one behaviour per test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from reptables.engine.client import (
+    AsyncClient,
+    AuthenticationError,
+    Client,
+    LockConflict,
+    ResolveError,
+    Schema,
+    TransportError,
+    YtError,
+)
+from reptables.engine.errors import ErrorCode
+from tests.harness import EngineProcess, free_port
+
+TABLE = "//tmp/t"
+
+SCHEMA = [
+    {"name": "k", "type": "int64", "sort_order": "ascending"},
+    {"name": "u", "type": "uint64"},
+    {"name": "d", "type": "double"},
+    {"name": "b", "type": "boolean"},
+    {"name": "s", "type": "string"},
+    {"name": "a", "type": "any"},
+]
+
+ROW = {"k": 1, "u": 2**63 - 1, "d": 2.5, "b": True, "s": "привет", "a": {"ключ": ["значение", 7, None]}}
+
+
+@pytest.fixture
+def client(engine: EngineProcess) -> Iterator[Client]:
+    with Client(engine.url, token=engine.token) as c:
+        yield c
+
+
+def mounted_table(client: Client, path: str = TABLE, schema: list[dict[str, Any]] | None = None) -> str:
+    client.create("table", path, attributes={"dynamic": True, "schema": schema or SCHEMA}, recursive=True)
+    client.mount_table(path)
+    return path
+
+
+def test_insert_then_lookup_round_trips_every_column_type_and_unicode(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [ROW])
+    assert client.lookup_rows(TABLE, [{"k": 1}]) == [ROW]
+
+
+def test_lookup_with_column_names_returns_only_those_columns(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [ROW])
+    assert client.lookup_rows(TABLE, [{"k": 1}], column_names=["k", "s"]) == [{"k": 1, "s": "привет"}]
+
+
+def test_lookup_with_keep_missing_rows_gives_none_for_a_missing_key(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [ROW])
+    assert client.lookup_rows(TABLE, [{"k": 2}, {"k": 1}], keep_missing_rows=True) == [None, ROW]
+    assert client.lookup_rows(TABLE, [{"k": 2}, {"k": 1}]) == [ROW]
+
+
+def test_select_rows_filters_by_a_unicode_literal(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [{"k": 1, "s": "привет"}, {"k": 2, "s": "hello"}])
+    assert client.select_rows(f'k, s FROM [{TABLE}] WHERE s = "привет"') == [{"k": 1, "s": "привет"}]
+
+
+def test_delete_rows_removes_the_rows(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [{"k": 1, "s": "a"}, {"k": 2, "s": "b"}])
+    client.delete_rows(TABLE, [{"k": 1}])
+    assert [row["k"] for row in client.select_rows(f"k FROM [{TABLE}]")] == [2]
+
+
+def test_transaction_commits_when_the_block_succeeds(client):
+    mounted_table(client)
+    with client.transaction() as tx:
+        client.insert_rows(TABLE, [{"k": 1, "s": "in tx"}], transaction_id=tx)
+        assert client.lookup_rows(TABLE, [{"k": 1}]) == []
+    assert client.lookup_rows(TABLE, [{"k": 1}], column_names=["s"]) == [{"s": "in tx"}]
+
+
+def test_transaction_aborts_when_the_block_raises(client):
+    mounted_table(client)
+    with pytest.raises(RuntimeError, match="boom"), client.transaction() as tx:
+        client.insert_rows(TABLE, [{"k": 1, "s": "in tx"}], transaction_id=tx)
+        raise RuntimeError("boom")
+    assert client.lookup_rows(TABLE, [{"k": 1}]) == []
+    with pytest.raises(YtError) as info:
+        client.commit_transaction(tx)
+    assert info.value.code == ErrorCode.NO_SUCH_TRANSACTION
+
+
+def test_second_commit_of_conflicting_transactions_raises_lock_conflict(client):
+    mounted_table(client)
+    first, second = client.start_transaction(), client.start_transaction()
+    client.insert_rows(TABLE, [{"k": 1, "s": "first"}], transaction_id=first)
+    client.insert_rows(TABLE, [{"k": 1, "s": "second"}], transaction_id=second)
+    assert isinstance(client.commit_transaction(first), int)
+    with pytest.raises(LockConflict) as info:
+        client.commit_transaction(second)
+    assert info.value.code == ErrorCode.TRANSACTION_LOCK_CONFLICT == 1700
+    assert client.lookup_rows(TABLE, [{"k": 1}], column_names=["s"]) == [{"s": "first"}]
+
+
+def test_cypress_commands_create_set_get_list_exists_remove(client):
+    node_id = client.create("map_node", "//tmp/dir")
+    assert isinstance(node_id, str) and node_id
+    client.set("//tmp/dir/@note", {"текст": "привет", "n": [1, 2.5, True, None]})
+    assert client.get("//tmp/dir/@note") == {"текст": "привет", "n": [1, 2.5, True, None]}
+    assert "dir" in client.list("//tmp")
+    assert client.exists("//tmp/dir") is True
+    client.remove("//tmp/dir")
+    assert client.exists("//tmp/dir") is False
+
+
+def test_attributed_values_are_returned_as_json_attributes(client):
+    client.create("map_node", "//tmp/dir")
+    assert client.list("//tmp", attributes=["type"]) == [{"$attributes": {"type": "map_node"}, "$value": "dir"}]
+
+
+def test_get_schema_returns_a_schema_that_recreates_the_table(client):
+    mounted_table(client)
+    schema = client.get(f"{TABLE}/@schema")
+    assert isinstance(schema, Schema)
+    assert [column["name"] for column in schema] == [c["name"] for c in SCHEMA]
+    assert schema.attributes == {"strict": True, "unique_keys": True}
+    client.create("table", "//tmp/copy", attributes={"dynamic": True, "schema": schema})
+    assert client.get("//tmp/copy/@schema") == schema
+    assert client.get("//tmp/copy/@schema").attributes == schema.attributes
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """A real transport that keeps every request it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return super().handle_request(request)
+
+
+def test_requests_follow_the_v4_protocol(engine):
+    transport = RecordingTransport()
+    with Client(engine.url, token=engine.token, transport=transport) as c:
+        mounted_table(c)
+        c.insert_rows(TABLE, [{"k": 1, "s": "привет"}])
+        c.select_rows(f'k FROM [{TABLE}] WHERE s = "привет"')
+    sent = {r.url.path.rsplit("/", 1)[-1]: r for r in transport.requests}
+    assert {name: r.method for name, r in sent.items()} == {
+        "create": "POST", "mount_table": "POST", "insert_rows": "PUT", "select_rows": "GET"}
+    json_format = {"$value": "json", "$attributes": {"encode_utf8": False}}
+    for request in transport.requests:
+        assert request.headers["Authorization"] == f"OAuth {engine.token}"
+        assert request.headers["X-YT-Header-Format"] == "json"
+        assert request.headers["X-YT-Parameters"].isascii()
+    insert_params = json.loads(sent["insert_rows"].headers["X-YT-Parameters"])
+    assert insert_params == {"path": TABLE, "input_format": json_format}
+    assert sent["insert_rows"].content == '{"k":1,"s":"привет"}\n'.encode()
+    select_params = json.loads(sent["select_rows"].headers["X-YT-Parameters"])
+    assert select_params["output_format"] == json_format
+    assert "привет" in select_params["query"]
+
+
+def test_generate_timestamp_increases(client):
+    first = client.generate_timestamp()
+    assert isinstance(first, int)
+    assert client.generate_timestamp() > first
+
+
+def test_missing_path_raises_resolve_error(client):
+    with pytest.raises(ResolveError) as info:
+        client.get("//tmp/missing")
+    assert info.value.code == ErrorCode.RESOLVE_ERROR == 500
+    assert "//tmp/missing" in info.value.message
+
+
+def test_wrong_token_raises_authentication_error(engine):
+    with Client(engine.url, token="not-the-token") as c, pytest.raises(AuthenticationError) as info:
+        c.exists("//tmp")
+    assert info.value.code == ErrorCode.AUTHENTICATION_ERROR == 900
+
+
+def test_token_defaults_to_yt_token_from_the_environment(engine, monkeypatch):
+    monkeypatch.setenv("YT_TOKEN", engine.token)
+    with Client(engine.url) as c:
+        assert c.exists("//tmp") is True
+
+
+def test_closed_port_raises_transport_error():
+    url = f"http://127.0.0.1:{free_port()}"
+    with Client(url, token="t", timeout=5) as c, pytest.raises(TransportError) as info:
+        c.exists("//tmp")
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    assert info.value.url == f"{url}/api/v4/exists"
+    assert info.value.cause is info.value.__cause__ is not None
+
+
+def test_call_runs_a_command_the_client_has_no_method_for(client):
+    mounted_table(client)
+    client.call("remount_table", {"path": TABLE})
+    assert client.get(f"{TABLE}/@tablet_state") == "mounted"
+
+
+def test_call_returns_structured_output_as_sent(client):
+    assert client.call("exists", {"path": "//tmp"}) == {"value": True}
+
+
+def test_call_of_an_unknown_command_raises_no_such_method(client):
+    with pytest.raises(YtError) as info:
+        client.call("no_such_command", {})
+    assert info.value.code == ErrorCode.NO_SUCH_METHOD
+
+
+def test_async_client_round_trip_and_transaction(engine):
+    async def scenario() -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+        async with AsyncClient(engine.url, token=engine.token) as c:
+            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA}, recursive=True)
+            await c.mount_table(TABLE)
+            await c.insert_rows(TABLE, [ROW])
+            async with c.transaction() as tx:
+                await c.insert_rows(TABLE, [{"k": 2, "s": "в транзакции"}], transaction_id=tx)
+            looked_up = await c.lookup_rows(TABLE, [{"k": 1}, {"k": 3}], keep_missing_rows=True)
+            selected = await c.select_rows(f"k, s FROM [{TABLE}] WHERE k = 2")
+            return looked_up, selected
+
+    looked_up, selected = asyncio.run(scenario())
+    assert looked_up == [ROW, None]
+    assert selected == [{"k": 2, "s": "в транзакции"}]
+
+
+def test_async_client_raises_the_same_errors(engine):
+    async def scenario() -> None:
+        async with AsyncClient(engine.url, token=engine.token) as c:
+            await c.get("//tmp/missing")
+
+    with pytest.raises(ResolveError):
+        asyncio.run(scenario())
