@@ -167,13 +167,13 @@ class Cluster:
     def compact(self) -> int:
         """Drop versions older than each table's min_data_ttl, never past an active snapshot."""
         removed = 0
-        now = time.time()
         pinned = self.transactions.oldest_active_start_timestamp()
         for node in list(self.cypress.by_id.values()):
             if node.table is None or not node.table.sorted:
                 continue
             ttl_ms = int(node.attributes.get("min_data_ttl", DEFAULT_MIN_DATA_TTL_MS))
-            horizon = unix_to_timestamp(now - ttl_ms / 1000.0)
+            # timestamps are (seconds << 30) | counter, so a duration shifts them by seconds << 30
+            horizon = self.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
             if pinned is not None:
                 horizon = min(horizon, pinned)
             with self.storage.write() as conn:

@@ -160,14 +160,15 @@ class Storage:
         """One serialized write transaction; ``durable=False`` skips the fsync (durability=async)."""
         with self.write_lock:
             with self.engine.connect() as conn:
-                if self.is_sqlite and not durable:
-                    conn.exec_driver_sql("PRAGMA synchronous=OFF")
+                relaxed = self.is_sqlite and not durable
+                if relaxed:
+                    _raw_pragma(conn, "PRAGMA synchronous=OFF")
                 try:
                     with conn.begin():
                         yield conn
                 finally:
-                    if self.is_sqlite and not durable:
-                        conn.exec_driver_sql("PRAGMA synchronous=FULL")
+                    if relaxed:
+                        _raw_pragma(conn, "PRAGMA synchronous=FULL")
 
     @contextmanager
     def read(self) -> Iterator[sa.Connection]:
@@ -186,6 +187,11 @@ class Storage:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _raw_pragma(conn: sa.Connection, pragma: str) -> None:
+    """Run a pragma on the DBAPI connection, outside any transaction (SQLite requires that)."""
+    conn.connection.driver_connection.execute(pragma)  # type: ignore[union-attr]
 
 
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
