@@ -342,15 +342,16 @@ class DynamicTable:
                 "$timestamp": data.c[TS]}
             cols.update({c.name: data.c[c.name] for c in self.schema.columns})
             types.update({"$tablet_index": "int64", "$row_index": "int64", "$timestamp": "uint64"})
+            order = ("$tablet_index", "$row_index")
             if ts is None:
-                return QuerySource(from_clause=data, columns=cols, column_types=types)
+                return QuerySource(from_clause=data, columns=cols, column_types=types, key_columns=order)
             sub = sa.select(data).where(data.c[TS] <= ts).subquery("visible")
             return QuerySource(from_clause=sub, columns={
-                name: sub.c[col.name] for name, col in cols.items()}, column_types=types)
+                name: sub.c[col.name] for name, col in cols.items()}, column_types=types, key_columns=order)
         if ts is None:
             data = self.sql.data
             return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in self.schema.columns},
-                               column_types=types)
+                               column_types=types, key_columns=tuple(self.schema.key_names))
         versions = self.sql.versions
         assert versions is not None
         names = self.schema.key_names
@@ -362,7 +363,7 @@ class DynamicTable:
                    .where(versions.c[DELETED] == sa.false())
                    .subquery("visible"))
         return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in self.schema.columns},
-                           column_types=types)
+                           column_types=types, key_columns=tuple(self.schema.key_names))
 
     def compact(self, conn: sa.Connection, horizon: int) -> int:
         """Drop versions no read at or after ``horizon`` can see; returns the number removed."""
