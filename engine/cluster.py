@@ -72,6 +72,12 @@ READ_ONLY_ATTRIBUTES = {"id", "type", "path", "key", "parent_id", "dynamic", "so
                         "expected_tablet_state"}
 
 
+def _is_storage_outage(exc: sa.exc.DBAPIError) -> bool:
+    """Errors that mean "the database is busy or gone", as opposed to "this query is invalid"."""
+    text = str(exc.orig).lower()
+    return any(s in text for s in ("database is locked", "disk i/o error", "unable to open", "connection"))
+
+
 def _flag(value: Any, default: bool = False) -> bool:
     if value is None:
         return default
@@ -198,6 +204,9 @@ class Cluster:
 
     def _table(self, path: Any) -> tuple[DynamicTable, str, Node]:
         node, ypath = self._resolve(path)
+        if ypath.attribute_path is not None:
+            raise YtError(f"Path {ypath.text} names an attribute, not a table", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": ypath.text})
         if node.table is None:
             raise YtError(f"Node {node.path} is a {node.type}, not a dynamic table",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
@@ -236,6 +245,11 @@ class Cluster:
         if not isinstance(attributes, dict):
             raise YtError("Parameter \"attributes\" must be a map", code=ErrorCode.INVALID_PARAMETER)
         ypath = parse_ypath(path)
+        for name in attributes:
+            if name in READ_ONLY_ATTRIBUTES - {"schema", "pivot_keys", "tablet_count", "dynamic"} or \
+                    name.startswith(INTERNAL_PREFIX):
+                raise YtError(f"Attribute {name!r} is read-only and cannot be given to create",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": name})
         if type in ("replicated_table", "table_replica", "table_collocation"):
             raise YtError(f"Object type {type!r} is not supported by this engine version",
                           code=ErrorCode.INVALID_PARAMETER)
@@ -434,13 +448,13 @@ class Cluster:
         return {n: all_attrs[n] for n in names if n in all_attrs}
 
     def _all_attributes(self, node: Node) -> dict[str, Any]:
-        attrs: dict[str, Any] = {"id": node.id, "type": node.type, "path": node.path}
+        attrs: dict[str, Any] = node.user_attributes()
+        attrs.update({"id": node.id, "type": node.type, "path": node.path})
         if node.parent is not None:
             attrs["parent_id"] = node.parent.id
             attrs["key"] = node.name
         if node.type == MAP_NODE:
             attrs["count"] = len(node.children)
-        attrs.update(node.user_attributes())
         table = node.table
         if table is not None:
             schema_attrs = node.attributes.get(f"{INTERNAL_PREFIX}schema_attrs", {})
@@ -845,10 +859,19 @@ class Cluster:
         ts = self._snapshot_timestamp(timestamp, transaction_id)
         compiled = compile_query(parsed, table.query_source(ts))
         limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
-        with self.storage.read() as conn:
-            result = conn.execute(compiled.statement.limit(limit + 1)
-                                  if compiled.statement._limit_clause is None else compiled.statement)
-            rows = [dict(zip(compiled.output_columns, r, strict=True)) for r in result.fetchmany(limit + 1)]
+        statement = compiled.statement
+        if statement._limit_clause is None:
+            statement = statement.limit(limit + 1)
+        try:
+            with self.storage.read() as conn:
+                result = conn.execute(statement)
+                rows = [dict(zip(compiled.output_columns, r, strict=True)) for r in result.fetchmany(limit + 1)]
+        except sa.exc.DBAPIError as exc:
+            if _is_storage_outage(exc):
+                raise
+            # the storage refused to evaluate this query (overflow, expression too deep...)
+            raise YtError(f"Query cannot be evaluated: {exc.orig}", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"query": query}) from None
         if len(rows) > limit:
             if fail_on_incomplete_result:
                 raise YtError(f"Query result exceeds the output row limit of {limit} rows; add a limit or "

@@ -134,9 +134,9 @@ class Cypress:
             if child is None:
                 if missing_ok:
                     return None
-                so_far = "/".join(path.segments[: i + 1])
-                raise ResolveError(f"Node {_prefix(path)}{so_far} has no child with key {seg!r}"
-                                   if i else f"Node {path.text} does not exist",
+                so_far = "/".join(path.segments[:i])
+                parent = f"{_prefix(path)}{so_far}" if i else (f"#{path.start}" if path.start else "/")
+                raise ResolveError(f"Error resolving path {path.text}: node {parent} has no child with key {seg!r}",
                                    attributes={"path": path.text})
             node = child
         return node

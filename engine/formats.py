@@ -91,7 +91,10 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
             raise YtError(f"Malformed YSON in request body: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
         return rows
     rows = []
-    text = data.decode("utf-8", errors="strict") if data else ""
+    try:
+        text = data.decode("utf-8", errors="strict") if data else ""
+    except UnicodeDecodeError as exc:
+        raise YtError(f"Request body is not valid UTF-8 JSON: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
     stripped = text.strip()
     if stripped.startswith("["):
         try:

@@ -93,12 +93,6 @@ def _int(params: dict[str, Any], name: str, default: Any = None) -> Any:
     value = _p(params, name)
     if value is None:
         return default
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            raise YtError(f"Parameter {name!r} must be an integer, got {value!r}",
-                          code=ErrorCode.INVALID_PARAMETER) from None
     if isinstance(value, bool) or not isinstance(value, int):
         raise YtError(f"Parameter {name!r} must be an integer, got {value!r}", code=ErrorCode.INVALID_PARAMETER)
     return value
@@ -256,14 +250,23 @@ def _lock_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
 
 @_command("lookup_rows", "tabular", "tabular", False, heavy=True)
 def _lookup_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
-    return c.lookup_rows(_path(p), _rows(body), _str_list(p, "column_names"), _p(p, "timestamp"),
+    return c.lookup_rows(_path(p), _rows(body), _str_list(p, "column_names"), _int(p, "timestamp"),
                          _bool(p, "keep_missing_rows"), _tx(p))
 
 
 @_command("select_rows", None, "tabular", False, heavy=True)
 def _select_rows(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return c.select_rows(_p(p, "query"), _p(p, "timestamp"), _tx(p), _int(p, "input_row_limit"),
+    return c.select_rows(_p(p, "query"), _int(p, "timestamp"), _tx(p), _int(p, "input_row_limit"),
                          _int(p, "output_row_limit"), _bool(p, "fail_on_incomplete_result", True))
+
+
+def _query_value(text: str) -> Any:
+    """Query-string parameters are text; integers and booleans are recognised as such."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if text in ("true", "false"):
+        return text == "true"
+    return text
 
 
 def _decode_header_value(raw: str, header_format: str) -> Any:
@@ -300,13 +303,19 @@ def _decompress(body: bytes, encoding: str) -> bytes:
     raise YtError(f"Unsupported Content-Encoding {encoding!r}", code=ErrorCode.PROTOCOL_ERROR)
 
 
+def _header_safe(text: str) -> str:
+    """One printable ASCII line: HTTP header values may not carry newlines or control bytes."""
+    first = text.splitlines()[0] if text else ""
+    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in first)[:1000]
+
+
 def _error_response(error: YtError, request_id: str) -> Response:
     payload = error.to_dict()
     header = json.dumps(payload, ensure_ascii=True, default=str)
     return Response(
         content=header.encode("utf-8"), status_code=error.http_status, media_type="application/json",
         headers={"X-YT-Error": header, "X-YT-Response-Code": str(error.code),
-                 "X-YT-Response-Message": error.message.encode("ascii", "replace").decode("ascii")[:1000],
+                 "X-YT-Response-Message": _header_safe(error.message),
                  "X-YT-Request-Id": request_id})
 
 
@@ -376,7 +385,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
 
     async def _execute(request: Request, cmd: Command) -> Response:
         header_format = _header_format(request)
-        params: dict[str, Any] = {k: v for k, v in request.query_params.items()}
+        params: dict[str, Any] = {k: _query_value(v) for k, v in request.query_params.items()}
         raw_header = request.headers.get("x-yt-parameters")
         if raw_header:
             decoded = _decode_header_value(raw_header, header_format)

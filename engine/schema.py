@@ -272,5 +272,8 @@ def row_weight(row: dict[str, Any]) -> int:
     """An estimate of YT's row weight, to enforce the 16 MiB limit."""
     weight = 0
     for name, value in row.items():
-        weight += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
+        if isinstance(value, str):
+            weight += len(name) + len(value.encode("utf-8"))
+        else:
+            weight += len(name) + (len(value) if isinstance(value, bytes) else 8)
     return weight

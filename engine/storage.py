@@ -57,6 +57,8 @@ prepared_table = sa.Table(
     sa.Column("participant", sa.String(200), primary_key=True),
     sa.Column("start_timestamp", sa.BigInteger, nullable=False),
     sa.Column("prepare_timestamp", sa.BigInteger, nullable=False),
+    #: the cluster coordinating the transaction; NULL when it is this cluster
+    sa.Column("coordinator", sa.String(200), nullable=True),
     sa.Column("payload", sa.Text, nullable=False),
 )
 
@@ -65,6 +67,25 @@ commits_table = sa.Table(
     sa.Column("transaction_id", sa.String(64), primary_key=True),
     sa.Column("commit_timestamp", sa.BigInteger, nullable=False),
     sa.Column("participants", sa.Text, nullable=False),
+)
+
+#: meta-cluster side: how far each replica has replicated each tablet of a replicated table
+replica_progress_table = sa.Table(
+    "_rt_replica_progress", SYSTEM_METADATA,
+    sa.Column("replica_id", sa.String(64), primary_key=True),
+    sa.Column("tablet_index", sa.Integer, primary_key=True),
+    sa.Column("row_index", sa.BigInteger, nullable=False),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
+)
+
+#: replica-cluster side: the last replicated row per (upstream replica, tablet); written in the
+#: same SQL transaction as the rows it describes, which is what makes delivery exactly once
+replica_sink_table = sa.Table(
+    "_rt_replica_sink", SYSTEM_METADATA,
+    sa.Column("upstream_replica_id", sa.String(64), primary_key=True),
+    sa.Column("tablet_index", sa.Integer, primary_key=True),
+    sa.Column("row_index", sa.BigInteger, nullable=False),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
 )
 
 read_locks_table = sa.Table(
@@ -80,6 +101,8 @@ DELETED = "_rt_deleted"
 LOCK_MASK = "_rt_lock_mask"
 TABLET_INDEX = "_rt_tablet_index"
 ROW_INDEX = "_rt_row_index"
+KIND = "_rt_kind"
+PAYLOAD = "_rt_payload"
 
 
 def sql_type(col_type: ColumnType) -> sa.types.TypeEngine[Any]:
@@ -124,6 +147,24 @@ class UserTables:
                 *cols,
             )
             self.versions = None
+
+    @classmethod
+    def queue(cls, sql_name: str, schema: TableSchema) -> UserTables:
+        """The replication queue of a replicated table: (tablet, row index) -> timestamped change."""
+        tables = cls.__new__(cls)
+        tables.sql_name = sql_name
+        tables.schema = schema
+        tables.metadata = sa.MetaData()
+        tables.data = sa.Table(
+            sql_name, tables.metadata,
+            sa.Column(TABLET_INDEX, sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column(ROW_INDEX, sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column(TS, sa.BigInteger, nullable=False),
+            sa.Column(KIND, sa.String(16), nullable=False),
+            sa.Column(PAYLOAD, sa.Text, nullable=False),
+        )
+        tables.versions = None
+        return tables
 
     def create(self, conn: sa.Connection) -> None:
         self.metadata.create_all(conn)

@@ -13,6 +13,7 @@ assigned at commit so they follow commit order within a tablet.
 from __future__ import annotations
 
 import bisect
+import json
 import random
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,7 +27,9 @@ from reptables.engine.query import QuerySource
 from reptables.engine.schema import ColumnType, TableSchema
 from reptables.engine.storage import (
     DELETED,
+    KIND,
     LOCK_MASK,
+    PAYLOAD,
     ROW_INDEX,
     TABLET_INDEX,
     TS,
@@ -79,6 +82,16 @@ class RowWrite:
                    update=bool(data["update"]), shared=bool(data["shared"]), strong=bool(data["strong"]))
 
 
+@dataclass(frozen=True)
+class QueueEntry:
+    """One change in a replication queue."""
+
+    row_index: int
+    timestamp: int
+    kind: str
+    payload: str
+
+
 def _null_first(value: Any) -> tuple[int, Any]:
     return (0, 0) if value is None else (1, value)
 
@@ -100,6 +113,10 @@ class DynamicTable:
     atomicity: str = "full"
     #: ordered tables: per tablet [row_count, trimmed_row_count]; kept in sync with _rt_tablets
     tablet_rows: dict[int, list[int]] = field(default_factory=dict)
+    #: a replicated table stores only its replication queue (seed 002)
+    replicated: bool = False
+    #: a replica table accepts writes only from this upstream replica (None: from anyone)
+    upstream_replica_id: str | None = None
 
     @property
     def sorted(self) -> bool:
@@ -108,6 +125,7 @@ class DynamicTable:
     @property
     def tablet_count(self) -> int:
         return len(self.pivot_keys) if self.sorted else self.tablet_count_ordered
+
 
     def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(row[name] for name in self.schema.key_names)
@@ -122,7 +140,10 @@ class DynamicTable:
         if self.sorted:
             return self.tablet_of_key(self.key_of(row))
         if explicit is not None:
-            index = int(explicit)
+            if isinstance(explicit, bool) or not isinstance(explicit, int):
+                raise SchemaViolation(f"$tablet_index must be an integer tablet index, got {explicit!r}",
+                                      attributes={"column": "$tablet_index"})
+            index = explicit
             if not 0 <= index < self.tablet_count:
                 raise YtError(f"Invalid $tablet_index {index}: table has {self.tablet_count} tablets",
                               code=ErrorCode.NO_SUCH_TABLET)
@@ -182,9 +203,56 @@ class DynamicTable:
     def apply(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
               tablet_index: int | None = None) -> int:
         """Apply merged writes with ``commit_ts``; returns the number of data rows written."""
+        if self.replicated:
+            return self._apply_queue(conn, writes, commit_ts, tablet_index or 0)
         if self.sorted:
             return self._apply_sorted(conn, writes, commit_ts)
         return self._apply_ordered(conn, writes, commit_ts, tablet_index or 0)
+
+    def _apply_queue(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int, tablet_index: int) -> int:
+        """Append changes to the replication queue of one tablet, in commit order."""
+        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
+        start = counts[0]
+        rows = [{TABLET_INDEX: tablet_index, ROW_INDEX: start + i, TS: commit_ts, KIND: w.kind.value,
+                 PAYLOAD: json.dumps({"row": w.row, "update": w.update})}
+                for i, w in enumerate(x for x in writes if x.kind is not WriteKind.LOCK)]
+        if rows:
+            conn.execute(self.sql.data.insert(), rows)
+            conn.execute(tablets_table.update().where(
+                tablets_table.c.table_id == self.table_id,
+                tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
+            counts[0] = start + len(rows)
+        return len(rows)
+
+    def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
+        data = self.sql.data
+        stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
+                .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
+                .order_by(data.c[ROW_INDEX]).limit(limit))
+        return [QueueEntry(r[0], r[1], r[2], r[3]) for r in conn.execute(stmt)]
+
+    def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
+        """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
+        data = self.sql.data
+        return conn.execute(sa.select(data.c[TS]).where(
+            data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] == from_row)).scalar()
+
+    def trim_queue(self, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
+        """Drop queue rows below ``below_row`` committed at or before ``not_after_ts``."""
+        data = self.sql.data
+        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
+        last = conn.execute(sa.select(sa.func.max(data.c[ROW_INDEX])).where(
+            data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] < below_row,
+            data.c[TS] <= not_after_ts)).scalar()
+        if last is None or last + 1 <= counts[1]:
+            return 0
+        removed = conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
+                                                   data.c[ROW_INDEX] <= last)).rowcount
+        conn.execute(tablets_table.update().where(
+            tablets_table.c.table_id == self.table_id,
+            tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=last + 1))
+        counts[1] = last + 1
+        return removed
 
     def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int) -> int:
         data, versions = self.sql.data, self.sql.versions

@@ -24,6 +24,7 @@ until it is applied (``wait_visible``), which closes the window between "timesta
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -31,11 +32,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from reptables.engine import faults, yson_util
+from reptables.engine import faults
 from reptables.engine.errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
 from reptables.engine.metrics import METRICS
 from reptables.engine.storage import Storage, commits_table, prepared_table
@@ -92,6 +93,49 @@ class Participant:
 
 
 @dataclass
+class RemoteParticipant:
+    """A sync replica of a replicated table's tablet: written inside the same commit."""
+
+    cluster: str
+    replica_id: str
+    replica_path: str
+    #: the meta-cluster tablet whose writes this replica receives
+    tablet_index: int
+    meta_table_id: str
+    writes: list[RowWrite]
+    #: the replica's row index in the replication queue after this commit (set at apply)
+    row_index: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.cluster}/{self.replica_id}/{self.tablet_index}"
+
+    def commit_message(self, tx_id: str, commit_ts: int) -> dict[str, Any]:
+        return {"cluster": self.cluster, "transaction_id": tx_id, "commit_timestamp": commit_ts,
+                "replica_id": self.replica_id, "tablet_index": self.tablet_index, "row_index": self.row_index}
+
+
+#: called inside the participant's commit with (connection, table, prepare extras + commit_timestamp)
+ApplyHook = Callable[[sa.Connection, DynamicTable, dict[str, Any]], None]
+
+
+class ReplicationHooks(Protocol):
+    """What the commit path needs from the replication layer (see ``replication.py``)."""
+
+    def sync_participants(self, part: Participant, require_sync_replica: bool) -> list[RemoteParticipant]: ...
+
+    def prepare_remote(self, tx: TabletTransaction, remote: list[RemoteParticipant],
+                       prepare_ts: int) -> list[RemoteParticipant]: ...
+
+    def abort_remote(self, tx_id: str, remote: list[RemoteParticipant]) -> None: ...
+
+    def after_queue_append(self, conn: sa.Connection, part: Participant, commit_ts: int,
+                           remote: list[RemoteParticipant]) -> None: ...
+
+    def commit_remote(self, tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> None: ...
+
+
+@dataclass
 class TabletTransaction:
     id: str
     start_timestamp: int
@@ -104,6 +148,8 @@ class TabletTransaction:
     writes: dict[tuple[str, int], dict[Any, RowWrite]] = field(default_factory=dict)
     tables: dict[str, tuple[DynamicTable, str]] = field(default_factory=dict)
     row_count: int = 0
+    #: per table id: the last ``require_sync_replica`` given for writes to it
+    require_sync_replica: dict[str, bool] = field(default_factory=dict)
     last_ping: float = 0.0
     commit_timestamp: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -196,6 +242,9 @@ class TransactionManager:
         self._lock = threading.Lock()
         self._inflight: set[int] = set()
         self._inflight_cond = threading.Condition()
+        #: transactions coordinated elsewhere, prepared here: id -> prepare timestamp
+        self._remote_prepared: dict[str, int] = {}
+        self.replication: ReplicationHooks | None = None
 
     # -- timestamps and visibility -----------------------------------------------------------------
 
@@ -217,7 +266,8 @@ class TransactionManager:
         """Block until no commit with a timestamp <= ``ts`` is still being applied."""
         deadline = time.monotonic() + timeout
         with self._inflight_cond:
-            while any(t <= ts for t in self._inflight):
+            # a prepared remote transaction may still commit with a timestamp <= ts
+            while any(t <= ts for t in self._inflight) or any(t <= ts for t in self._remote_prepared.values()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise YtError(f"Timed out waiting for commits before timestamp {ts:x} to be applied",
@@ -307,7 +357,7 @@ class TransactionManager:
         self._forget(tx)
         return ts
 
-    def _participants(self, tx: TabletTransaction) -> list[Participant]:
+    def _participants(self, tx: TabletTransaction) -> tuple[list[Participant], list[RemoteParticipant]]:
         parts = []
         for (table_id, tablet), bucket in tx.writes.items():
             table, path = tx.tables[table_id]
@@ -320,44 +370,52 @@ class TransactionManager:
                     f"transaction {tx.id} has atomicity {tx.atomicity.value!r}",
                     code=ErrorCode.INVALID_TRANSACTION_ATOMICITY,
                     attributes={"path": part.path, "transaction_id": tx.id})
-        return parts
+        remote: list[RemoteParticipant] = []
+        replicated = [p for p in parts if p.table.replicated]
+        if replicated:
+            if self.replication is None:
+                raise YtError("Replication is not available on this cluster", code=ErrorCode.INVALID_PARAMETER)
+            for part in replicated:
+                remote.extend(self.replication.sync_participants(
+                    part, require_sync_replica=tx.require_sync_replica.get(part.table.table_id, True)))
+        return parts, remote
 
     def _commit(self, tx: TabletTransaction) -> int:
-        parts = self._participants(tx)
+        parts, remote = self._participants(tx)
         if not parts:
             return self.timestamps.generate()
         if tx.atomicity is Atomicity.NONE:
             return self._commit_non_atomic(tx, parts)
-        if len(parts) == 1:
+        if len(parts) == 1 and not remote:
             return self._commit_one_phase(tx, parts[0])
-        return self._commit_two_phase(tx, parts)
+        return self._commit_two_phase(tx, parts, remote)
 
-    def _check(self, conn: sa.Connection, tx: TabletTransaction, part: Participant) -> None:
-        if not part.table.sorted:
+    def _check(self, conn: sa.Connection, tx_id: str, start_ts: int, table: DynamicTable, path: str,
+               writes: list[RowWrite]) -> None:
+        if not table.sorted or table.replicated:
             return
-        keyed = {part.table.key_of(w.row): w for w in part.writes}
+        keyed = {table.key_of(w.row): w for w in writes}
         for key, write in keyed.items():
-            holder = self._lock_table.conflict(part.table.table_id, key, write, tx.id)
+            holder = self._lock_table.conflict(table.table_id, key, write, tx_id)
             if holder is not None:
-                raise self._conflict_error(tx, part, key, f"a lock held by transaction {holder}")
-        found = part.table.find_conflicts(conn, keyed, tx.start_timestamp)
+                raise self._conflict_error(tx_id, start_ts, path, key, f"a lock held by transaction {holder}")
+        found = table.find_conflicts(conn, keyed, start_ts)
         if found is not None:
-            raise self._conflict_error(tx, part, found[0], found[1])
+            raise self._conflict_error(tx_id, start_ts, path, found[0], found[1])
 
     @staticmethod
-    def _conflict_error(tx: TabletTransaction, part: Participant, key: tuple[Any, ...], why: str) -> LockConflict:
+    def _conflict_error(tx_id: str, start_ts: int, path: str, key: tuple[Any, ...], why: str) -> LockConflict:
         METRICS.conflicts.inc()
         return LockConflict(
-            f"Row lock conflict due to concurrent write: transaction {tx.id} conflicts on key "
-            f"{list(key)} of table {part.path} with {why}",
-            attributes={"transaction_id": tx.id, "path": part.path, "key": list(key),
-                        "start_timestamp": tx.start_timestamp})
+            f"Row lock conflict due to concurrent write: transaction {tx_id} conflicts on key "
+            f"{list(key)} of table {path} with {why}",
+            attributes={"transaction_id": tx_id, "path": path, "key": list(key), "start_timestamp": start_ts})
 
     def _commit_one_phase(self, tx: TabletTransaction, part: Participant) -> int:
         ts = 0
         try:
             with self.storage.write() as conn:
-                self._check(conn, tx, part)
+                self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
                 ts = self._begin_commit_timestamp()
                 rows = part.table.apply(conn, part.writes, ts, part.tablet_index)
         finally:
@@ -388,77 +446,206 @@ class TransactionManager:
         METRICS.commits.labels(kind="non_atomic").inc()
         return ts
 
-    def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant]) -> int:
-        prepared: list[Participant] = []
+    def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant],
+                          remote: list[RemoteParticipant]) -> int:
+        """Prepare everyone, then commit: local participants atomically with the decision record."""
         prepare_ts = self.timestamps.generate()
+        prepared_remote: list[RemoteParticipant] = []
         try:
+            if remote:
+                assert self.replication is not None
+                prepared_remote = self.replication.prepare_remote(tx, remote, prepare_ts)
             for part in parts:
                 with self.storage.write() as conn:
-                    self._check(conn, tx, part)
-                    conn.execute(prepared_table.insert().values(
-                        transaction_id=tx.id, participant=part.name, start_timestamp=tx.start_timestamp,
-                        prepare_timestamp=prepare_ts,
-                        payload=yson_util.dumps_text({"table_id": part.table.table_id, "path": part.path,
-                                                      "tablet_index": part.tablet_index,
-                                                      "writes": [w.to_payload() for w in part.writes]})))
-                    if part.table.sorted:
+                    self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
+                    if part.table.sorted and not part.table.replicated:
                         for w in part.writes:
                             self._lock_table.acquire(part.table.table_id, part.table.key_of(w.row), w, tx.id)
-                prepared.append(part)
-                faults.crash_point("after_prepare")
+            faults.crash_point("after_prepare")
         except BaseException:
-            self._abort_prepared(tx, prepared)
+            self._lock_table.release(tx.id)
+            if prepared_remote:
+                assert self.replication is not None
+                self.replication.abort_remote(tx.id, prepared_remote)
             raise
         ts = 0
         rows = 0
         try:
             with self.storage.write() as conn:
                 ts = self._begin_commit_timestamp()
-                conn.execute(commits_table.insert().values(
-                    transaction_id=tx.id, commit_timestamp=ts,
-                    participants=yson_util.dumps_text([p.name for p in parts])))
-            faults.crash_point("after_commit_decision")
-            with self.storage.write() as conn:
                 for part in parts:
                     rows += part.table.apply(conn, part.writes, ts, part.tablet_index)
-                conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx.id))
-                conn.execute(commits_table.delete().where(commits_table.c.transaction_id == tx.id))
+                    if part.table.replicated:
+                        assert self.replication is not None
+                        self.replication.after_queue_append(conn, part, ts, remote)
+                if remote:
+                    conn.execute(commits_table.insert().values(
+                        transaction_id=tx.id, commit_timestamp=ts,
+                        participants=json.dumps([r.commit_message(tx.id, ts) for r in remote])))
+            faults.crash_point("after_commit_decision")
         finally:
             self._lock_table.release(tx.id)
             if ts:
                 self._end_commit_timestamp(ts)
+        if remote:
+            assert self.replication is not None
+            self.replication.commit_remote(tx.id, ts, remote)
         METRICS.rows_written.inc(rows)
         METRICS.commits.labels(kind="two_phase").inc()
         return ts
 
-    def _abort_prepared(self, tx: TabletTransaction, prepared: list[Participant]) -> None:
-        self._lock_table.release(tx.id)
-        if prepared:
-            with self.storage.write() as conn:
-                conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx.id))
+    # -- the participant side of a transaction coordinated by another cluster ----------------------
 
-    # -- recovery --------------------------------------------------------------------------------
-
-    def recover(self) -> tuple[int, int]:
-        """Resolve in-doubt transactions left by a crash; returns (committed, aborted)."""
-        committed = aborted = 0
+    def prepare_participant(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
+                            writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any]) -> None:
+        """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write)."""
         with self.storage.write() as conn:
-            decisions = {r.transaction_id: r.commit_timestamp for r in conn.execute(sa.select(commits_table))}
-            rows = conn.execute(sa.select(prepared_table)).all()
-            for row in rows:
-                ts = decisions.get(row.transaction_id)
-                if ts is None:
-                    aborted += 1
-                    continue
-                payload = yson_util.loads_text(row.payload)
+            if conn.execute(sa.select(prepared_table.c.transaction_id).where(
+                    prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == table.table_id)).first():
+                return
+            table.check_writable(path)
+            self._check(conn, tx_id, start_ts, table, path, writes)
+            conn.execute(prepared_table.insert().values(
+                transaction_id=tx_id, participant=table.table_id, start_timestamp=start_ts,
+                prepare_timestamp=prepare_ts, coordinator=coordinator,
+                payload=json.dumps({"table_id": table.table_id, "path": path, "extra": extra,
+                                    "writes": [w.to_payload() for w in writes]})))
+            self._hold_remote(tx_id, table, writes, prepare_ts)
+
+    def _hold_remote(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int) -> None:
+        if table.sorted:
+            for w in writes:
+                self._lock_table.acquire(table.table_id, table.key_of(w.row), w, tx_id)
+        with self._inflight_cond:
+            self._remote_prepared[tx_id] = prepare_ts
+
+    def _release_remote(self, tx_id: str) -> None:
+        self._lock_table.release(tx_id)
+        with self._inflight_cond:
+            self._remote_prepared.pop(tx_id, None)
+            self._inflight_cond.notify_all()
+
+    def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
+        """Apply a prepared remote transaction with the coordinator's commit timestamp."""
+        rows = 0
+        with self.storage.write() as conn:
+            records = conn.execute(sa.select(prepared_table).where(prepared_table.c.transaction_id == tx_id)).all()
+            for record in records:
+                payload = json.loads(record.payload)
                 resolved = self._resolve_table(payload["table_id"])
                 if resolved is None:
                     continue
                 table, _ = resolved
-                writes = [RowWrite.from_payload(w) for w in payload["writes"]]
-                self.timestamps.observe(ts)
-                table.apply(conn, writes, ts, int(payload["tablet_index"]))
-                committed += 1
-            conn.execute(prepared_table.delete())
-            conn.execute(commits_table.delete())
-        return committed, aborted
+                self.timestamps.observe(commit_ts)
+                rows += table.apply(conn, [RowWrite.from_payload(w) for w in payload["writes"]], commit_ts,
+                                    payload["extra"].get("tablet_index"))
+                if on_apply is not None:
+                    on_apply(conn, table, payload["extra"] | {"commit_timestamp": commit_ts})
+            conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
+        self._release_remote(tx_id)
+        METRICS.rows_written.inc(rows)
+        return bool(records)
+
+    def abort_participant(self, tx_id: str) -> None:
+        with self.storage.write() as conn:
+            conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
+        self._release_remote(tx_id)
+
+    def pending_participants(self) -> list[tuple[str, str, int]]:
+        """Remotely coordinated transactions prepared here: (transaction id, coordinator, prepare ts)."""
+        with self.storage.read() as conn:
+            rows = conn.execute(sa.select(prepared_table.c.transaction_id, prepared_table.c.coordinator,
+                                          prepared_table.c.prepare_timestamp)
+                                .where(prepared_table.c.coordinator.is_not(None))).all()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    # -- the coordinator side --------------------------------------------------------------------------
+
+    def transaction_status(self, tx_id: str) -> dict[str, Any]:
+        """What a participant needs to resolve an in-doubt transaction coordinated here."""
+        with self._lock:
+            if tx_id in self._transactions:
+                return {"state": "in_progress"}
+        with self.storage.read() as conn:
+            row = conn.execute(sa.select(commits_table).where(commits_table.c.transaction_id == tx_id)).first()
+        if row is None:
+            return {"state": "aborted"}
+        return {"state": "committed", "commit_timestamp": row.commit_timestamp,
+                "participants": json.loads(row.participants)}
+
+    def undelivered_decisions(self) -> list[tuple[str, int, list[dict[str, Any]]]]:
+        with self.storage.read() as conn:
+            rows = conn.execute(sa.select(commits_table)).all()
+        return [(r.transaction_id, r.commit_timestamp, json.loads(r.participants)) for r in rows]
+
+    def forget_decision(self, tx_id: str, remaining: list[dict[str, Any]]) -> None:
+        with self.storage.write() as conn:
+            if remaining:
+                conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
+                             .values(participants=json.dumps(remaining)))
+            else:
+                conn.execute(commits_table.delete().where(commits_table.c.transaction_id == tx_id))
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self) -> tuple[int, int]:
+        """After a restart: abort local prepares (never in doubt), re-hold remote ones.
+
+        Participants on this cluster commit in the same SQL transaction as the coordinator's
+        decision record, so a prepare of a locally coordinated transaction that survived a crash
+        was never decided: it is aborted. Prepares of transactions coordinated by *another*
+        cluster are in doubt until that coordinator answers; they keep their locks meanwhile and
+        are resolved by :meth:`pending_participants` and the replication layer.
+        Returns (re-held, aborted).
+        """
+        held = aborted = 0
+        with self.storage.write() as conn:
+            aborted = conn.execute(prepared_table.delete().where(prepared_table.c.coordinator.is_(None))).rowcount
+            for record in conn.execute(sa.select(prepared_table)).all():
+                payload = json.loads(record.payload)
+                resolved = self._resolve_table(payload["table_id"])
+                if resolved is None:
+                    continue
+                table, _ = resolved
+                self.timestamps.observe(record.prepare_timestamp)
+                self._hold_remote(record.transaction_id, table,
+                                  [RowWrite.from_payload(w) for w in payload["writes"]], record.prepare_timestamp)
+                held += 1
+        return held, aborted
+
+    # -- replicator batches (replica side) ---------------------------------------------------------
+
+    def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
+                         tablet_index: int, check: Callable[[sa.Connection], tuple[int, int] | None],
+                         expected: int, record: Callable[[sa.Connection, int], None], end: int) -> dict[str, Any]:
+        """Apply a replicator batch if the stored progress is ``expected``, and record ``end``.
+
+        Both happen in one SQL transaction: a batch is applied and acknowledged exactly once.
+        With ``preserve`` the rows keep the meta-cluster's commit timestamps; without it each
+        source commit gets a fresh timestamp of this cluster.
+        """
+        stamps: list[int] = []
+        try:
+            with self.storage.write() as conn:
+                stored = check(conn)
+                if stored is not None and stored[0] != expected:
+                    return {"row_index": stored[0], "applied": False}
+                last_ts = 0
+                rows = 0
+                for source_ts, writes in groups:
+                    if preserve:
+                        self.timestamps.observe(source_ts)
+                        with self._inflight_cond:
+                            self._inflight.add(source_ts)
+                        ts = source_ts
+                    else:
+                        ts = self._begin_commit_timestamp()
+                    stamps.append(ts)
+                    rows += table.apply(conn, writes, ts, tablet_index)
+                    last_ts = ts
+                record(conn, last_ts)
+        finally:
+            for ts in stamps:
+                self._end_commit_timestamp(ts)
+        METRICS.rows_written.inc(rows)
+        return {"row_index": end, "applied": True}

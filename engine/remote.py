@@ -1,0 +1,163 @@
+"""Other clusters: the cluster directory (``//sys/clusters``) and the cluster-to-cluster client.
+
+Every engine knows its peers through ``//sys/clusters``, a map from cluster name to
+``{proxy_url=...; token=...}`` kept by the operator (or the local runner, or a config file at
+start-up). Tokens are secrets: Cypress never returns them in clear (see ``cluster.py``).
+
+Cluster-to-cluster calls go to ``/internal/v1/...`` on the target and authenticate with the
+*target's* token. They have short, explicit timeouts: a sync replica that does not answer must
+fail a commit within about a second, not hang it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from reptables.engine.client import Client
+from reptables.engine.errors import ErrorCode, UnavailableError, YtError
+
+#: how long a commit waits for a sync replica's prepare
+DEFAULT_SYNC_TIMEOUT = 1.0
+MASKED_TOKEN = "<hidden>"
+
+
+@dataclass(frozen=True)
+class ClusterConnection:
+    name: str
+    proxy_url: str
+    token: str
+
+
+class ClusterUnknown(YtError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Replica cluster {name} is not known", code=ErrorCode.RESOLVE_ERROR,
+                         attributes={"cluster_name": name})
+
+
+def parse_directory(value: Any) -> dict[str, ClusterConnection]:
+    """Validate a ``//sys/clusters`` value; errors name the cluster and the field."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise YtError("//sys/clusters must be a map from cluster name to {proxy_url; token}",
+                      code=ErrorCode.INVALID_PARAMETER)
+    out: dict[str, ClusterConnection] = {}
+    for name, entry in value.items():
+        if not isinstance(entry, dict):
+            raise YtError(f"//sys/clusters/{name} must be a map {{proxy_url; token}}", code=ErrorCode.INVALID_PARAMETER)
+        url = entry.get("proxy_url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise YtError(f"//sys/clusters/{name}/proxy_url must be an http(s) URL, got {url!r}",
+                          code=ErrorCode.INVALID_PARAMETER)
+        token = entry.get("token", "")
+        if not isinstance(token, str):
+            raise YtError(f"//sys/clusters/{name}/token must be a string", code=ErrorCode.INVALID_PARAMETER)
+        out[str(name)] = ClusterConnection(str(name), url.rstrip("/"), token)
+    return out
+
+
+def mask_tokens(value: Any) -> Any:
+    """A value from under ``//sys/clusters`` as users may see it: every token replaced."""
+    if isinstance(value, dict):
+        return {k: (MASKED_TOKEN if k == "token" and v else mask_tokens(v)) for k, v in value.items()}
+    return value
+
+
+class InternalClient:
+    """Calls ``/internal/v1`` of one peer cluster."""
+
+    def __init__(self, conn: ClusterConnection, timeout: float) -> None:
+        self.conn = conn
+        self._http = httpx.Client(base_url=conn.proxy_url, timeout=httpx.Timeout(timeout, connect=timeout),
+                                  headers={"Authorization": f"OAuth {conn.token}"})
+
+    def call(self, method: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        try:
+            kwargs: dict[str, Any] = {}
+            if timeout is not None:
+                kwargs["timeout"] = httpx.Timeout(timeout, connect=timeout)
+            response = self._http.post(f"/internal/v1/{method}", content=json.dumps(body or {}).encode(),
+                                       headers={"Content-Type": "application/json"}, **kwargs)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"Cluster {self.conn.name} is unreachable at {self.conn.proxy_url}: "
+                                   f"{type(exc).__name__}: {exc}",
+                                   attributes={"cluster_name": self.conn.name}) from None
+        if response.status_code >= 400:
+            try:
+                error = YtError.from_dict(response.json())
+            except ValueError:
+                error = YtError(f"Cluster {self.conn.name} answered HTTP {response.status_code}")
+            raise YtError(f"Request {method} to cluster {self.conn.name} failed: {error.message}",
+                          code=error.code, attributes={"cluster_name": self.conn.name}, inner_errors=[error])
+        return response.json() if response.content else None
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class Peers:
+    """Connections to the clusters of the directory, rebuilt when the directory changes."""
+
+    def __init__(self, timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._directory: dict[str, ClusterConnection] = {}
+        self._clients: dict[str, InternalClient] = {}
+        self._public: dict[str, Client] = {}
+
+    def update(self, directory: dict[str, ClusterConnection]) -> None:
+        with self._lock:
+            for name, client in list(self._clients.items()):
+                if directory.get(name) != client.conn:
+                    client.close()
+                    del self._clients[name]
+            for name in list(self._public):
+                if directory.get(name) != self._directory.get(name):
+                    self._public.pop(name).close()
+            self._directory = dict(directory)
+
+    def known(self, name: str) -> bool:
+        with self._lock:
+            return name in self._directory
+
+    def connection(self, name: str) -> ClusterConnection:
+        with self._lock:
+            conn = self._directory.get(name)
+        if conn is None:
+            raise ClusterUnknown(name)
+        return conn
+
+    def client(self, name: str) -> InternalClient:
+        with self._lock:
+            client = self._clients.get(name)
+            if client is None:
+                conn = self._directory.get(name)
+                if conn is None:
+                    raise ClusterUnknown(name)
+                client = self._clients[name] = InternalClient(conn, self.timeout)
+            return client
+
+    def public_client(self, name: str) -> Client:
+        """The public API of a peer (reads of replicated tables are served by their replicas)."""
+        with self._lock:
+            client = self._public.get(name)
+            if client is None:
+                conn = self._directory.get(name)
+                if conn is None:
+                    raise ClusterUnknown(name)
+                client = self._public[name] = Client(conn.proxy_url, conn.token, timeout=30.0)
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            for public in self._public.values():
+                public.close()
+            self._clients.clear()
+            self._public.clear()
