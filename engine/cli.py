@@ -7,6 +7,7 @@ works for the official client as soon as the engine answers.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -15,10 +16,12 @@ from typing import Annotated
 
 import typer
 import uvicorn
+import yt.yson as yson
 
 from reptables.engine import logs
 from reptables.engine.cluster import Cluster
 from reptables.engine.http import create_app
+from reptables.engine.remote import DEFAULT_SYNC_TIMEOUT
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")
@@ -48,12 +51,20 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
     token: Annotated[str | None, typer.Option("--token", help="API token (default: $REPTABLES_TOKEN, or "
                                                               "generated into DATA_DIR/token)")] = None,
+    clusters_config: Annotated[Path | None, typer.Option(
+        "--clusters-config", help="JSON or YSON map {name: {proxy_url; token}} merged into //sys/clusters")] = None,
+    sync_replica_timeout: Annotated[float, typer.Option(
+        "--sync-replica-timeout", help="Seconds a commit waits for a sync replica")] = DEFAULT_SYNC_TIMEOUT,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
     logs.configure(log_level)
     secret = resolve_token(data_dir, token)
-    cluster = Cluster.open(cluster_name, data_dir)
+    cluster = Cluster.open(cluster_name, data_dir, sync_replica_timeout)
+    if clusters_config is not None:
+        raw = clusters_config.read_bytes()
+        cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"
+                               else yson.loads(raw))
     cluster.start_background()
     log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
                                        "data_dir": str(data_dir)})

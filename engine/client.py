@@ -191,6 +191,8 @@ def _dump_json(value: Any) -> str:
 
 
 def _encode_input(spec: _Spec, value: Any) -> bytes:
+    if value is None:
+        return b""
     if spec.input_type == "tabular":
         return "".join(_dump_json(row) + "\n" for row in value).encode("utf-8")
     return _dump_json(value).encode("utf-8")

@@ -8,6 +8,7 @@ and then changes state in one SQL transaction, so a failed command leaves nothin
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import threading
@@ -30,6 +31,13 @@ from reptables.engine.cypress import (
 )
 from reptables.engine.errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
 from reptables.engine.query import compile_query, parse_query
+from reptables.engine.remote import DEFAULT_SYNC_TIMEOUT, MASKED_TOKEN, Peers, mask_tokens, parse_directory
+from reptables.engine.replication import (
+    DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
+    ReplicationManager,
+    validate_replicated_table_options,
+    validate_throttler,
+)
 from reptables.engine.schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row
 from reptables.engine.storage import Storage, UserTables, meta_table, tablets_table
 from reptables.engine.tables import (
@@ -64,12 +72,21 @@ DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 MAX_FUTURE_READ_SECONDS = 60
 DEFAULT_OUTPUT_ROW_LIMIT = 1_000_000
 DEFAULT_INPUT_ROW_LIMIT = 1_000_000
-TABLE_TYPES = ("table",)
+TABLE_TYPES = ("table", "replicated_table")
+CLUSTERS_PATH = "//sys/clusters"
 SCALAR_TYPES = {bool: "boolean_node", int: "int64_node", float: "double_node", str: "string_node",
                 list: "list_node"}
 READ_ONLY_ATTRIBUTES = {"id", "type", "path", "key", "parent_id", "dynamic", "sorted", "key_columns",
                         "tablet_state", "tablet_count", "pivot_keys", "tablets", "count", "schema",
                         "expected_tablet_state"}
+
+
+def _retarget_query(query: str, path: str, new_path: str) -> str:
+    for old, new in ((f"[{path}]", f"[{new_path}]"), (f"`{path}`", f"`{new_path}`")):
+        if old in query:
+            return query.replace(old, new, 1)
+    raise YtError(f"Cannot redirect query to a replica: table {path} is not written as [path]",
+                  code=ErrorCode.INVALID_PARAMETER)
 
 
 def _is_storage_outage(exc: sa.exc.DBAPIError) -> bool:
@@ -89,20 +106,23 @@ def _flag(value: Any, default: bool = False) -> bool:
 class Cluster:
     """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
 
-    def __init__(self, name: str, storage: Storage) -> None:
+    def __init__(self, name: str, storage: Storage, sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
         self.name = name
         self.storage = storage
         self.cypress = Cypress()
         reserved = int(storage.get_meta("timestamp_reservation") or 0)
         self.timestamps = TimestampProvider(reserved, self._persist_reservation)
         self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id)
+        self.peers = Peers(timeout=sync_timeout)
+        self.replication = ReplicationManager(self, self.peers)
+        self.transactions.replication = self.replication
         self._stop = threading.Event()
         self._background: threading.Thread | None = None
         self._load()
 
     @classmethod
-    def open(cls, name: str, data_dir: Path) -> Cluster:
-        return cls(name, Storage.for_data_dir(data_dir))
+    def open(cls, name: str, data_dir: Path, sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> Cluster:
+        return cls(name, Storage.for_data_dir(data_dir), sync_timeout)
 
     # -- start-up --------------------------------------------------------------------------------
 
@@ -117,6 +137,8 @@ class Cluster:
             if not nodes:
                 for name in ("tmp", "home", "sys"):
                     self._new_node(conn, self.cypress.root, name, MAP_NODE, {})
+                self._new_node(conn, self.cypress.by_id[self.cypress.root.children["sys"].id], "clusters",
+                               MAP_NODE, {})
             self.storage.set_meta(conn, "cluster_name", self.name)
         counts: dict[str, dict[int, list[int]]] = {}
         for t in tablets:
@@ -125,16 +147,23 @@ class Cluster:
             if node.type in TABLE_TYPES:
                 node.table = self._make_table(node)
                 node.table.tablet_rows = counts.get(node.id, {})
-        committed, aborted = self.transactions.recover()
-        if committed or aborted:
-            log.info("recovered in-doubt transactions", extra={"committed": committed, "aborted": aborted})
+        with self.storage.read() as conn:
+            self.replication.load(conn)
+        self._refresh_directory()
+        held, aborted = self.transactions.recover()
+        if held or aborted:
+            log.info("recovered prepared transactions", extra={"in_doubt": held, "aborted": aborted})
 
     def _make_table(self, node: Node) -> DynamicTable:
         attrs = node.attributes
         path = node.path
         schema = TableSchema.parse(attrs["schema"], path)
+        sql_name = attrs[f"{INTERNAL_PREFIX}sql_name"]
+        replicated = node.type == "replicated_table"
         table = DynamicTable(
-            table_id=node.id, schema=schema, sql=UserTables(attrs[f"{INTERNAL_PREFIX}sql_name"], schema),
+            table_id=node.id, schema=schema,
+            sql=UserTables.queue(sql_name, schema) if replicated else UserTables(sql_name, schema),
+            replicated=replicated, upstream_replica_id=attrs.get("upstream_replica_id") or None,
             pivot_keys=attrs.get("pivot_keys") or [[]],
             tablet_count_ordered=int(attrs.get(f"{INTERNAL_PREFIX}tablet_count", 1)),
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
@@ -147,6 +176,33 @@ class Cluster:
         if node is None or node.table is None:
             return None
         return node.table, node.path
+
+    # -- the cluster directory ------------------------------------------------------------------------
+
+    def _clusters_node(self) -> Node | None:
+        return self.cypress.resolve(parse_ypath(CLUSTERS_PATH), missing_ok=True)
+
+    def _refresh_directory(self) -> None:
+        node = self._clusters_node()
+        value = self._node_value(node, None) if node is not None else {}
+        try:
+            self.peers.update(parse_directory(value))
+        except YtError as exc:
+            log.error("invalid cluster directory", extra={"error": exc.message})
+
+    def _under_directory(self, node: Node) -> bool:
+        clusters = self._clusters_node()
+        while node is not None:
+            if node is clusters:
+                return True
+            node = node.parent  # type: ignore[assignment]
+        return False
+
+    def load_directory(self, value: Any) -> None:
+        """Merge a directory (e.g. from a config file at start-up) into //sys/clusters."""
+        directory = parse_directory(yson_util.to_python(value))
+        for name, conn in directory.items():
+            self.set(f"{CLUSTERS_PATH}/{name}", {"proxy_url": conn.proxy_url, "token": conn.token})
 
     def start_background(self, period: float = 1.0) -> None:
         """Expire abandoned transactions and compact old versions, until ``close``."""
@@ -163,9 +219,12 @@ class Cluster:
 
         self._background = threading.Thread(target=loop, name="engine-maintenance", daemon=True)
         self._background.start()
+        self.replication.start()
 
     def close(self) -> None:
         self._stop.set()
+        self.replication.close()
+        self.peers.close()
         if self._background is not None:
             self._background.join(timeout=5)
         self.storage.close()
@@ -244,17 +303,18 @@ class Cluster:
         attributes = yson_util.to_python(attributes or {})
         if not isinstance(attributes, dict):
             raise YtError("Parameter \"attributes\" must be a map", code=ErrorCode.INVALID_PARAMETER)
+        if type == "table_replica":
+            return self.replication.create_replica(attributes)
+        if type == "table_collocation":
+            return self._create_collocation(attributes)
         ypath = parse_ypath(path)
         for name in attributes:
             if name in READ_ONLY_ATTRIBUTES - {"schema", "pivot_keys", "tablet_count", "dynamic"} or \
                     name.startswith(INTERNAL_PREFIX):
                 raise YtError(f"Attribute {name!r} is read-only and cannot be given to create",
                               code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": name})
-        if type in ("replicated_table", "table_replica", "table_collocation"):
-            raise YtError(f"Object type {type!r} is not supported by this engine version",
-                          code=ErrorCode.INVALID_PARAMETER)
-        if type not in ("map_node", "table", "document", "string_node", "int64_node", "uint64_node",
-                        "double_node", "boolean_node", "list_node"):
+        if type not in ("map_node", "table", "replicated_table", "document", "string_node", "int64_node",
+                        "uint64_node", "double_node", "boolean_node", "list_node"):
             raise YtError(f"Unknown or unsupported object type {type!r}", code=ErrorCode.INVALID_PARAMETER)
         with self.storage.write() as conn:
             existing = self.cypress.resolve(ypath, missing_ok=True)
@@ -266,18 +326,22 @@ class Cluster:
                                              attributes={"path": ypath.text})
                 self._remove_node(conn, existing, recursive=True)
             parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
-            if type == "table":
-                self._validate_table_attributes(attributes, ypath.text)
+            if type in TABLE_TYPES:
+                if type == "replicated_table":
+                    attributes["dynamic"] = attributes.get("dynamic", True)
+                self._validate_table_attributes(attributes, ypath.text, replicated=type == "replicated_table")
+            if parent is self._clusters_node() or self._under_directory(parent):
+                raise YtError(f"Use set to change {CLUSTERS_PATH}", code=ErrorCode.INVALID_PARAMETER)
             for seg in missing:
                 parent = self._new_node(conn, parent, seg, MAP_NODE, {})
-            if type == "table":
-                node = self._create_table(conn, parent, name, attributes, ypath.text)
+            if type in TABLE_TYPES:
+                node = self._create_table(conn, parent, name, attributes, ypath.text, type)
             else:
                 node = self._new_node(conn, parent, name, type, attributes,
                                       value=None if type == MAP_NODE else attributes.pop("value", None))
             return node.id
 
-    def _validate_table_attributes(self, attrs: dict[str, Any], path: str) -> None:
+    def _validate_table_attributes(self, attrs: dict[str, Any], path: str, replicated: bool = False) -> None:
         if not _flag(attrs.get("dynamic")):
             raise YtError(f"Cannot create table {path}: only dynamic tables are supported "
                           "(set attribute dynamic=%true)", code=ErrorCode.INVALID_PARAMETER)
@@ -301,13 +365,27 @@ class Cluster:
         if attrs.get("atomicity", "full") not in ("full", "none"):
             raise YtError(f"Cannot create table {path}: atomicity must be \"full\" or \"none\"",
                           code=ErrorCode.INVALID_PARAMETER)
-        ttl = attrs.get("min_data_ttl", 0)
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
-            raise YtError(f"Cannot create table {path}: min_data_ttl must be a non-negative number of "
-                          "milliseconds", code=ErrorCode.INVALID_PARAMETER)
+        for name in ("min_data_ttl", "min_replication_log_ttl"):
+            ttl = attrs.get(name, 0)
+            if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
+                raise YtError(f"Cannot create table {path}: {name} must be a non-negative number of "
+                              "milliseconds", code=ErrorCode.INVALID_PARAMETER)
+        upstream = attrs.get("upstream_replica_id")
+        if upstream is not None and not isinstance(upstream, str):
+            raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if replicated:
+            if attrs.get("atomicity", "full") != "full":
+                raise YtError(f"Cannot create replicated table {path}: atomicity must be full",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if upstream:
+                raise YtError(f"Cannot create replicated table {path} with upstream_replica_id",
+                              code=ErrorCode.INVALID_PARAMETER)
+            validate_replicated_table_options(attrs.get("replicated_table_options"), path)
+            validate_throttler(attrs.get("replication_throttler"), path)
 
     def _create_table(self, conn: sa.Connection, parent: Node, name: str, attrs: dict[str, Any],
-                      path: str) -> Node:
+                      path: str, node_type: str = "table") -> Node:
         schema = TableSchema.parse(attrs.pop("schema"), path)
         attrs.pop("dynamic", None)
         counter = int(conn.execute(sa.select(meta_table.c.value).where(
@@ -325,10 +403,12 @@ class Cluster:
                 if "pivot_keys" in attrs else [[]]
         else:
             stored[f"{INTERNAL_PREFIX}tablet_count"] = int(stored.pop("tablet_count", 1))
-        node = self._new_node(conn, parent, name, "table", stored)
+        if stored.get("upstream_replica_id") in ("0-0-0-0", ""):
+            stored.pop("upstream_replica_id")
+        node = self._new_node(conn, parent, name, node_type, stored)
         node.table = self._make_table(node)
         node.table.sql.create(conn)
-        if not schema.is_sorted:
+        if not schema.is_sorted or node.table.replicated:
             for i in range(node.table.tablet_count):
                 conn.execute(tablets_table.insert().values(table_id=node.id, tablet_index=i, row_count=0,
                                                            trimmed_row_count=0))
@@ -336,8 +416,18 @@ class Cluster:
         return node
 
     def _remove_node(self, conn: sa.Connection, node: Node, recursive: bool) -> None:
-        if node.id == ROOT_ID or node.parent is None:
+        if node.id == ROOT_ID:
             raise YtError("Cannot remove the root node", code=ErrorCode.INVALID_PARAMETER)
+        if node is self._clusters_node() or (node.parent is not None and node.parent.id == ROOT_ID
+                                              and node.name == "sys"):
+            raise YtError(f"Cannot remove {node.path}: it is a system node", code=ErrorCode.INVALID_PARAMETER)
+        if node.type == "table_replica":
+            self.replication.remove_replica(conn, node.id)
+            self.cypress.delete(conn, self.cypress.detach(node))
+            return
+        if node.type == "table_collocation":
+            self._drop_collocation(conn, node)
+            return
         if node.children and not recursive:
             raise YtError(f"Cannot remove non-empty composite node {node.path} (use recursive=%true)",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
@@ -355,6 +445,12 @@ class Cluster:
                                        "unmount it first", attributes={"path": n.path})
         for n in subtree:
             if n.table is not None:
+                for replica in self.replication.replicas_of(n.id):
+                    self.replication.remove_replica(conn, replica.id)
+                    self.cypress.delete(conn, self.cypress.detach(replica.node))
+                collocation = self._collocation_of(n)
+                if collocation is not None:
+                    self._leave_collocation(conn, collocation, n)
                 n.table.sql.drop(conn)
                 conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
         removed = self.cypress.detach(node)
@@ -367,9 +463,19 @@ class Cluster:
             if node is None:
                 return
             if ypath.attribute_path is not None:
+                if ypath.attribute_path == ("replication_collocation_id",) and node.table is not None:
+                    collocation = self._collocation_of(node)
+                    if collocation is None and not force:
+                        raise ResolveError(f"Table {node.path} is in no collocation", attributes={"path": node.path})
+                    if collocation is not None:
+                        self._leave_collocation(conn, collocation, node)
+                    return
                 self._remove_attribute(conn, node, ypath, force)
                 return
+            directory = self._under_directory(node)
             self._remove_node(conn, node, recursive)
+        if directory:
+            self._refresh_directory()
 
     def _remove_attribute(self, conn: sa.Connection, node: Node, ypath: YPath, force: bool) -> None:
         attr = ypath.attribute_path or ()
@@ -429,7 +535,11 @@ class Cluster:
         node, ypath = self._resolve(path)
         if ypath.attribute_path is not None:
             return self._get_attribute(node, ypath.attribute_path)
-        return self._node_value(node, attributes)
+        value = self._node_value(node, attributes)
+        if self._under_directory(node):
+            # tokens of other clusters are secrets: never returned in clear
+            value = MASKED_TOKEN if node.name == "token" and value else mask_tokens(value)
+        return value
 
     def _node_value(self, node: Node, attributes: list[str] | None) -> Any:
         if node.type == MAP_NODE:
@@ -455,6 +565,15 @@ class Cluster:
             attrs["key"] = node.name
         if node.type == MAP_NODE:
             attrs["count"] = len(node.children)
+        if node.type == "table_replica":
+            replica = self.replication.replica(node.id)
+            attrs.update(self.replication.describe(replica))
+            attrs.pop("path", None)
+        if node.type == "table_collocation":
+            ids = list(node.attributes.get("table_ids", []))
+            attrs["table_ids"] = ids
+            attrs["table_paths"] = [self.cypress.by_id[i].path for i in ids if i in self.cypress.by_id]
+            attrs.pop("path", None)
         table = node.table
         if table is not None:
             schema_attrs = node.attributes.get(f"{INTERNAL_PREFIX}schema_attrs", {})
@@ -472,6 +591,20 @@ class Cluster:
             else:
                 attrs.pop("pivot_keys", None)
             attrs["tablets"] = self._tablets_attribute(node)
+            if table.upstream_replica_id:
+                attrs["upstream_replica_id"] = table.upstream_replica_id
+            if table.replicated:
+                attrs["replicas"] = self.replication.replicas_attribute(node.id)
+                options = dict(node.attributes.get("replicated_table_options") or {})
+                options.setdefault("enable_replicated_table_tracker", False)
+                attrs["replicated_table_options"] = options
+                attrs.setdefault("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS)
+            collocation = self._collocation_of(node)
+            if collocation is not None:
+                attrs["replication_collocation_id"] = collocation.id
+                attrs["replication_collocation_table_paths"] = [
+                    self.cypress.by_id[i].path for i in collocation.attributes.get("table_ids", [])
+                    if i in self.cypress.by_id]
         return attrs
 
     def _tablets_attribute(self, node: Node) -> list[dict[str, Any]]:
@@ -482,7 +615,7 @@ class Cluster:
             info: dict[str, Any] = {"index": i, "tablet_id": f"{node.id}-{i}", "state": table.state.value}
             if table.sorted:
                 info["pivot_key"] = table.pivot_keys[i]
-            else:
+            if not table.sorted or table.replicated:
                 row_count, trimmed = table.tablet_rows.get(i, [0, 0])
                 info["flushed_row_count"] = row_count
                 info["trimmed_row_count"] = trimmed
@@ -504,6 +637,9 @@ class Cluster:
     def set(self, path: Any, value: Any, recursive: bool = False, force: bool = False) -> None:
         ypath = parse_ypath(path)
         value = yson_util.to_python(value)
+        if ypath.attribute_path is None and ypath.start is None and ypath.segments[:2] == ("sys", "clusters"):
+            self._set_directory(ypath.segments[2:], value)
+            return
         with self.storage.write() as conn:
             if ypath.attribute_path is not None:
                 node = self.cypress.resolve(ypath)
@@ -518,6 +654,33 @@ class Cluster:
             for seg in missing:
                 parent = self._new_node(conn, parent, seg, MAP_NODE, {})
             self._build_value_node(conn, parent, name, value)
+
+    def _set_directory(self, relative: tuple[str, ...], value: Any) -> None:
+        """Change //sys/clusters as a whole: validated first, masked tokens keep their secret."""
+        clusters = self._clusters_node()
+        assert clusters is not None
+        current = self._node_value(clusters, None) or {}
+        updated = copy.deepcopy(current)
+        if not relative:
+            updated = value
+        else:
+            target = updated
+            for key in relative[:-1]:
+                if not isinstance(target, dict) or key not in target:
+                    raise ResolveError(f"Error resolving path {CLUSTERS_PATH}/{'/'.join(relative)}: "
+                                       f"{key!r} does not exist")
+                target = target[key]
+            if not isinstance(target, dict):
+                raise YtError(f"Cannot set {CLUSTERS_PATH}/{'/'.join(relative)}", code=ErrorCode.INVALID_PARAMETER)
+            target[relative[-1]] = value
+        if isinstance(updated, dict):
+            for name, entry in updated.items():
+                if isinstance(entry, dict) and entry.get("token") == MASKED_TOKEN:
+                    entry["token"] = (current.get(name) or {}).get("token", "")
+        parse_directory(updated)
+        with self.storage.write() as conn:
+            self._replace_node_value(conn, clusters, updated)
+        self._refresh_directory()
 
     def _build_value_node(self, conn: sa.Connection, parent: Node, name: str, value: Any) -> Node:
         if isinstance(value, dict):
@@ -558,7 +721,36 @@ class Cluster:
             raise YtError(f"Attribute {name!r} of {node.path} cannot be set"
                           + (f": {hint[name]}" if name in hint else ""),
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path, "attribute": name})
+        if node.type == "table_replica":
+            self._set_replica_attribute(conn, node, attr_path, value)
+            return
         table = node.table
+        if table is not None and name == "upstream_replica_id":
+            raise YtError(f"Attribute \"upstream_replica_id\" of {node.path} cannot be set: use alter_table on "
+                          "the unmounted table", code=ErrorCode.INVALID_PARAMETER)
+        if table is not None and name == "replication_collocation_id":
+            collocation = self.cypress.by_id.get(str(value).lstrip("#"))
+            if collocation is None or collocation.type != "table_collocation":
+                raise ResolveError(f"No such table collocation {value!r}", attributes={"path": node.path})
+            current = self._collocation_of(node)
+            if current is not None and current is not collocation:
+                self._leave_collocation(conn, current, node)
+            self._join_collocation(conn, collocation, node)
+            return
+        if table is not None and table.replicated and name in ("replicated_table_options", "replication_throttler"):
+            updated = copy.deepcopy(node.attributes.get(name) or {})
+            if len(attr_path) == 1:
+                updated = value
+            else:
+                target = updated
+                for key in attr_path[1:-1]:
+                    target = target.setdefault(key, {})
+                target[attr_path[-1]] = value
+            (validate_replicated_table_options if name == "replicated_table_options" else validate_throttler)(
+                updated, node.path)
+            node.attributes[name] = updated
+            self.cypress.save(conn, node)
+            return
         if table is not None and name == "atomicity":
             if len(attr_path) != 1 or value not in ("full", "none"):
                 raise YtError("Attribute \"atomicity\" must be \"full\" or \"none\"", code=ErrorCode.INVALID_PARAMETER)
@@ -581,6 +773,80 @@ class Cluster:
                           code=ErrorCode.INVALID_PARAMETER)
         container[attr_path[-1]] = value
         self.cypress.save(conn, node)
+
+    def _set_replica_attribute(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...],
+                               value: Any) -> None:
+        replica = self.replication.replica(node.id)
+        if attr_path == ("enable_replicated_table_tracker",):
+            if not isinstance(value, bool):
+                raise YtError("enable_replicated_table_tracker must be a boolean", code=ErrorCode.INVALID_PARAMETER)
+            replica.tracker_enabled = value
+            node.attributes["enable_replicated_table_tracker"] = value
+            self.cypress.save(conn, node)
+            return
+        if attr_path[0] in ("mode", "state", "table_path", "cluster_name", "replica_path", "tablets",
+                            "replication_lag_time", "errors", "start_replication_timestamp", "preserve_timestamps",
+                            "atomicity", "replicated_table_tracker_enabled"):
+            hint = " use alter_table_replica" if attr_path[0] in ("mode", "state") else ""
+            raise YtError(f"Attribute {attr_path[0]!r} of replica {node.id} cannot be set;{hint}".rstrip(";"),
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": node.id})
+        container: Any = node.attributes
+        for key in attr_path[:-1]:
+            container = container.setdefault(key, {})
+        container[attr_path[-1]] = value
+        self.cypress.save(conn, node)
+
+    # -- collocations --------------------------------------------------------------------------------
+
+    def _create_collocation(self, attrs: dict[str, Any]) -> str:
+        if attrs.get("collocation_type") != "replication":
+            raise YtError("Cannot create table_collocation: collocation_type must be \"replication\"",
+                          code=ErrorCode.INVALID_PARAMETER)
+        paths = attrs.get("table_paths")
+        if not isinstance(paths, list) or not paths:
+            raise YtError("Cannot create table_collocation: table_paths must be a non-empty list of replicated tables",
+                          code=ErrorCode.INVALID_PARAMETER)
+        nodes = []
+        for path in paths:
+            table, table_path, node = self._table(path)
+            if not table.replicated:
+                raise YtError(f"Cannot collocate {table_path}: it is not a replicated_table",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+            if self._collocation_of(node) is not None:
+                raise YtError(f"Table {table_path} already belongs to collocation {self._collocation_of(node).id}",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+            nodes.append(node)
+        stored = {k: v for k, v in attrs.items() if k not in ("table_paths", "table_ids")}
+        with self.storage.write() as conn:
+            collocation = Node(id=make_object_id(OBJECT_TYPES["table_collocation"]), type="table_collocation",
+                               name=None, parent=None, attributes={**stored, "table_ids": [n.id for n in nodes]})
+            self.cypress.attach(collocation)
+            self.cypress.save(conn, collocation)
+        return collocation.id
+
+    def _collocation_of(self, table_node: Node) -> Node | None:
+        for node in self.cypress.by_id.values():
+            if node.type == "table_collocation" and table_node.id in node.attributes.get("table_ids", []):
+                return node
+        return None
+
+    def _join_collocation(self, conn: sa.Connection, collocation: Node, table_node: Node) -> None:
+        assert table_node.table is not None
+        if not table_node.table.replicated:
+            raise YtError(f"Cannot collocate {table_node.path}: it is not a replicated_table",
+                          code=ErrorCode.INVALID_PARAMETER)
+        ids = list(collocation.attributes.get("table_ids", []))
+        if table_node.id not in ids:
+            collocation.attributes["table_ids"] = [*ids, table_node.id]
+            self.cypress.save(conn, collocation)
+
+    def _leave_collocation(self, conn: sa.Connection, collocation: Node, table_node: Node) -> None:
+        collocation.attributes["table_ids"] = [i for i in collocation.attributes.get("table_ids", [])
+                                               if i != table_node.id]
+        self.cypress.save(conn, collocation)
+
+    def _drop_collocation(self, conn: sa.Connection, collocation: Node) -> None:
+        self.cypress.delete(conn, self.cypress.detach(collocation))
 
     # -- tablet state ----------------------------------------------------------------------------
 
@@ -717,6 +983,7 @@ class Cluster:
                     atomicity: str | None = None, durability: str | None = None,
                     require_sync_replica: bool = True) -> None:
         table, table_path, _ = self._table(path)
+        self._check_direct_write(table, table_path)
         table.check_writable(table_path)
         validated = []
         # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
@@ -737,10 +1004,19 @@ class Cluster:
         tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
 
         def fill() -> None:
+            tx.require_sync_replica[table.table_id] = require_sync_replica
             for tablet, w in validated:
                 tx.add(table, table_path, tablet, w)
 
         self._run_write(tx, implicit, fill)
+
+    @staticmethod
+    def _check_direct_write(table: DynamicTable, path: str) -> None:
+        if table.upstream_replica_id:
+            raise YtError(f"Table {path} is a replica table (upstream_replica_id {table.upstream_replica_id}): "
+                          "direct writes are refused; write to its replicated table on the meta-cluster",
+                          code=ErrorCode.UPSTREAM_REPLICA_MISMATCH,
+                          attributes={"path": path, "upstream_replica_id": table.upstream_replica_id})
 
     def delete_rows(self, path: Any, keys: list[Any], transaction_id: str | None = None,
                     atomicity: str | None = None, durability: str | None = None,
@@ -749,6 +1025,7 @@ class Cluster:
         if not table.sorted:
             raise YtError(f"Cannot delete rows from ordered table {table_path}: use trim_rows",
                           code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
+        self._check_direct_write(table, table_path)
         table.check_writable(table_path)
         validated = []
         for raw in keys:
@@ -758,6 +1035,7 @@ class Cluster:
         tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
 
         def fill() -> None:
+            tx.require_sync_replica[table.table_id] = require_sync_replica
             for tablet, w in validated:
                 tx.add(table, table_path, tablet, w)
 
@@ -830,10 +1108,17 @@ class Cluster:
                                   code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": table_path})
         ts = self._snapshot_timestamp(timestamp, transaction_id)
         key_tuples = []
+        key_rows = []
         for raw in keys:
             key_row = validate_row(table.schema, raw, table_path, key_only=True)
             validate_key_not_null(table.schema, key_row, table_path)
             key_tuples.append(table.key_of(key_row))
+            key_rows.append(key_row)
+        if table.replicated:
+            replica = self.replication.in_sync_read_replica(table, table_path)
+            return self._from_replica(replica, lambda c: c.lookup_rows(
+                replica.replica_path, key_rows, column_names=column_names, timestamp=ts,
+                keep_missing_rows=keep_missing_rows))
         with self.storage.read() as conn:
             found = table.lookup(conn, key_tuples, ts)
         self.decode_any_columns(table, found)
@@ -857,6 +1142,11 @@ class Cluster:
         table, table_path, _ = self._table(parsed.table_path)
         table.check_readable(table_path)
         ts = self._snapshot_timestamp(timestamp, transaction_id)
+        if table.replicated:
+            replica = self.replication.in_sync_read_replica(table, table_path)
+            rewritten = _retarget_query(query, parsed.table_path, replica.replica_path)
+            return self._from_replica(replica, lambda c: c.select_rows(
+                rewritten, timestamp=ts, output_row_limit=output_row_limit))
         compiled = compile_query(parsed, table.query_source(ts))
         limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
         statement = compiled.statement
@@ -886,6 +1176,15 @@ class Cluster:
                         row[n] = yson_util.loads_text(row[n])
         return rows
 
+    def _from_replica(self, replica: Any, read: Any) -> Any:
+        """Serve a read of a replicated table from its in-sync replica (seed 002, "Reading data")."""
+        try:
+            return read(self.peers.public_client(replica.cluster_name))
+        except YtError as exc:
+            raise YtError(f"Cannot read replicated table {replica.table_path} from its sync replica "
+                          f"{replica.cluster_name}:{replica.replica_path}: {exc.message}", code=exc.code,
+                          attributes={"replica_id": replica.id}, inner_errors=[exc]) from None
+
     def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:
         """``any`` values are stored as YSON text; turn them back into structures for output."""
         any_cols = [c.name for c in table.schema.columns if c.type.value == "any"]
@@ -900,3 +1199,45 @@ class Cluster:
 
     def table_for_path(self, path: Any) -> DynamicTable:
         return self._table(path)[0]
+
+    # -- replication commands --------------------------------------------------------------------
+
+    def alter_table(self, path: Any, upstream_replica_id: Any = None, schema: Any = None) -> None:
+        table, table_path, node = self._table(path)
+        if schema is not None:
+            raise YtError(f"Cannot alter the schema of {table_path}: schema changes are not supported yet",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if upstream_replica_id is None:
+            return
+        if not isinstance(upstream_replica_id, str):
+            raise YtError("upstream_replica_id must be a replica id string", code=ErrorCode.INVALID_PARAMETER)
+        if table.replicated:
+            raise YtError(f"Cannot set upstream_replica_id of replicated table {table_path}",
+                          code=ErrorCode.INVALID_PARAMETER)
+        with self.storage.write() as conn:
+            if table.state != TabletState.UNMOUNTED:
+                raise TabletStateError(f"Cannot alter table {table_path}: table must be unmounted",
+                                       attributes={"path": table_path})
+            value = None if upstream_replica_id in ("", "0-0-0-0") else upstream_replica_id
+            table.upstream_replica_id = value
+            if value is None:
+                node.attributes.pop("upstream_replica_id", None)
+            else:
+                node.attributes["upstream_replica_id"] = value
+            self.cypress.save(conn, node)
+
+    def alter_table_replica(self, replica_id: str, enabled: bool | None = None, mode: str | None = None) -> None:
+        self.replication.alter_replica(replica_id, enabled, mode)
+
+    def get_in_sync_replicas(self, path: Any, timestamp: Any, keys: list[Any] | None = None) -> list[str]:
+        table, table_path, _ = self._table(path)
+        if not table.replicated:
+            raise YtError(f"Table {table_path} is not replicated", code=ErrorCode.INVALID_PARAMETER)
+        if timestamp is None:
+            raise YtError("get_in_sync_replicas requires a timestamp", code=ErrorCode.INVALID_PARAMETER)
+        ts = self._read_timestamp(timestamp)
+        if ts is None:
+            ts = self.timestamps.generate()
+        for raw in keys or []:
+            validate_row(table.schema, raw, table_path, key_only=True)
+        return self.replication.in_sync_replicas(table, ts)

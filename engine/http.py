@@ -139,7 +139,9 @@ def _command(name: str, input_type: str | None, output_type: str | None, volatil
 
 @_command("create", None, "structured", True)
 def _create(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    node_id = c.create(_required_str(p, "type"), _path(p), p.get("attributes"), _bool(p, "recursive"),
+    kind = _required_str(p, "type")
+    path = p.get("path") if kind in ("table_replica", "table_collocation") else _path(p)
+    node_id = c.create(kind, path, p.get("attributes"), _bool(p, "recursive"),
                        _bool(p, "ignore_existing"), _bool(p, "force"))
     return {"node_id": node_id}
 
@@ -202,6 +204,27 @@ def _reshard(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 @_command("trim_rows", None, None, True)
 def _trim(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     c.trim_rows(_path(p), _int(p, "tablet_index"), _int(p, "trimmed_row_count"))
+
+
+@_command("alter_table", None, None, True)
+def _alter_table(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    c.alter_table(_path(p), _p(p, "upstream_replica_id"), _p(p, "schema"))
+
+
+@_command("alter_table_replica", None, None, True)
+def _alter_table_replica(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    replica_id = _required_str(p, "replica_id")
+    enabled = _p(p, "enabled")
+    tracker = _p(p, "enable_replicated_table_tracker")
+    if tracker is not None:
+        c.set(f"#{replica_id.lstrip('#')}/@enable_replicated_table_tracker", bool(tracker))
+    c.alter_table_replica(replica_id, None if enabled is None else _bool(p, "enabled"), _p(p, "mode"))
+
+
+@_command("get_in_sync_replicas", "tabular", "structured", False)
+def _get_in_sync_replicas(c: Cluster, p: dict[str, Any], body: Any) -> Any:
+    keys = None if _bool(p, "all_keys") else _rows(body)
+    return c.get_in_sync_replicas(_path(p), _int(p, "timestamp"), keys)
 
 
 @_command("generate_timestamp", None, "structured", False)
@@ -422,11 +445,50 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         media = "application/json" if fmt.name == "json" else "application/x-yt-yson-binary"
         return Response(content=content, media_type=media, headers={"X-YT-Response-Code": "0"})
 
+    internal_methods: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "prepare": cluster.replication.handle_prepare,
+        "commit": cluster.replication.handle_commit,
+        "abort": cluster.replication.handle_abort,
+        "push": cluster.replication.handle_push,
+        "transaction_status": lambda body: cluster.transactions.transaction_status(str(body["transaction_id"])),
+        "table_info": lambda body: cluster.replication.table_info(str(body["path"])),
+    }
+
+    async def internal(request: Request) -> Response:
+        """Cluster-to-cluster calls (2PC with sync replicas, replicator pushes), JSON in and out."""
+        method = request.path_params["method"]
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            handler = internal_methods.get(method)
+            if handler is None:
+                raise YtError(f"Unknown internal method {method!r}", code=ErrorCode.NO_SUCH_METHOD, http_status=404)
+            authenticate(request)
+            try:
+                body = json.loads(await request.body() or b"{}")
+            except ValueError as exc:
+                raise YtError(f"Malformed JSON in internal request: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
+            if not isinstance(body, dict):
+                raise YtError("Internal request body must be a JSON object", code=ErrorCode.PROTOCOL_ERROR)
+            try:
+                result = await run_in_threadpool(handler, body)
+            except KeyError as exc:
+                raise YtError(f"Internal request {method} misses field {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
+            METRICS.requests.labels(command=f"internal:{method}", outcome="ok").inc()
+            return JSONResponse(result if result is not None else {})
+        except YtError as error:
+            METRICS.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            return _error_response(error, request_id)
+        except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
+            log.exception("internal call failed", extra={"method": method})
+            return _error_response(YtError(f"Internal call {method!r} failed: {type(exc).__name__}: {exc}"),
+                                   request_id)
+
     routes = [
         Route("/api", api, methods=["GET"]),
         Route("/api/v4", api_v4, methods=["GET"]),
         Route("/api/v4/", api_v4, methods=["GET"]),
         Route("/api/v4/{command}", command, methods=["GET", "POST", "PUT"]),
+        Route("/internal/v1/{method}", internal, methods=["POST"]),
         Route("/hosts", hosts, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

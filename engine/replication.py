@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reptables.engine.replication")
 
+#: where a replica object keeps the id of its replicated table (hidden from users)
+TABLE_ID_ATTRIBUTE = "_rt_table_id"
 #: seed/notes defaults: replicator tick, batch cut, backoff, queue retention
 REPLICATOR_TICK = 0.1
 BATCH_ROWS = 90_000
@@ -155,11 +157,11 @@ class ReplicationManager:
 
     def _from_node(self, node: Node) -> Replica:
         a = node.attributes
-        table_node = self.cluster.cypress.by_id.get(a["table_id"])
+        table_node = self.cluster.cypress.by_id.get(a[TABLE_ID_ATTRIBUTE])
         mode = ReplicaMode(a.get("mode", "async"))
         state = ReplicaState(a.get("state", "disabled"))
         return Replica(
-            id=node.id, node=node, table_id=a["table_id"], cluster_name=a["cluster_name"],
+            id=node.id, node=node, table_id=a[TABLE_ID_ATTRIBUTE], cluster_name=a["cluster_name"],
             replica_path=a["replica_path"], mode=mode, state=state,
             start_replication_timestamp=int(a.get("start_replication_timestamp", 0)),
             preserve_timestamps=bool(a.get("preserve_timestamps", True)), atomicity=a.get("atomicity", "full"),
@@ -169,7 +171,7 @@ class ReplicationManager:
 
     def _save(self, conn: sa.Connection, replica: Replica) -> None:
         replica.node.attributes.update(replica.attributes())
-        replica.node.attributes["table_id"] = replica.table_id
+        replica.node.attributes[TABLE_ID_ATTRIBUTE] = replica.table_id
         self.cluster.cypress.save(conn, replica.node)
 
     @staticmethod
@@ -743,8 +745,10 @@ class ReplicationManager:
             for replica in self.replicas_of(table.table_id):
                 if replica.state is not ReplicaState.ENABLED:
                     continue
-                if replica.writes_synchronously:
-                    out.append(replica.id)
+                if replica.mode is ReplicaMode.SYNC:
+                    # a sync replica still catching up is not in sync, whatever it has already
+                    if replica.writes_synchronously:
+                        out.append(replica.id)
                     continue
                 ok = True
                 for tablet in range(table.tablet_count):
@@ -803,3 +807,49 @@ class ReplicationManager:
                 "cluster_name", "replica_path", "state", "mode", "replication_lag_time", "errors",
                 "preserve_timestamps", "atomicity", "replicated_table_tracker_enabled")}
         return out
+
+
+_OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
+    "enable_replicated_table_tracker": bool, "min_sync_replica_count": int, "max_sync_replica_count": int,
+    "preferred_sync_replica_clusters": list, "sync_replica_lag_threshold": int,
+}
+
+
+def validate_replicated_table_options(options: Any, path: str) -> None:
+    """``replicated_table_options`` with the names and rules of YT's tracker (see notes/tracker.md)."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise YtError(f"replicated_table_options of {path} must be a map", code=ErrorCode.INVALID_PARAMETER)
+    for key, value in options.items():
+        expected = _OPTION_TYPES.get(key)
+        if expected is None:
+            raise YtError(f"Unknown replicated_table_options field {key!r} for table {path}; known: "
+                          f"{', '.join(sorted(_OPTION_TYPES))}", code=ErrorCode.INVALID_PARAMETER)
+        if isinstance(value, bool) and expected is not bool or not isinstance(value, expected):
+            raise YtError(f"replicated_table_options/{key} of {path} must be of type {expected.__name__}",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if expected is int and value < 0:
+            raise YtError(f"replicated_table_options/{key} of {path} must be >= 0", code=ErrorCode.INVALID_PARAMETER)
+    clusters = options.get("preferred_sync_replica_clusters", [])
+    if not all(isinstance(c, str) for c in clusters):
+        raise YtError(f"replicated_table_options/preferred_sync_replica_clusters of {path} must be a list of "
+                      "cluster names", code=ErrorCode.INVALID_PARAMETER)
+    low, high = options.get("min_sync_replica_count"), options.get("max_sync_replica_count")
+    if low is not None and high is not None and low > high:
+        raise YtError(f"replicated_table_options of {path}: min_sync_replica_count ({low}) must not exceed "
+                      f"max_sync_replica_count ({high})", code=ErrorCode.INVALID_PARAMETER)
+
+
+def validate_throttler(throttler: Any, path: str) -> None:
+    """``replication_throttler`` is ``{period=<ms>; limit=<bytes per period>}``."""
+    if throttler is None:
+        return
+    if not isinstance(throttler, dict) or set(throttler) - {"period", "limit"}:
+        raise YtError(f"replication_throttler of {path} must be a map {{period; limit}}",
+                      code=ErrorCode.INVALID_PARAMETER)
+    for key in ("period", "limit"):
+        value = throttler.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise YtError(f"replication_throttler/{key} of {path} must be a positive integer",
+                          code=ErrorCode.INVALID_PARAMETER)

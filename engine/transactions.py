@@ -418,6 +418,9 @@ class TransactionManager:
                 self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
                 ts = self._begin_commit_timestamp()
                 rows = part.table.apply(conn, part.writes, ts, part.tablet_index)
+                if part.table.replicated:
+                    assert self.replication is not None
+                    self.replication.after_queue_append(conn, part, ts, [])
         finally:
             if ts:
                 self._end_commit_timestamp(ts)

@@ -1,0 +1,235 @@
+"""Replicated tables across three real clusters: the behaviours of seed 002."""
+
+from __future__ import annotations
+
+import pytest
+
+from reptables.engine.errors import ErrorCode, YtError
+from tests.replication.conftest import ClusterSet, wait_for
+
+
+def test_async_replicas_receive_every_row_exactly_once(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    r0 = clusters.replica(path, "remote_0", "//tmp/r")
+    r1 = clusters.replica(path, "remote_1", "//tmp/r")
+    for batch in range(5):
+        clusters.meta.insert_rows(path, [{"k": batch * 100 + i, "v": f"b{batch}"} for i in range(100)],
+                                  require_sync_replica=False)
+    clusters.meta.delete_rows(path, [{"k": 0}], require_sync_replica=False)
+    for cluster in ("remote_0", "remote_1"):
+        wait_for(lambda c=cluster: len(clusters.rows(c, "//tmp/r")) == 499, what=f"rows on {cluster}")
+        assert sorted(r["k"] for r in clusters.rows(cluster, "//tmp/r")) == list(range(1, 500))
+    for replica_id in (r0, r1):
+        tablets = clusters.meta.get(f"#{replica_id}/@tablets")
+        assert tablets[0]["current_replication_row_index"] == tablets[0]["flushed_row_count"] == 501
+
+
+def test_sync_replica_has_rows_when_insert_returns(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    sync = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    clusters.wait_in_sync(sync)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "now"}])
+    assert clusters.rows("remote_0", "//tmp/r") == [{"k": 1, "v": "now"}]
+
+
+def test_replica_rows_carry_meta_commit_timestamps(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    sync = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    clusters.wait_in_sync(sync)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "old"}])
+    ts = clusters.meta.generate_timestamp()
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "new"}])
+    replica = clusters.client("remote_0")
+    assert replica.lookup_rows("//tmp/r", [{"k": 1}], timestamp=ts) == [{"k": 1, "v": "old"}]
+    assert replica.lookup_rows("//tmp/r", [{"k": 1}]) == [{"k": 1, "v": "new"}]
+
+
+def test_write_without_sync_replica_is_refused_by_default(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    clusters.replica(path, "remote_0", "//tmp/r")
+    with pytest.raises(YtError) as err:
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "x"}])
+    assert err.value.code == ErrorCode.NO_SYNC_REPLICAS
+    assert err.value.message == "Table //tmp/rt has no synchronous replicas"
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "x"}], require_sync_replica=False)
+
+
+def test_reads_of_replicated_table_go_to_in_sync_replica(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    with pytest.raises(YtError, match="No in-sync replicas found for table //tmp/rt"):
+        clusters.meta.select_rows(f"* from [{path}]")
+    sync = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    clusters.wait_in_sync(sync)
+    clusters.meta.insert_rows(path, [{"k": i, "v": str(i)} for i in range(3)])
+    assert clusters.meta.select_rows(f"k from [{path}] where k > 0") == [{"k": 1}, {"k": 2}]
+    assert clusters.meta.lookup_rows(path, [{"k": 2}]) == [{"k": 2, "v": "2"}]
+
+
+def test_replica_table_refuses_direct_writes(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    with pytest.raises(YtError) as err:
+        clusters.client("remote_0").insert_rows("//tmp/r", [{"k": 1, "v": "sneaky"}])
+    assert err.value.code == ErrorCode.UPSTREAM_REPLICA_MISMATCH
+    assert replica_id in err.value.message
+
+
+def test_replica_lifecycle_states(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r", enable=False)
+    assert clusters.meta.get(f"#{replica_id}/@state") == "disabled"
+    clusters.alter(replica_id, enabled=True)
+    assert clusters.meta.get(f"#{replica_id}/@state") == "enabled"
+    clusters.alter(replica_id, enabled=False)
+    assert clusters.meta.get(f"#{replica_id}/@state") == "disabled"
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "queued"}], require_sync_replica=False)
+    assert clusters.rows("remote_0", "//tmp/r") == []
+    clusters.alter(replica_id, enabled=True)
+    wait_for(lambda: clusters.rows("remote_0", "//tmp/r") == [{"k": 1, "v": "queued"}])
+
+
+def test_async_to_sync_switch_catches_up_then_writes_synchronously(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    clusters.meta.insert_rows(path, [{"k": i, "v": "a"} for i in range(2000)], require_sync_replica=False)
+    clusters.alter(replica_id, mode="sync")
+    clusters.wait_in_sync(replica_id)
+    clusters.meta.insert_rows(path, [{"k": 5000, "v": "sync"}])
+    rows = clusters.rows("remote_0", "//tmp/r")
+    assert len(rows) == 2001 and {"k": 5000, "v": "sync"} in rows
+
+
+def test_sync_to_async_is_immediate(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    clusters.wait_in_sync(replica_id)
+    clusters.alter(replica_id, mode="async")
+    assert clusters.meta.get(f"#{replica_id}/@mode") == "async"
+    with pytest.raises(YtError, match="no synchronous replicas"):
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "x"}])
+
+
+def test_unknown_cluster_is_rejected(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    with pytest.raises(YtError, match="Replica cluster nowhere is not known"):
+        clusters.meta.call("create", {"type": "table_replica", "attributes": {
+            "table_path": path, "cluster_name": "nowhere", "replica_path": "//tmp/r"}})
+
+
+def test_directory_never_returns_tokens(clusters: ClusterSet) -> None:
+    directory = clusters.meta.get("//sys/clusters")
+    assert set(directory) == {"primary", "remote_0", "remote_1"}
+    assert all(entry["token"] == "<hidden>" for entry in directory.values())
+    assert clusters.meta.get("//sys/clusters/remote_0/token") == "<hidden>"
+    # writing back what get returned keeps the real tokens working
+    clusters.meta.set("//sys/clusters", directory)
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    clusters.wait_in_sync(replica_id)
+
+
+@pytest.mark.parametrize("replica_schema, fragment", [
+    ([{"name": "k", "type": "int64", "sort_order": "ascending"}], "narrower"),
+    ([{"name": "k", "type": "string", "sort_order": "ascending"}, {"name": "v", "type": "string"}], "type"),
+    ([{"name": "k2", "type": "int64", "sort_order": "ascending"}, {"name": "k", "type": "int64"},
+      {"name": "v", "type": "string"}], "key columns"),
+    ([{"name": "k", "type": "int64"}, {"name": "v", "type": "string"}], "ordered"),
+])
+def test_incompatible_replica_cannot_be_enabled(clusters: ClusterSet, replica_schema: list, fragment: str) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r", schema=replica_schema, enable=False)
+    with pytest.raises(YtError, match=fragment):
+        clusters.alter(replica_id, enabled=True)
+    assert clusters.meta.get(f"#{replica_id}/@state") == "disabled"
+
+
+def test_get_in_sync_replicas_tracks_async_progress(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    sync = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    lagging = clusters.replica(path, "remote_1", "//tmp/r", enable=False)
+    clusters.wait_in_sync(sync)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "x"}])
+    ts = clusters.meta.generate_timestamp()
+    assert clusters.in_sync(path, ts) == [sync]
+    clusters.alter(lagging, enabled=True)
+    wait_for(lambda: sorted(clusters.in_sync(path, ts)) == sorted([sync, lagging]))
+    # idle tablets do not hold a caught-up replica out of sync later on
+    assert lagging in clusters.in_sync(path)
+
+
+def test_ordered_replicated_table(clusters: ClusterSet) -> None:
+    schema = [{"name": "msg", "type": "string"}]
+    path = clusters.replicated_table("//tmp/log", schema=schema)
+    clusters.replica(path, "remote_0", "//tmp/log", schema=schema)
+    for i in range(3):
+        clusters.meta.insert_rows(path, [{"msg": f"m{i}"}], require_sync_replica=False)
+    wait_for(lambda: [r["msg"] for r in clusters.client("remote_0").select_rows(
+        "msg from [//tmp/log]")] == ["m0", "m1", "m2"])
+
+
+def test_queue_is_trimmed_after_every_replica_has_rows(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt", attributes={"min_replication_log_ttl": 0})
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    clusters.meta.insert_rows(path, [{"k": i, "v": "x"} for i in range(10)], require_sync_replica=False)
+    wait_for(lambda: clusters.meta.get(f"{path}/@tablets")[0]["trimmed_row_count"] == 10, what="trim")
+    assert clusters.meta.get(f"#{replica_id}/@tablets")[0]["current_replication_row_index"] == 10
+
+
+def test_freeze_gives_the_seed_queue_check(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    clusters.meta.insert_rows(path, [{"k": i, "v": "x"} for i in range(50)], require_sync_replica=False)
+    clusters.meta.freeze_table(path)
+    assert clusters.meta.get(f"{path}/@tablet_state") == "frozen"
+    flushed = clusters.meta.get(f"{path}/@tablets")[0]["flushed_row_count"]
+    wait_for(lambda: clusters.meta.get(f"#{replica_id}/@tablets")[0]["current_replication_row_index"] == flushed)
+
+
+def test_collocation_attributes(clusters: ClusterSet) -> None:
+    a = clusters.replicated_table("//tmp/a")
+    b = clusters.replicated_table("//tmp/b")
+    c = clusters.replicated_table("//tmp/c")
+    collocation = clusters.meta.call("create", {"type": "table_collocation", "attributes": {
+        "collocation_type": "replication", "table_paths": [a, b]}})["node_id"]
+    ids = [clusters.meta.get(f"{p}/@id") for p in (a, b)]
+    assert clusters.meta.get(f"#{collocation}/@table_ids") == ids
+    assert clusters.meta.get(f"#{collocation}/@table_paths") == [a, b]
+    assert clusters.meta.get(f"{a}/@replication_collocation_id") == collocation
+    clusters.meta.set(f"{c}/@replication_collocation_id", collocation)
+    assert clusters.meta.get(f"{a}/@replication_collocation_table_paths") == [a, b, c]
+    clusters.meta.remove(f"{c}/@replication_collocation_id")
+    assert clusters.meta.get(f"#{collocation}/@table_paths") == [a, b]
+
+
+def test_throttler_and_options_are_validated(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    clusters.meta.set(f"{path}/@replication_throttler", {"period": 1000, "limit": 1000000})
+    clusters.meta.set(f"{path}/@replicated_table_options/preferred_sync_replica_clusters", ["remote_0"])
+    assert clusters.meta.get(f"{path}/@replicated_table_options/preferred_sync_replica_clusters") == ["remote_0"]
+    with pytest.raises(YtError, match="min_sync_replica_count"):
+        clusters.meta.set(f"{path}/@replicated_table_options",
+                          {"min_sync_replica_count": 3, "max_sync_replica_count": 1})
+
+
+def test_replicas_attribute_shape(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    info = clusters.meta.get(f"{path}/@replicas")[replica_id]
+    assert info == {"cluster_name": "remote_0", "replica_path": "//tmp/r", "state": "enabled", "mode": "async",
+                    "replication_lag_time": 0, "errors": [], "preserve_timestamps": True, "atomicity": "full",
+                    "replicated_table_tracker_enabled": True}
+    tablet = clusters.meta.get(f"#{replica_id}/@tablets")[0]
+    assert set(tablet) >= {"tablet_id", "state", "current_replication_row_index", "current_replication_timestamp",
+                           "replication_lag_time", "flushed_row_count", "trimmed_row_count", "replication_error"}
+    clusters.meta.remove(f"#{replica_id}")
+    assert clusters.meta.get(f"{path}/@replicas") == {}
+
+
+def test_preserve_timestamps_false_writes_with_replica_timestamps(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt")
+    clusters.replica(path, "remote_0", "//tmp/sink", preserve_timestamps=False)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "x"}], require_sync_replica=False)
+    wait_for(lambda: clusters.rows("remote_0", "//tmp/sink") == [{"k": 1, "v": "x"}])
+    clusters.client("remote_0").insert_rows("//tmp/sink", [{"k": 2, "v": "manual"}])
+    assert len(clusters.rows("remote_0", "//tmp/sink")) == 2
+

@@ -1,0 +1,24 @@
+"""Repository layout rules of DESIGN.md that a change could silently break."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_operator_folder_never_shadows_the_standard_library() -> None:
+    result = subprocess.run([sys.executable, "-c", "import operator, reptables.operator.cli as c; "
+                             "print(operator.__file__); print(c.__file__)"],
+                            capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT, check=True)
+    stdlib, cli = result.stdout.split()
+    assert not stdlib.startswith(str(ROOT))
+    assert cli == str(ROOT / "operator" / "cli.py")
+
+
+def test_engine_does_not_import_operator_or_sparkapps() -> None:
+    for path in (ROOT / "engine").rglob("*.py"):
+        text = path.read_text()
+        assert "reptables.operator" not in text and "reptables.sparkapps" not in text, path
