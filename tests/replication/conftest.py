@@ -38,7 +38,7 @@ class ClusterSet:
 
     def publish_directory(self) -> None:
         directory = {n: {"proxy_url": e.url, "token": e.token} for n, e in self.engines.items()}
-        for name, engine in self.engines.items():
+        for name in self.engines:
             self.client(name).set("//sys/clusters", directory)
 
     def client(self, name: str, timeout: float = 30.0) -> Client:
