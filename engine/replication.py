@@ -494,7 +494,8 @@ class ReplicationManager:
         self.cluster.transactions.prepare_participant(
             body["transaction_id"], body["coordinator"], table, path, writes, int(body["start_timestamp"]),
             int(body["prepare_timestamp"]), {"upstream_replica_id": body["replica_id"],
-                                             "tablet_index": None if table.sorted else 0,
+                                             "tablet_index": None if table.sorted
+                                             else int(body["tablet_index"]) % table.tablet_count,
                                              "meta_tablet_index": body["tablet_index"]})
 
     def handle_commit(self, body: dict[str, Any]) -> None:
