@@ -26,3 +26,35 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePr
         yield proc
     finally:
         proc.stop()
+
+
+def reset_engine(proc: EngineProcess) -> None:
+    """Remove everything a test created under //tmp and //home (unmounting tables first)."""
+    from reptables.engine.client import Client
+
+    with Client(proc.url, proc.token) as client:
+        for root in ("//tmp", "//home"):
+            for name in client.list(root):
+                path = f"{root}/{name}"
+                for table in _tables_under(client, path):
+                    if client.get(f"{table}/@tablet_state") != "unmounted":
+                        client.unmount_table(table)
+                client.remove(path, recursive=True, force=True)
+
+
+def _tables_under(client: object, path: str) -> list[str]:
+    node_type = client.get(f"{path}/@type")  # type: ignore[attr-defined]
+    if node_type in ("table", "replicated_table"):
+        return [path]
+    if node_type == "map_node":
+        return [t for child in client.list(path) for t in _tables_under(client, f"{path}/{child}")]  # type: ignore[attr-defined]
+    return []
+
+
+@pytest.fixture
+def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
+    """The module's shared engine, emptied after the test: cheaper than a new process per test."""
+    try:
+        yield shared_engine
+    finally:
+        reset_engine(shared_engine)

@@ -38,6 +38,11 @@ ROW = {"k": 1, "u": 2**63 - 1, "d": 2.5, "b": True, "s": "привет", "a": {"
 
 
 @pytest.fixture
+def engine(clean_engine: EngineProcess) -> EngineProcess:
+    return clean_engine
+
+
+@pytest.fixture
 def client(engine: EngineProcess) -> Iterator[Client]:
     with Client(engine.url, token=engine.token) as c:
         yield c

@@ -12,6 +12,11 @@ import pytest
 
 from tests.harness import EngineProcess
 
+
+@pytest.fixture
+def engine(clean_engine: EngineProcess) -> EngineProcess:
+    return clean_engine
+
 SCHEMA = "[{name=k;type=int64;sort_order=ascending};{name=v;type=string};{name=n;type=double}]"
 
 
