@@ -46,6 +46,7 @@ from reptables.engine.tables import (
     TabletState,
     WriteKind,
     parse_pivot_keys,
+    tablet_id,
     validate_key_not_null,
 )
 from reptables.engine.timestamps import (
@@ -612,7 +613,7 @@ class Cluster:
         assert table is not None
         tablets = []
         for i in range(table.tablet_count):
-            info: dict[str, Any] = {"index": i, "tablet_id": f"{node.id}-{i}", "state": table.state.value}
+            info: dict[str, Any] = {"index": i, "tablet_id": tablet_id(node.id, i), "state": table.state.value}
             if table.sorted:
                 info["pivot_key"] = table.pivot_keys[i]
             if not table.sorted or table.replicated:

@@ -229,7 +229,7 @@ def _get_in_sync_replicas(c: Cluster, p: dict[str, Any], body: Any) -> Any:
 
 @_command("generate_timestamp", None, "structured", False)
 def _generate_timestamp(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return {"timestamp": c.generate_timestamp()}
+    return {"timestamp": yson.YsonUint64(c.generate_timestamp())}
 
 
 @_command("start_transaction", None, "structured", True, aliases=("start_tx",))
@@ -246,7 +246,7 @@ def _ping_tx(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 
 @_command("commit_transaction", None, "structured", True, aliases=("commit_tx",))
 def _commit_tx(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return {"commit_timestamp": c.commit_transaction(_required_str(p, "transaction_id"))}
+    return {"commit_timestamp": yson.YsonUint64(c.commit_transaction(_required_str(p, "transaction_id")))}
 
 
 @_command("abort_transaction", None, None, True, aliases=("abort_tx",))

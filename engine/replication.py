@@ -36,11 +36,12 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+import yt.yson as yson
 
 from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.remote import Peers
 from reptables.engine.storage import replica_progress_table, replica_sink_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind
+from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, tablet_id
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction
 
@@ -643,6 +644,7 @@ class ReplicationManager:
         queue_end = table.tablet_rows.get(tablet, [0, 0])[0]
         if progress.row_index >= queue_end:
             progress.error = None
+            self._barrier(replica, table, tablet, progress)
             return False
         if not self._throttle_allows(replica, table, tablet):
             return False
@@ -687,6 +689,20 @@ class ReplicationManager:
         self._account_throttle(replica, table, tablet, size)
         replica.errors = []
         return new_progress.row_index < table.tablet_rows.get(tablet, [0, 0])[0]
+
+    def _barrier(self, replica: Replica, table: DynamicTable, tablet: int, progress: TabletProgress) -> None:
+        """An idle, caught-up tablet's replication timestamp moves on with time (at most once a second).
+
+        Without it a replica whose tablet saw no writes for an hour would look an hour behind the
+        moment a new row arrives. The barrier is a fresh timestamp below which every commit is
+        applied, taken only while the replica has every queued row.
+        """
+        if time.time() - (progress.timestamp >> COUNTER_BITS) < 1.0:
+            return
+        barrier = self.cluster.timestamps.generate()
+        self.cluster.transactions.wait_visible(barrier)
+        if progress.row_index >= table.tablet_rows.get(tablet, [0, 0])[0]:
+            progress.timestamp = max(progress.timestamp, barrier)
 
     def _throttle_allows(self, replica: Replica, table: DynamicTable, tablet: int) -> bool:
         budget = self._throttle.get((replica.id, tablet))
@@ -771,9 +787,11 @@ class ReplicationManager:
         end = table.tablet_rows.get(tablet, [0, 0])[0]
         if progress.row_index >= end:
             return 0
-        latest = table.first_timestamp_from(conn, tablet, end - 1) or 0
-        since = progress.timestamp or table.first_timestamp_from(conn, tablet, progress.row_index) or latest
-        return max(0, ((latest >> COUNTER_BITS) - (since >> COUNTER_BITS)) * 1000)
+        # rows are waiting: the replica is as old as its replication timestamp (advanced by a barrier
+        # while idle), so a stuck replica's lag keeps growing, as in YT
+        since = progress.timestamp or table.first_timestamp_from(conn, tablet, progress.row_index) or 0
+        now = time.time()
+        return max(0, int((now - (since >> COUNTER_BITS)) * 1000)) if since else 0
 
     def describe(self, replica: Replica, with_tablets: bool = True) -> dict[str, Any]:
         table = self._table_of(replica)
@@ -789,12 +807,15 @@ class ReplicationManager:
                     rows, trimmed = table.tablet_rows.get(t, [0, 0])
                     tablet_lag = self.tablet_lag_ms(replica, table, t, conn)
                     lag = max(lag, tablet_lag)
-                    tablets.append({
-                        "tablet_id": f"{table.table_id}-{t}", "state": replica.state.value,
+                    tablet: dict[str, Any] = {
+                        "tablet_id": tablet_id(table.table_id, t), "state": replica.state.value,
                         "current_replication_row_index": progress.row_index,
-                        "current_replication_timestamp": progress.timestamp, "replication_lag_time": tablet_lag,
-                        "flushed_row_count": rows, "trimmed_row_count": trimmed,
-                        "replication_error": progress.error})
+                        "current_replication_timestamp": yson.YsonUint64(progress.timestamp),
+                        "replication_lag_time": tablet_lag, "flushed_row_count": rows, "trimmed_row_count": trimmed}
+                    if progress.error is not None:
+                        # seed 002: "If there is no error, this tag will also be missing"
+                        tablet["replication_error"] = progress.error
+                    tablets.append(tablet)
         attrs["replication_lag_time"] = lag
         if with_tablets:
             attrs["tablets"] = tablets

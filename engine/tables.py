@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import random
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -90,6 +91,16 @@ class QueueEntry:
     timestamp: int
     kind: str
     payload: str
+
+
+TABLET_OBJECT_TYPE = 0x2BC
+
+
+def tablet_id(table_id: str, index: int) -> str:
+    """A stable, GUID-shaped object id for tablet ``index`` of a table (YT shows tablets by id)."""
+    digest = uuid.uuid5(uuid.NAMESPACE_OID, f"{table_id}/{index}").int
+    return f"{(digest >> 96) & 0xFFFFFFFF:x}-{(digest >> 64) & 0xFFFFFFFF:x}-{TABLET_OBJECT_TYPE:x}-" \
+           f"{digest & 0xFFFFFFFF:x}"
 
 
 def _null_first(value: Any) -> tuple[int, Any]:

@@ -19,15 +19,47 @@ app.add_typer(engine_app, name="engine")
 
 @app.command()
 def up(
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where the local engine keeps its data")] = Path(
+    manifests: Annotated[list[Path] | None, typer.Argument(
+        help="Manifest files or directories (default: examples/)")] = None,
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where the local engines keep their data")] = Path(
         ".data/local"),
-    port: Annotated[int, typer.Option("--port")] = 0,
     keep_running: Annotated[bool, typer.Option("--keep-running/--no-keep-running")] = False,
 ) -> None:
-    """Start a local engine and run the walkthrough against it with the official YT client."""
-    from reptables.operator.local import run_walkthrough
+    """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
+    from reptables.operator.local import run
 
-    raise typer.Exit(run_walkthrough(data_dir, port, keep_running))
+    raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running))
+
+
+@app.command()
+def operator(
+    namespace: Annotated[list[str] | None, typer.Option("--namespace", "-n", help="Namespaces to watch")] = None,
+    all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A")] = False,
+    standalone: Annotated[bool, typer.Option("--standalone", help="No peering: this is the only operator")] = False,
+    peering: Annotated[str | None, typer.Option("--peering", help="Peering object name for HA")] = None,
+    liveness: Annotated[str, typer.Option("--liveness", help="Liveness endpoint")] = "http://0.0.0.0:8080/healthz",
+    verbose: Annotated[bool, typer.Option("--verbose")] = False,
+) -> None:
+    """Run the kopf operator (the container image's command)."""
+    import asyncio
+    import logging
+    import os
+
+    import kopf
+
+    from reptables.engine import logs
+
+    logs.configure("debug" if verbose else "info")
+    logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.INFO)
+    from reptables.operator import handlers
+
+    namespaces = None
+    if not all_namespaces:
+        namespaces = sorted({*(namespace or [os.environ.get("POD_NAMESPACE", "default")]),
+                             handlers.OPERATOR_NAMESPACE})
+    asyncio.run(kopf.operator(
+        standalone=standalone, peering_name=peering, clusterwide=all_namespaces, namespaces=namespaces or (),
+        liveness_endpoint=liveness))
 
 
 def main() -> None:

@@ -55,3 +55,10 @@ def merge(existing: list[dict[str, Any]] | None, updates: list[Cond], generation
 
 def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
     return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions or [])
+
+
+def reason_of(conditions: list[dict[str, Any]] | None, type_: str) -> str | None:
+    for c in conditions or []:
+        if c.get("type") == type_:
+            return c.get("reason")
+    return None

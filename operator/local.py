@@ -1,36 +1,58 @@
-"""The local runner behind ``reptables up``: the product on one machine, no Kubernetes.
+"""The local runner behind ``reptables up DIR``: the whole product on one machine, no Kubernetes.
 
-For now it starts one engine (a child process in its own process group, on a free loopback port)
-and replays a short walkthrough with the official YTsaurus client: create and mount a sorted
-dynamic table, write, look up, query, run a tablet transaction and read at a timestamp. Later
-issues make it read manifests and run several clusters with replication.
+It reads the same manifests ``kubectl apply`` takes (Secrets, TableClusters, ReplicatedTables,
+TableReplicas, TableCollocations), starts one engine per TableCluster on the loopback port of its
+``endpoint`` (a child process in its own process group, token from the Secret), and runs the same
+reconcile core and tracker the operator runs — status is written back into the in-memory objects
+instead of the API server. Then it shows replication working with the official YTsaurus client:
+rows written to each replicated table through ``yt.wrapper`` appear on every replica.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 
 import httpx
+import yaml
+
+from reptables.engine.errors import YtError
+from reptables.operator import models
+from reptables.operator.handlers import RECONCILERS
+from reptables.operator.registry import Registry
+from reptables.operator.tracking import TrackerLoop
+from reptables.operator.world import Engines, Resource
+
+ORDER = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        files = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path]
+        for file in files:
+            for doc in yaml.safe_load_all(file.read_text()):
+                if doc:
+                    docs.append(doc)
+    return docs
 
 
-def start_engine(name: str, data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_engine(name: str, data_dir: Path, port: int, token: str) -> subprocess.Popen[bytes]:
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir / "engine.log", "ab")  # noqa: SIM115 - the child keeps writing to it
     proc = subprocess.Popen(
         [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name", name,
-         "--data-dir", str(data_dir), "--port", str(port)],
+         "--data-dir", str(data_dir), "--port", str(port), "--token", token],
         stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -48,50 +70,192 @@ def start_engine(name: str, data_dir: Path, port: int) -> subprocess.Popen[bytes
 def stop_engine(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
-def walkthrough(proxy: str, token: str) -> None:
-    import yt.wrapper as yt
+class LocalRunner:
+    def __init__(self, manifests: list[dict[str, Any]], data_dir: Path, namespace: str = "default") -> None:
+        self.data_dir = data_dir
+        self.namespace = namespace
+        self.engines = Engines()
+        self.registry = Registry(self.engines, namespace)
+        self.tracker = TrackerLoop(self.registry.world())
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        for doc in manifests:
+            self._add(doc)
 
-    client = yt.YtClient(proxy=proxy, token=token)
-    path = "//home/demo/users"
-    schema = [{"name": "id", "type": "int64", "sort_order": "ascending"},
-              {"name": "name", "type": "string"}, {"name": "score", "type": "double"}]
-    if client.exists(path):
-        client.unmount_table(path, sync=True)
-        client.remove(path)
-    client.create("table", path, recursive=True, attributes={"dynamic": True, "schema": schema})
-    client.mount_table(path, sync=True)
-    print(f"created and mounted {path}: tablet_state={client.get(path + '/@tablet_state')}")
+    def _add(self, doc: dict[str, Any]) -> None:
+        kind = doc.get("kind")
+        meta = doc.setdefault("metadata", {})
+        if kind == "Secret":
+            meta.setdefault("namespace", self.namespace)
+            self.registry.upsert_secret(doc)
+            return
+        if kind not in ORDER:
+            raise ValueError(f"{kind} {meta.get('name')}: the local runner manages {', '.join(ORDER)} and Secrets")
+        models.parse_resource(doc)  # a clear error naming the resource and field, before anything starts
+        if kind != "TableCluster":
+            meta.setdefault("namespace", self.namespace)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        doc.setdefault("status", {})
+        self.bodies[(kind, meta.get("namespace"), meta["name"])] = doc
+        self.registry.upsert(doc)
 
-    client.insert_rows(path, [{"id": i, "name": f"user{i}", "score": i * 1.5} for i in range(10)])
-    before = client.generate_timestamp()
-    print(f"inserted 10 rows; timestamp now {before}")
-    print("lookup id=3:", list(client.lookup_rows(path, [{"id": 3}])))
-    rows = list(client.select_rows(f"id % 2 as parity, sum(score) as total from [{path}] group by id % 2 as parity"))
-    print("select by parity:", sorted(rows, key=lambda r: r["parity"]))
+    def start_engines(self) -> None:
+        for res in self.registry.of_kind("TableCluster"):
+            problem = self.registry.refresh_cluster(res.name)
+            if problem is not None:
+                raise RuntimeError(f"TableCluster {res.name}: {problem}")
+            ref = self.engines.ref(res.name)
+            url = urlparse(ref.endpoint)
+            if url.hostname not in LOOPBACK or url.port is None:
+                raise RuntimeError(f"TableCluster {res.name}: the local runner starts engines on loopback only; "
+                                   f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
+            self.processes[res.name] = start_engine(res.name, self.data_dir / res.name, url.port, ref.token)
+            print(f"engine {res.name} serving {ref.endpoint} (data in {self.data_dir / res.name})")
 
-    with client.Transaction(type="tablet"):
-        client.insert_rows(path, [{"id": 3, "name": "renamed", "score": 100.0}])
-        client.delete_rows(path, [{"id": 4}])
-    print("after a tablet transaction, id=3:", list(client.lookup_rows(path, [{"id": 3}])))
-    print("id=3 read at the earlier timestamp:", list(client.lookup_rows(path, [{"id": 3}], timestamp=before)))
-    print("rows now:", len(list(client.select_rows(f"* from [{path}]"))))
+    def reconcile_all(self) -> None:
+        for kind in ORDER:
+            for res in self.registry.of_kind(kind):
+                outcome = RECONCILERS[kind][0](res, self.registry.world())
+                body = self.bodies[res.key]
+                body["status"] = {**body.get("status", {}), **outcome.status}
+                self.registry.upsert(body)
+                for event in outcome.events:
+                    print(f"  {event.type:7} {res.display}: {event.reason}: {event.message}")
+        self.tracker.maybe_check()
+
+    def all_ready(self) -> bool:
+        return all(any(c.get("type") == "Ready" and c.get("status") == "True" for c in r.status.get("conditions", []))
+                   for kind in ORDER for r in self.registry.of_kind(kind))
+
+    def converge(self, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.reconcile_all()
+            if self.all_ready():
+                return True
+            time.sleep(0.5)
+        return False
+
+    def print_status(self) -> None:
+        for kind in ORDER:
+            for res in self.registry.of_kind(kind):
+                ready = next((c for c in res.status.get("conditions", []) if c.get("type") == "Ready"), {})
+                extra = _status_summary(res)
+                print(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
+                      f"({ready.get('reason', '')}: {ready.get('message', '')})")
+
+    def demo(self, rows: int = 1000) -> None:
+        """Write rows to every replicated table with the official client; show every replica gets them."""
+        import yt.wrapper as yt
+
+        for table in self.registry.of_kind("ReplicatedTable"):
+            ref = self.engines.ref(table.spec.cluster)
+            client = yt.YtClient(proxy=ref.endpoint, token=ref.token)
+            keys = [c for c in table.spec.table_schema if c.sort_order is not None]
+            batch = [_demo_row(table.spec.table_schema, i) for i in range(rows)]
+            for attempt in range(100):
+                try:
+                    client.insert_rows(table.spec.path, batch, require_sync_replica=False)
+                    break
+                except yt.YtError as exc:
+                    if attempt == 99:
+                        raise
+                    print(f"  waiting to write {table.spec.path}: {str(exc).splitlines()[0]}")
+                    self.reconcile_all()
+                    time.sleep(0.2)
+            print(f"wrote {rows} rows to {table.spec.cluster}:{table.spec.path} with yt.wrapper")
+            for replica in self.registry.of_kind("TableReplica"):
+                if replica.spec.table != table.name or not replica.spec.enabled:
+                    continue
+                rref = self.engines.ref(replica.spec.cluster)
+                rclient = yt.YtClient(proxy=rref.endpoint, token=rref.token)
+                query = f"sum(1) as n from [{replica.spec.replica_path}] group by 1"
+                count = 0
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    found = list(rclient.select_rows(query))
+                    count = found[0]["n"] if found else 0
+                    if count >= rows:
+                        break
+                    self.reconcile_all()
+                    time.sleep(0.2)
+                mode = self.engines.client(table.spec.cluster).get(f"#{replica.status.get('replicaId')}/@mode")
+                print(f"  replica {replica.name} on {replica.spec.cluster} ({mode}): {count} rows")
+            if keys:
+                self._show_lookup(client, table, {k.name: 0 for k in keys})
+
+    def _show_lookup(self, client: Any, table: Resource, key: dict[str, Any]) -> None:
+        """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                found = list(client.lookup_rows(table.spec.path, [key]))
+                print(f"  lookup {key} on {table.spec.path} (served by the sync replica): {found}")
+                return
+            except YtError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                print(f"  waiting for an in-sync replica: {str(exc).splitlines()[0]}")
+                self.reconcile_all()
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.tracker.close()
+        self.engines.close()
+        for proc in self.processes.values():
+            stop_engine(proc)
 
 
-def run_walkthrough(data_dir: Path, port: int, keep_running: bool) -> int:
-    port = port or _free_port()
-    token_file = data_dir / "token"
-    proc = start_engine("local", data_dir, port)
-    proxy = f"http://127.0.0.1:{port}"
+def _status_summary(res: Resource) -> str:
+    status = res.status
+    if res.kind == "ReplicatedTable":
+        return f"sync={','.join(status.get('syncReplicas', [])) or '-'} lag={status.get('maxLagSeconds', '-')}s"
+    if res.kind == "TableReplica":
+        return f"mode={status.get('mode', '-')} state={status.get('state', '-')} lag={status.get('lagSeconds', '-')}s"
+    if res.kind == "TableCluster":
+        return f"version={status.get('version', '-')} latency={status.get('latencyMs', '-')}ms"
+    return f"id={status.get('collocationId', '-')}"
+
+
+def _demo_row(schema: list[Any], i: int) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for col in schema:
+        value: Any = {"int64": i, "uint64": i, "double": i * 1.5, "boolean": i % 2 == 0,
+                      "string": f"{col.name}-{i}", "any": {"i": i}}[col.type.value]
+        row[col.name] = value
+    return row
+
+
+def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0) -> int:
+    runner = LocalRunner(load_manifests(paths), data_dir)
     try:
-        token = token_file.read_text().strip()
-        print(f"engine 'local' serving {proxy} (data in {data_dir}, token in {token_file})")
-        walkthrough(proxy, token)
+        runner.start_engines()
+        ready = runner.converge(timeout)
+        runner.print_status()
+        if not ready:
+            print("not every resource became Ready; see the conditions above")
+            return 1
+        runner.demo()
+        runner.reconcile_all()
+        runner.print_status()
         if keep_running:
-            print(f"engine keeps running; try: YT_PROXY={proxy} YT_TOKEN=$(cat {token_file}) yt list //home")
-            proc.wait()
+            print("reconciling every second; Ctrl-C stops the engines")
+            while True:
+                time.sleep(1)
+                runner.reconcile_all()
+        return 0
+    except (YtError, RuntimeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
         return 0
     finally:
-        stop_engine(proc)
+        runner.stop()

@@ -219,8 +219,8 @@ def test_replicas_attribute_shape(clusters: ClusterSet) -> None:
                     "replication_lag_time": 0, "errors": [], "preserve_timestamps": True, "atomicity": "full",
                     "replicated_table_tracker_enabled": True}
     tablet = clusters.meta.get(f"#{replica_id}/@tablets")[0]
-    assert set(tablet) >= {"tablet_id", "state", "current_replication_row_index", "current_replication_timestamp",
-                           "replication_lag_time", "flushed_row_count", "trimmed_row_count", "replication_error"}
+    assert set(tablet) == {"tablet_id", "state", "current_replication_row_index", "current_replication_timestamp",
+                           "replication_lag_time", "flushed_row_count", "trimmed_row_count"}
     clusters.meta.remove(f"#{replica_id}")
     assert clusters.meta.get(f"{path}/@replicas") == {}
 

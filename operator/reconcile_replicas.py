@@ -1,0 +1,175 @@
+"""TableReplica reconciliation: the replica object on the meta-cluster and the replica table.
+
+Order matters and every step is idempotent: (1) find or create the ``table_replica`` object on the
+meta-cluster — adopted from the status' ``replicaId``, or found in the table's ``@replicas`` by
+cluster and path, so an operator restart never creates a second one; (2) find or create the replica
+table with ``upstream_replica_id`` on the replica cluster and mount it; (3) enable or disable it;
+(4) set its mode — unless the replicated table tracker owns the mode (tracker on for the table
+and for the replica), in which case the spec's mode is only the starting point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reptables.engine.errors import YtError
+from reptables.operator import conditions
+from reptables.operator.conditions import Cond
+from reptables.operator.reconcile_tables import not_ready, yt_schema
+from reptables.operator.world import (
+    ClusterNotFound,
+    Event,
+    Outcome,
+    Resource,
+    World,
+    describe_error,
+    oldest_claimant,
+)
+
+REFRESH_SECONDS = 5.0
+
+
+def tracker_owns_mode(table: Resource, replica: Resource) -> bool:
+    return bool(table.spec.replicated_table_options.enable_replicated_table_tracker and
+                replica.spec.enable_replicated_table_tracker)
+
+
+def _find_replica(meta: Any, table_path: str, cluster: str, replica_path: str, known: str | None) -> str | None:
+    if known and meta.exists(f"#{known}"):
+        return known
+    for replica_id, info in (meta.get(f"{table_path}/@replicas") or {}).items():
+        if info["cluster_name"] == cluster and info["replica_path"] == replica_path:
+            return str(replica_id)
+    return None
+
+
+def reconcile_table_replica(res: Resource, world: World) -> Outcome:
+    spec = res.spec
+    table = world.find("ReplicatedTable", res.namespace, spec.table)
+    if table is None:
+        return not_ready(res, "TableNotFound", f"ReplicatedTable {res.namespace}/{spec.table} does not exist", 10.0)
+    if not table.status.get("tableId"):
+        return not_ready(res, "WaitingForTable", f"ReplicatedTable {spec.table} is not created yet", 2.0)
+    claimants = [r for r in world.of_kind("TableReplica", res.namespace) if not r.deleting and
+                 (r.spec.table, r.spec.cluster, r.spec.replica_path) == (spec.table, spec.cluster, spec.replica_path)]
+    winner = oldest_claimant(claimants) if claimants else res
+    if winner.uid != res.uid:
+        return not_ready(res, "ResourceConflict", f"{winner.display} already manages the replica of "
+                                                  f"{spec.table} at {spec.cluster}:{spec.replica_path}", 30.0)
+    table_path = table.spec.path
+    try:
+        meta = world.engines.client(table.spec.cluster)
+        remote = world.engines.client(spec.cluster)
+    except ClusterNotFound as exc:
+        return not_ready(res, "ClusterNotFound", str(exc), 30.0)
+    events: list[Event] = []
+    owned_by_tracker = tracker_owns_mode(table, res)
+    try:
+        replica_id = _find_replica(meta, table_path, spec.cluster, spec.replica_path, res.status.get("replicaId"))
+        if replica_id is None:
+            attrs: dict[str, Any] = {
+                "table_path": table_path, "cluster_name": spec.cluster, "replica_path": spec.replica_path,
+                "mode": "async" if owned_by_tracker else spec.mode.value,
+                "preserve_timestamps": spec.preserve_timestamps, "atomicity": spec.atomicity.value,
+                "enable_replicated_table_tracker": spec.enable_replicated_table_tracker}
+            if spec.start_replication_timestamp is not None:
+                attrs["start_replication_timestamp"] = spec.start_replication_timestamp
+            replica_id = meta.call("create", {"type": "table_replica", "attributes": attrs})["node_id"]
+            events.append(Event("Normal", "ReplicaCreated", f"table_replica {replica_id} of {table_path} created"))
+        events += _ensure_replica_table(remote, table, res, replica_id)
+        info = meta.get(f"#{replica_id}/@")
+        if info.get("enable_replicated_table_tracker") != spec.enable_replicated_table_tracker:
+            meta.set(f"#{replica_id}/@enable_replicated_table_tracker", spec.enable_replicated_table_tracker)
+        want_enabled = spec.enabled
+        if want_enabled and info["state"] != "enabled":
+            meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
+            events.append(Event("Normal", "Enabled", f"replica {replica_id} enabled"))
+        elif not want_enabled and info["state"] != "disabled":
+            meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": False})
+            events.append(Event("Normal", "Disabled", f"replica {replica_id} disabled"))
+        if not owned_by_tracker and info["mode"] != spec.mode.value:
+            meta.call("alter_table_replica", {"replica_id": replica_id, "mode": spec.mode.value})
+            events.append(Event("Normal", "ModeChanged", f"replica {replica_id} switched to {spec.mode.value}"))
+        info = meta.get(f"#{replica_id}/@")
+    except YtError as exc:
+        reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
+        return not_ready(res, reason, describe_error(exc), 15.0)
+    out = Outcome(retry_after=REFRESH_SECONDS, events=events)
+    out.status = _status(res, replica_id, info)
+    return out
+
+
+def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_id: str) -> list[Event]:
+    spec = res.spec
+    events = []
+    path = spec.replica_path
+    upstream = replica_id if spec.preserve_timestamps else None
+    if not remote.exists(path):
+        attrs: dict[str, Any] = {"dynamic": True, "schema": yt_schema(table.spec)}
+        if upstream:
+            attrs["upstream_replica_id"] = upstream
+        if table.spec.tablet_count:
+            attrs["tablet_count"] = table.spec.tablet_count
+        remote.create("table", path, attributes=attrs, recursive=True)
+        events.append(Event("Normal", "ReplicaTableCreated", f"{path} created on {spec.cluster}"))
+    current = remote.get(f"{path}/@")
+    if current.get("type") != "table":
+        raise YtError(f"{path} on {spec.cluster} is a {current.get('type')}, not a table")
+    if current.get("upstream_replica_id") != upstream:
+        if current.get("tablet_state") != "unmounted":
+            remote.unmount_table(path)
+        remote.call("alter_table", {"path": path, "upstream_replica_id": upstream or "0-0-0-0"})
+        events.append(Event("Normal", "ReplicaTableAdopted", f"{path} on {spec.cluster} now follows {replica_id}"))
+        current["tablet_state"] = "unmounted"
+    if current.get("tablet_state") == "unmounted":
+        remote.mount_table(path)
+    return events
+
+
+def _status(res: Resource, replica_id: str, info: dict[str, Any]) -> dict[str, Any]:
+    tablets = info.get("tablets") or []
+    tablet_errors = [t for t in tablets if t.get("replication_error")]
+    lag = int(info.get("replication_lag_time", 0)) // 1000
+    errors = [{"code": e.get("code"), "message": e.get("message", "")} for e in info.get("errors") or []][:100]
+    conds = []
+    enabled_as_wanted = (info["state"] == "enabled") == res.spec.enabled
+    if errors:
+        conds.append(Cond(conditions.READY, False, "ReplicationError", errors[0]["message"]))
+    elif not enabled_as_wanted:
+        conds.append(Cond(conditions.READY, False, "StateMismatch", f"replica is {info['state']}"))
+    else:
+        conds.append(Cond(conditions.READY, True, "Replicating" if res.spec.enabled else "Disabled",
+                          f"{info['mode']} replica, lag {lag} s"))
+    replicating = info["state"] == "enabled" and not errors
+    conds.append(Cond(conditions.REPLICATING, replicating, "Replicating" if replicating else (
+        "ReplicationError" if errors else "Disabled"), f"state {info['state']}, mode {info['mode']}"))
+    return {"replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
+            "tablets": {"count": len(tablets), "errors": len(tablet_errors),
+                        "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets),
+                                             default=0)},
+            "errors": errors, "observedGeneration": res.generation,
+            "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
+
+
+def finalize_table_replica(res: Resource, world: World) -> Outcome:
+    """``Retain`` leaves replica object and table; ``Delete`` removes both."""
+    spec = res.spec
+    if spec.deletion_policy.value != "Delete":
+        return Outcome(events=[Event("Normal", "Retained", f"replica of {spec.table} on {spec.cluster} retained")])
+    table = world.find("ReplicatedTable", res.namespace, spec.table)
+    replica_id = res.status.get("replicaId")
+    try:
+        if table is not None and replica_id:
+            meta = world.engines.client(table.spec.cluster)
+            if meta.exists(f"#{replica_id}"):
+                meta.remove(f"#{replica_id}")
+        remote = world.engines.client(spec.cluster)
+        if remote.exists(spec.replica_path):
+            if remote.get(f"{spec.replica_path}/@tablet_state") != "unmounted":
+                remote.unmount_table(spec.replica_path)
+            remote.remove(spec.replica_path)
+    except ClusterNotFound as exc:
+        return Outcome(events=[Event("Warning", "Retained", f"{exc}; nothing removed there")])
+    except YtError as exc:
+        return Outcome(finished=False, retry_after=10.0, events=[Event("Warning", "DeleteFailed", describe_error(exc))])
+    return Outcome(events=[Event("Normal", "Deleted", f"replica {replica_id} and {spec.replica_path} removed")])

@@ -1,0 +1,179 @@
+"""The tracker loop around the pure decision of ``tracker.py``: probe, read, decide, act, report.
+
+One check: probe every TableCluster's engine with a short timeout (a read-only cluster counts as
+unhealthy), read ``@replicas`` of every tracked ReplicatedTable from its meta-cluster (and whether
+each replica table exists and is mounted), let ``TrackerState``/``decide`` pick the sync replicas,
+send ``alter_table_replica`` for the replicas whose mode changes, and remember the decision and its
+reason per table for the table's status. Only the active operator runs checks (see handlers.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import Counter
+
+from reptables.engine.errors import YtError
+from reptables.operator import tracker as tk
+from reptables.operator.world import Resource, World, describe_error
+
+log = logging.getLogger("reptables.operator.tracker")
+
+#: default check period (YTsaurus checks every 3 s; its tests use 100 ms)
+CHECK_PERIOD = 1.0
+PROBE_TIMEOUT = 0.5
+
+MODE_SWITCHES = Counter("reptables_tracker_mode_switches", "Replica mode changes made by the tracker",
+                        ["namespace", "table", "mode"])
+
+
+@dataclass(frozen=True)
+class TableVerdict:
+    """What the tracker last decided for one ReplicatedTable (published in its status)."""
+
+    decision: str
+    reason: str
+    time: float
+    sync_replica_ids: tuple[str, ...]
+
+
+class TrackerLoop:
+    def __init__(self, world: World, period: float = CHECK_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
+                 on_switch: Callable[[Resource, str, str, str], None] | None = None) -> None:
+        self.world = world
+        self.period = period
+        self.probe_timeout = probe_timeout
+        self.state = tk.TrackerState()
+        self.verdicts: dict[tuple[str | None, str], TableVerdict] = {}
+        self._on_switch = on_switch
+        self._lock = threading.Lock()
+        self._last_check = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tracker-probe")
+
+    def maybe_check(self) -> bool:
+        """Run a check if a period has passed since the last one (callable from many places)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_check < self.period:
+                return False
+            self._last_check = now
+            self.check(now)
+            return True
+
+    def check(self, now: float) -> None:
+        clusters = self._probe_clusters()
+        tables, owners = self._tracked_tables(clusters)
+        if not tables:
+            return
+        decision = tk.decide(*self.state.observe(tables, clusters, now))
+        by_id = {t.table_id: owners[t.table_id] for t in tables}
+        for change in decision.changes:
+            owner = by_id[change.table_id]
+            try:
+                self.world.engines.client(owner.spec.cluster).call(
+                    "alter_table_replica", {"replica_id": change.replica_id, "mode": change.new_mode.value})
+            except YtError as exc:
+                log.warning("tracker could not switch replica", extra={
+                    "table": owner.display, "replica_id": change.replica_id, "error": describe_error(exc)})
+                continue
+            MODE_SWITCHES.labels(owner.namespace or "", owner.name, change.new_mode.value).inc()
+            log.info("tracker switched replica", extra={"table": owner.display, "replica_id": change.replica_id,
+                                                        "cluster": change.cluster, "mode": change.new_mode.value,
+                                                        "reason": change.reason})
+            if self._on_switch is not None:
+                self._on_switch(owner, change.replica_id, change.new_mode.value, change.reason)
+        wall = time.time()
+        for table_id, owner in by_id.items():
+            changes = [c for c in decision.changes if c.table_id == table_id]
+            text = ", ".join(f"{c.replica_id} -> {c.new_mode.value}" for c in changes) or "no change"
+            self.verdicts[(owner.namespace, owner.name)] = TableVerdict(
+                text, decision.reasons.get(table_id, ""), wall, decision.sync_replicas.get(table_id, ()))
+
+    def _probe_clusters(self) -> dict[str, tk.ClusterHealth]:
+        refs = self.world.engines.clusters()
+        read_only = {r.name for r in self.world.of_kind("TableCluster") if getattr(r.spec, "read_only", False)}
+
+        def probe(name: str) -> tk.ClusterHealth:
+            if name in read_only:
+                return tk.ClusterHealth(False, "cluster is read-only")
+            try:
+                response = httpx.get(f"{refs[name].endpoint.rstrip('/')}/healthz", timeout=self.probe_timeout)
+            except httpx.HTTPError as exc:
+                return tk.ClusterHealth(False, f"probe failed: {type(exc).__name__}")
+            if response.status_code != 200:
+                return tk.ClusterHealth(False, f"probe answered HTTP {response.status_code}")
+            return tk.ClusterHealth(True)
+
+        names = list(refs)
+        return dict(zip(names, self._pool.map(probe, names), strict=True))
+
+    def _tracked_tables(self, clusters: dict[str, tk.ClusterHealth]) -> tuple[list[tk.TrackedTable],
+                                                                               dict[str, Resource]]:
+        collocations: dict[tuple[str | None, str], tuple[str, tuple[str, ...] | None]] = {}
+        for col in self.world.of_kind("TableCollocation"):
+            collocation_id = col.status.get("collocationId")
+            if not collocation_id:
+                continue
+            preferred = tuple(col.spec.preferred_sync_replica_clusters) \
+                if col.spec.preferred_sync_replica_clusters else None
+            for name in col.spec.tables:
+                collocations[(col.namespace, name)] = (collocation_id, preferred)
+        tables: list[tk.TrackedTable] = []
+        owners: dict[str, Resource] = {}
+        for res in self.world.of_kind("ReplicatedTable"):
+            opts = res.spec.replicated_table_options
+            table_id = res.status.get("tableId")
+            if not opts.enable_replicated_table_tracker or not table_id or res.deleting:
+                continue
+            if not clusters.get(res.spec.cluster, tk.ClusterHealth(False)).healthy:
+                continue  # the meta-cluster itself is down: nothing can be switched
+            try:
+                replicas = self._replicas(res, clusters)
+            except YtError as exc:
+                log.warning("tracker cannot read replicas", extra={"table": res.display, "error": describe_error(exc)})
+                continue
+            collocation = collocations.get((res.namespace, res.name))
+            tables.append(tk.TrackedTable(
+                table_id=table_id,
+                options=tk.TableOptions(
+                    tracker_enabled=True, min_sync_replica_count=opts.min_sync_replica_count,
+                    max_sync_replica_count=opts.max_sync_replica_count,
+                    preferred_sync_replica_clusters=tuple(opts.preferred_sync_replica_clusters or ()),
+                    sync_replica_lag_threshold=opts.sync_replica_lag_threshold.total_seconds()),
+                replicas=tuple(replicas),
+                collocation_id=collocation[0] if collocation else None,
+                collocation_preferred_clusters=collocation[1] if collocation else None))
+            owners[table_id] = res
+        return tables, owners
+
+    def _replicas(self, res: Resource, clusters: dict[str, tk.ClusterHealth]) -> list[tk.TrackedReplica]:
+        meta = self.world.engines.client(res.spec.cluster)
+        info: dict[str, Any] = meta.get(f"{res.spec.path}/@replicas")
+        out = []
+        for replica_id, r in info.items():
+            exists = True
+            if clusters.get(r["cluster_name"], tk.ClusterHealth(False)).healthy:
+                exists = self._replica_table_mounted(r["cluster_name"], r["replica_path"])
+            out.append(tk.TrackedReplica(
+                replica_id=str(replica_id), cluster=r["cluster_name"], mode=tk.ReplicaMode(r["mode"]),
+                enabled=r["state"] == "enabled", tracker_enabled=bool(r["replicated_table_tracker_enabled"]),
+                lag=None if r.get("errors") else float(r.get("replication_lag_time", 0)) / 1000.0,
+                table_exists=exists))
+        return out
+
+    def _replica_table_mounted(self, cluster: str, path: str) -> bool:
+        try:
+            client = self.world.engines.client(cluster)
+            return bool(client.exists(path)) and client.get(f"{path}/@tablet_state") in ("mounted", "frozen")
+        except Exception:  # noqa: BLE001 - any failure to see the table makes the replica bad
+            return False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
