@@ -54,6 +54,7 @@ from reptables.engine.timestamps import (
     COUNTER_BITS,
     MAX_TIMESTAMP,
     SYNC_LAST_COMMITTED_TIMESTAMP,
+    ReservationFile,
     TimestampProvider,
     unix_to_timestamp,
 )
@@ -107,12 +108,13 @@ def _flag(value: Any, default: bool = False) -> bool:
 class Cluster:
     """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
 
-    def __init__(self, name: str, storage: Storage, sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
+    def __init__(self, name: str, storage: Storage, state_dir: Path,
+                 sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
         self.name = name
         self.storage = storage
         self.cypress = Cypress()
-        reserved = int(storage.get_meta("timestamp_reservation") or 0)
-        self.timestamps = TimestampProvider(reserved, self._persist_reservation)
+        reservation = ReservationFile(state_dir / "timestamp.reservation")
+        self.timestamps = TimestampProvider(reservation.read(), reservation.write)
         self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id)
         self.peers = Peers(timeout=sync_timeout)
         self.replication = ReplicationManager(self, self.peers)
@@ -123,13 +125,9 @@ class Cluster:
 
     @classmethod
     def open(cls, name: str, data_dir: Path, sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> Cluster:
-        return cls(name, Storage.for_data_dir(data_dir), sync_timeout)
+        return cls(name, Storage.for_data_dir(data_dir), data_dir, sync_timeout)
 
     # -- start-up --------------------------------------------------------------------------------
-
-    def _persist_reservation(self, value: int) -> None:
-        with self.storage.engine.begin() as conn:
-            self.storage.set_meta(conn, "timestamp_reservation", str(value))
 
     def _load(self) -> None:
         with self.storage.write() as conn:

@@ -451,12 +451,13 @@ class ReplicationManager:
             if len(remaining) != len(pending):
                 self.cluster.transactions.forget_decision(tx_id, remaining)
 
-    def resolve_in_doubt(self, older_than: float = 2.0) -> None:
-        """Background (replica side): ask coordinators about transactions prepared here."""
-        now_ts = self.cluster.timestamps.last
-        for tx_id, coordinator, prepare_ts in self.cluster.transactions.pending_participants():
-            if (now_ts - prepare_ts) >> COUNTER_BITS < older_than:
-                continue
+    def resolve_in_doubt(self, older_than: float = 1.0) -> None:
+        """Background (replica side): ask coordinators about transactions prepared here.
+
+        Asking about a transaction still running is harmless (the answer is "in_progress"), so
+        every prepare older than a second is asked about on every pass.
+        """
+        for tx_id, coordinator in self.cluster.transactions.pending_participants(older_than):
             try:
                 status = self.peers.client(coordinator).call("transaction_status", {"transaction_id": tx_id})
             except YtError:

@@ -8,20 +8,27 @@ killed and the clock is behind what it was. We therefore persist a *reservation*
 mark that is always >= every timestamp handed out. Issuing a timestamp past the reservation first
 durably moves the reservation a few seconds ahead (one small write every few seconds); after a
 restart the generator starts strictly above the stored reservation.
+
+The reservation lives in its own small file (written to a temporary file, fsynced, renamed), not
+in the SQL database: a timestamp is often generated while a SQL write transaction is open, and a
+second writer on the same SQLite database at that moment would deadlock or invalidate it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 COUNTER_BITS = 30
 COUNTER_MASK = (1 << COUNTER_BITS) - 1
 MIN_TIMESTAMP = 1 << COUNTER_BITS
-#: timestamps handed out without a fresh durable reservation, in seconds
-RESERVATION_SECONDS = 10
+#: timestamps handed out without a fresh durable reservation, in seconds; also the most a restart
+#: can move the clock ahead of real time
+RESERVATION_SECONDS = 1
 NULL_TIMESTAMP = 0
 #: ``SyncLastCommittedTimestamp`` of YT: "read the latest committed data"
 SYNC_LAST_COMMITTED_TIMESTAMP = 0x3FFFFFFFFFFFFF01
@@ -72,3 +79,31 @@ class TimestampProvider:
         with self._lock:
             if ts > self._last:
                 self._last = ts
+
+
+class ReservationFile:
+    """The durable high-water reservation: one integer in a file, replaced atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    def write(self, value: int) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, f"{value}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -244,6 +244,8 @@ class TransactionManager:
         self._inflight_cond = threading.Condition()
         #: transactions coordinated elsewhere, prepared here: id -> prepare timestamp
         self._remote_prepared: dict[str, int] = {}
+        #: when each of them was prepared (or re-held after a restart), by this process' clock
+        self._remote_held_since: dict[str, float] = {}
         self.replication: ReplicationHooks | None = None
 
     # -- timestamps and visibility -----------------------------------------------------------------
@@ -521,11 +523,13 @@ class TransactionManager:
                 self._lock_table.acquire(table.table_id, table.key_of(w.row), w, tx_id)
         with self._inflight_cond:
             self._remote_prepared[tx_id] = prepare_ts
+            self._remote_held_since.setdefault(tx_id, time.monotonic())
 
     def _release_remote(self, tx_id: str) -> None:
         self._lock_table.release(tx_id)
         with self._inflight_cond:
             self._remote_prepared.pop(tx_id, None)
+            self._remote_held_since.pop(tx_id, None)
             self._inflight_cond.notify_all()
 
     def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
@@ -554,13 +558,15 @@ class TransactionManager:
             conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
         self._release_remote(tx_id)
 
-    def pending_participants(self) -> list[tuple[str, str, int]]:
-        """Remotely coordinated transactions prepared here: (transaction id, coordinator, prepare ts)."""
+    def pending_participants(self, older_than: float) -> list[tuple[str, str]]:
+        """Remotely coordinated transactions prepared here for at least ``older_than`` seconds
+        (by this process' clock): (transaction id, coordinator)."""
+        now = time.monotonic()
         with self.storage.read() as conn:
-            rows = conn.execute(sa.select(prepared_table.c.transaction_id, prepared_table.c.coordinator,
-                                          prepared_table.c.prepare_timestamp)
+            rows = conn.execute(sa.select(prepared_table.c.transaction_id, prepared_table.c.coordinator)
                                 .where(prepared_table.c.coordinator.is_not(None))).all()
-        return [(r[0], r[1], r[2]) for r in rows]
+        with self._inflight_cond:
+            return [(r[0], r[1]) for r in rows if now - self._remote_held_since.get(r[0], now) >= older_than]
 
     # -- the coordinator side --------------------------------------------------------------------------
 

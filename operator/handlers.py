@@ -60,6 +60,10 @@ RECONCILERS: dict[str, tuple[Reconciler, Reconciler]] = {
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
+    # handler progress and the last-handled spec live in annotations: status is ours, and the API
+    # server prunes fields the CRD schema does not declare
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reptables.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="reptables.io")
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90

@@ -1,0 +1,406 @@
+"""Fault tests of replicated tables: real engine processes, real SIGKILL / SIGSTOP.
+
+Every test runs the three engines of :class:`ClusterSet` (meta-cluster ``primary``, ``remote_0``,
+``remote_1``), breaks one of them while writers are busy, brings it back and checks what the
+replicas hold.
+
+The load tests write to an **ordered** replicated table (columns ``k``, ``batch``, ``v``): a batch
+applied twice to an ordered replica shows up as duplicate rows, where a sorted replica would
+silently overwrite them, so "exactly once" is observable. Each batch (``ROWS_PER_BATCH`` rows, one
+``insert_rows``) has its own unique keys, so a half-applied batch is observable as well. The
+two-phase-commit tests use the sorted schema, where a prepared transaction holds row locks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from reptables.engine.client import Client
+from reptables.engine.errors import YtError
+from tests.replication.conftest import ClusterSet, wait_for
+
+ORDERED_SCHEMA = [{"name": "k", "type": "int64"}, {"name": "batch", "type": "int64"}, {"name": "v", "type": "string"}]
+ROWS_PER_BATCH = 3
+TABLE = "//tmp/rt"
+REPLICA = "//tmp/r"
+META, SYNC_CLUSTER, ASYNC_CLUSTER = "primary", "remote_0", "remote_1"
+#: batch numbers, shared by every load of the session: keys never repeat
+_BATCH_IDS = itertools.count(1)
+
+
+def batch_rows(batch: int) -> list[dict[str, Any]]:
+    return [{"k": batch * ROWS_PER_BATCH + i, "batch": batch, "v": f"b{batch}"} for i in range(ROWS_PER_BATCH)]
+
+
+@dataclass
+class Attempt:
+    batch: int
+    started: float
+    finished: float
+    error: Exception | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class WriteLoad:
+    """Writer threads, each inserting one batch of fresh keys per ``insert_rows`` until stopped."""
+
+    def __init__(self, clusters: ClusterSet, path: str = TABLE, writers: int = 3,
+                 require_sync_replica: bool = True) -> None:
+        meta = clusters.engines[META]
+        self.url, self.token = meta.url, meta.token
+        self.path = path
+        self.require_sync_replica = require_sync_replica
+        self.attempts: list[Attempt] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, name=f"writer-{i}", daemon=True) for i in range(writers)]
+
+    def __enter__(self) -> WriteLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        with Client(self.url, self.token, timeout=10) as client:
+            while not self._stop.is_set():
+                batch = next(_BATCH_IDS)
+                started = time.monotonic()
+                error: Exception | None = None
+                try:
+                    client.insert_rows(self.path, batch_rows(batch), require_sync_replica=self.require_sync_replica)
+                except Exception as exc:  # noqa: BLE001 - every failure is recorded and checked by the test
+                    error = exc
+                with self._lock:
+                    self.attempts.append(Attempt(batch, started, time.monotonic(), error))
+                if error is not None:
+                    self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=20)
+        assert not any(t.is_alive() for t in self._threads), "a writer thread did not stop"
+
+    def snapshot(self) -> list[Attempt]:
+        with self._lock:
+            return list(self.attempts)
+
+    def attempted(self) -> set[int]:
+        return {a.batch for a in self.snapshot()}
+
+    def acknowledged(self, started_after: float = 0.0) -> set[int]:
+        return {a.batch for a in self.snapshot() if a.ok and a.started >= started_after}
+
+    def failures(self, started_after: float = 0.0) -> list[Attempt]:
+        return [a for a in self.snapshot() if not a.ok and a.started >= started_after]
+
+    def wait_acknowledged(self, count: int, started_after: float = 0.0, timeout: float = 30.0) -> None:
+        wait_for(lambda: len(self.acknowledged(started_after)) >= count, timeout,
+                 f"{count} acknowledged batches (failures so far: {self._failure_summary()})")
+
+    def _failure_summary(self) -> str:
+        failures = self.failures()
+        return f"{len(failures)}, last: {failures[-1].error}" if failures else "none"
+
+
+# -- set-up and checks -------------------------------------------------------------------------------
+
+
+def ordered_table_with_replicas(clusters: ClusterSet) -> tuple[str, str]:
+    """The load table: a sync replica on remote_0 and an async one on remote_1; returns their ids."""
+    clusters.replicated_table(TABLE, schema=ORDERED_SCHEMA)
+    sync = clusters.replica(TABLE, SYNC_CLUSTER, REPLICA, mode="sync", schema=ORDERED_SCHEMA)
+    async_ = clusters.replica(TABLE, ASYNC_CLUSTER, REPLICA, mode="async", schema=ORDERED_SCHEMA)
+    clusters.wait_in_sync(sync)
+    return sync, async_
+
+
+def replica_contents(clusters: ClusterSet, cluster: str, path: str = REPLICA) -> list[tuple[int, int, str]]:
+    rows = clusters.client(cluster).select_rows(f"k, batch, v from [{path}]", output_row_limit=10_000_000)
+    return sorted((r["k"], r["batch"], r["v"]) for r in rows)
+
+
+def queue_tablets(clusters: ClusterSet, replica_id: str) -> list[dict[str, Any]]:
+    return clusters.meta.get(f"#{replica_id}/@tablets")
+
+
+def wait_converged(clusters: ClusterSet, replicas: dict[str, str],
+                   timeout: float = 30.0) -> list[tuple[int, int, str]]:
+    """Until every replica has the whole queue, exactly: same contents, as many rows as the queue.
+
+    ``replicas`` maps replica id -> cluster. Returns the common contents.
+    """
+    last: dict[str, Any] = {}
+
+    def converged() -> bool:
+        contents = {cluster: replica_contents(clusters, cluster) for cluster in replicas.values()}
+        progress = {rid: [(t["current_replication_row_index"], t["flushed_row_count"])
+                          for t in queue_tablets(clusters, rid)] for rid in replicas}
+        last.update(contents=contents, progress=progress)
+        queued = sum(flushed for _, flushed in next(iter(progress.values())))
+        first = next(iter(contents.values()))
+        return (all(c == first for c in contents.values()) and len(first) == queued and
+                all(index == flushed for tablets in progress.values() for index, flushed in tablets))
+
+    try:
+        wait_for(converged, timeout, "replicas to converge")
+    except AssertionError as exc:
+        sizes = {cluster: len(rows) for cluster, rows in last.get("contents", {}).items()}
+        raise AssertionError(f"{exc}; rows per replica: {sizes}, progress (index, flushed): "
+                             f"{last.get('progress')}") from None
+    return next(iter(last["contents"].values()))
+
+
+def check_exactly_once(loads: list[WriteLoad], contents: list[tuple[int, int, str]], where: str) -> None:
+    """Acknowledged batches whole and once; other attempted batches whole or absent; nothing else."""
+    per_key = Counter(k for k, _, _ in contents)
+    duplicated = {k: n for k, n in per_key.items() if n != 1}
+    assert not duplicated, f"{where}: keys applied more than once: {dict(list(duplicated.items())[:10])}"
+    per_batch = Counter(batch for _, batch, _ in contents)
+    partial = {b: n for b, n in per_batch.items() if n != ROWS_PER_BATCH}
+    assert not partial, f"{where}: half-applied batches (batch: rows present): {dict(list(partial.items())[:10])}"
+    wrong = [row for row in contents if row != (row[0], row[1], f"b{row[1]}") or row[0] // ROWS_PER_BATCH != row[1]]
+    assert not wrong, f"{where}: rows that no writer wrote: {wrong[:10]}"
+    attempted = set().union(*(load.attempted() for load in loads))
+    acknowledged = set().union(*(load.acknowledged() for load in loads))
+    unknown = set(per_batch) - attempted
+    assert not unknown, f"{where}: batches nobody attempted: {sorted(unknown)[:10]}"
+    lost = acknowledged - set(per_batch)
+    assert not lost, f"{where}: acknowledged batches missing: {sorted(lost)[:10]} (of {len(acknowledged)})"
+
+
+def check_all_replicas(clusters: ClusterSet, replicas: dict[str, str], *loads: WriteLoad) -> None:
+    """Replicas converge to the same contents, and those hold each load's batches exactly once."""
+    try:
+        contents = wait_converged(clusters, replicas)
+    except AssertionError:
+        # say why, if a replica holds duplicates, half batches or lost rows
+        for cluster in replicas.values():
+            check_exactly_once(list(loads), replica_contents(clusters, cluster), f"replica on {cluster}")
+        raise
+    assert contents, "nothing was replicated"
+    for cluster in replicas.values():
+        check_exactly_once(list(loads), replica_contents(clusters, cluster), f"replica on {cluster}")
+
+
+@contextmanager
+def frozen(clusters: ClusterSet, name: str) -> Iterator[None]:
+    """SIGSTOP the engine's process group (the engine and nothing else); SIGCONT on exit, always."""
+    proc = clusters.engines[name].proc
+    assert proc is not None and proc.poll() is None
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
+# -- 1-3: SIGKILL of each engine under a write load ------------------------------------------------------
+
+
+def test_meta_sigkill_under_load_keeps_every_replica_exact(clusters: ClusterSet) -> None:
+    sync, async_ = ordered_table_with_replicas(clusters)
+    replicas = {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}
+    with WriteLoad(clusters) as load:
+        load.wait_acknowledged(40)
+        clusters.engines[META].kill()
+    assert load.failures(), "the SIGKILL did not interrupt any write"
+
+    clusters.engines[META].start()
+    # a restarted meta-cluster first lets its sync replica catch up, then writes go on
+    clusters.wait_in_sync(sync)
+    restarted = time.monotonic()
+    with WriteLoad(clusters) as after:
+        after.wait_acknowledged(10, started_after=restarted)
+    check_all_replicas(clusters, replicas, load, after)
+
+
+def test_sync_replica_sigkill_fails_writes_until_it_is_back(clusters: ClusterSet) -> None:
+    sync, async_ = ordered_table_with_replicas(clusters)
+    replicas = {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}
+    with WriteLoad(clusters) as load:
+        load.wait_acknowledged(30)
+        clusters.engines[SYNC_CLUSTER].kill()
+        killed = time.monotonic()
+        time.sleep(1.5)
+        down = load.snapshot()
+        clusters.engines[SYNC_CLUSTER].start()
+        back = time.monotonic()
+
+        during = [a for a in down if a.started >= killed]
+        assert during, "no write was attempted while the sync replica was down"
+        accepted = [a.batch for a in during if a.ok]
+        assert not accepted, f"writes acknowledged while the sync replica was down: {accepted[:10]}"
+        for attempt in during:
+            assert isinstance(attempt.error, YtError), repr(attempt.error)
+            text = str(attempt.error)
+            assert SYNC_CLUSTER in text and sync in text, f"error does not name the replica and cluster: {text}"
+        load.wait_acknowledged(20, started_after=back)
+    check_all_replicas(clusters, replicas, load)
+
+
+def test_async_replica_sigkill_does_not_stop_writes_and_it_catches_up(clusters: ClusterSet) -> None:
+    sync, async_ = ordered_table_with_replicas(clusters)
+    replicas = {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}
+    with WriteLoad(clusters) as load:
+        load.wait_acknowledged(30)
+        clusters.engines[ASYNC_CLUSTER].kill()
+        killed = time.monotonic()
+        load.wait_acknowledged(30, started_after=killed, timeout=15)
+        clusters.engines[ASYNC_CLUSTER].start()
+        load.wait_acknowledged(10, started_after=time.monotonic())
+    failures = load.failures()
+    assert not failures, f"writes failed although only an async replica was down: {failures[0].error}"
+    check_all_replicas(clusters, replicas, load)
+
+
+# -- 4: replication lag of a stopped async replica -----------------------------------------------------------
+
+
+def test_async_replica_outage_shows_replication_lag_then_recovers(clusters: ClusterSet) -> None:
+    """The async replica's engine is frozen with SIGSTOP (process group) for 20 s, then SIGCONT."""
+    sync, async_ = ordered_table_with_replicas(clusters)
+    replicas = {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}
+
+    def lag() -> int:
+        return int(clusters.meta.get(f"#{async_}/@replication_lag_time"))
+
+    with WriteLoad(clusters, writers=2) as load:
+        load.wait_acknowledged(10)
+        samples: list[int] = []
+        with frozen(clusters, ASYNC_CLUSTER):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                samples.append(lag())
+                time.sleep(0.5)
+        assert max(samples) > 0, f"replication_lag_time stayed 0 during a 20 s outage: {samples}"
+        assert max(samples) >= 10_000, f"replication_lag_time did not grow with the outage: {samples}"
+        wait_for(lambda: lag() == 0, 30, "replication_lag_time back to 0 under the load")
+    assert not load.failures(), f"writes failed during the async outage: {load.failures()[0].error}"
+    check_all_replicas(clusters, replicas, load)
+    assert lag() == 0
+
+
+# -- 5: the coordinator dies inside the two-phase commit ----------------------------------------------------
+
+
+def _flushed(clusters: ClusterSet, replica_id: str) -> int:
+    return sum(t["flushed_row_count"] for t in queue_tablets(clusters, replica_id))
+
+
+def _sorted_contents(clusters: ClusterSet, cluster: str) -> dict[int, str]:
+    return {r["k"]: r["v"] for r in clusters.rows(cluster, REPLICA)}
+
+
+@pytest.mark.parametrize("point, committed", [("after_prepare", False), ("after_commit_decision", True)])
+def test_coordinator_crash_in_two_phase_commit_is_all_or_nothing(clusters: ClusterSet, point: str,
+                                                                 committed: bool) -> None:
+    path = clusters.replicated_table(TABLE)
+    # two sync replicas: both are prepared when the coordinator dies
+    syncs = {clusters.replica(path, cluster, REPLICA, mode="sync"): cluster for cluster in ("remote_0", "remote_1")}
+    for replica_id in syncs:
+        clusters.wait_in_sync(replica_id)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "before"}])
+    first = next(iter(syncs))
+    before = _flushed(clusters, first)
+    assert before == 1
+
+    meta = clusters.engines[META]
+    meta.stop()
+    meta.env = {"REPTABLES_CRASH_AT": point}
+    meta.start()
+    for replica_id in syncs:
+        clusters.wait_in_sync(replica_id)
+    with pytest.raises(YtError):
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "tx"}, {"k": 2, "v": "tx"}])
+    assert meta.proc is not None
+    assert meta.proc.wait(timeout=10) == -signal.SIGKILL, "the meta-cluster did not die at the crash point"
+    meta.env = {}
+    meta.start()
+    for replica_id in syncs:
+        clusters.wait_in_sync(replica_id)
+
+    expected_queue = before + (2 if committed else 0)
+    expected_rows = {1: "tx", 2: "tx"} if committed else {1: "before"}
+    for replica_id in syncs:
+        assert _flushed(clusters, replica_id) == expected_queue
+    for cluster in syncs.values():
+        # a commit decided before the crash reaches the replica from the restarted coordinator
+        wait_for(lambda c=cluster: _sorted_contents(clusters, c) == expected_rows, 15,
+                 f"{point}: rows {expected_rows} on {cluster}")
+
+    # the replicas' prepared transaction is resolved and holds no locks: the same keys are writable
+    def write_again() -> bool:
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "after"}, {"k": 2, "v": "after"}])
+        return True
+
+    wait_for(write_again, 20, "a write to the keys of the interrupted transaction")
+    for replica_id in syncs:
+        assert _flushed(clusters, replica_id) == expected_queue + 2
+    for cluster in syncs.values():
+        assert _sorted_contents(clusters, cluster) == {1: "after", 2: "after"}
+
+
+# -- 6: a dead or frozen sync replica fails the commit fast and applies nothing ----------------------------
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigstop"])
+def test_write_with_sync_replica_down_fails_fast_and_applies_nothing(clusters: ClusterSet, how: str) -> None:
+    """``sigkill``: the engine is dead (connection refused); ``sigstop``: it accepts but never answers."""
+    path = clusters.replicated_table(TABLE)
+    sync = clusters.replica(path, SYNC_CLUSTER, REPLICA, mode="sync")
+    async_ = clusters.replica(path, ASYNC_CLUSTER, REPLICA, mode="async")
+    clusters.wait_in_sync(sync)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "before"}])
+    before = _flushed(clusters, sync)
+
+    def attempt() -> tuple[float, YtError]:
+        started = time.monotonic()
+        with pytest.raises(YtError) as err:
+            clusters.meta.insert_rows(path, [{"k": 2, "v": "lost"}])
+        return time.monotonic() - started, err.value
+
+    if how == "sigkill":
+        clusters.engines[SYNC_CLUSTER].kill()
+        elapsed, error = attempt()
+        clusters.engines[SYNC_CLUSTER].start()
+    else:
+        with frozen(clusters, SYNC_CLUSTER):
+            elapsed, error = attempt()
+            time.sleep(1.0)  # the coordinator's abort also times out while the replica is frozen
+    assert elapsed < 1.5, f"insert_rows took {elapsed:.2f} s to fail with the sync replica down"
+    assert SYNC_CLUSTER in error.message and sync in error.message, f"unclear error: {error}"
+
+    # nothing of the failed write anywhere, even after the replica is back and the async one caught up
+    assert _flushed(clusters, sync) == before
+    wait_for(lambda: all(t["current_replication_row_index"] == before for t in queue_tablets(clusters, async_)),
+             15, "async replica caught up")
+    for cluster in (SYNC_CLUSTER, ASYNC_CLUSTER):
+        assert _sorted_contents(clusters, cluster) == {1: "before"}, cluster
+
+    # a prepare the frozen replica may have taken late is resolved: the key is writable again
+    def write_again() -> bool:
+        clusters.meta.insert_rows(path, [{"k": 2, "v": "after"}])
+        return True
+
+    wait_for(write_again, 20, "a write to the key of the failed transaction")
+    assert _flushed(clusters, sync) == before + 1
+    assert _sorted_contents(clusters, SYNC_CLUSTER) == {1: "before", 2: "after"}
+    wait_for(lambda: _sorted_contents(clusters, ASYNC_CLUSTER) == {1: "before", 2: "after"}, 15, "async replica")
