@@ -19,7 +19,9 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
-        out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        # only plain fields: libraries (kopf) attach whole objects as extras
+        out.update({k: v for k, v in vars(record).items()
+                    if k not in _STANDARD and isinstance(v, str | int | float | bool | type(None))})
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

@@ -50,7 +50,10 @@ def operator(
     from reptables.engine import logs
 
     logs.configure("debug" if verbose else "info")
-    logging.getLogger("kopf").setLevel(logging.DEBUG if verbose else logging.INFO)
+    kopf_logger = logging.getLogger("kopf")
+    kopf_logger.handlers[:] = logging.getLogger("reptables").handlers
+    kopf_logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    kopf_logger.propagate = False
     from reptables.operator import handlers
 
     namespaces = None

@@ -80,10 +80,24 @@ def cleanup(**_: Any) -> None:
 
 
 def _apply(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:
-    if outcome.status:
-        patch.status.update(outcome.status)
+    # only what changed goes to the API server: refreshes of an unchanged status cost nothing
+    current = body.get("status") or {}
+    for key, value in outcome.status.items():
+        if current.get(key) != value and not (key == "lastProbeTime" and _recent(current.get(key))):
+            patch.status[key] = value
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def _recent(timestamp: Any, seconds: float = 60.0) -> bool:
+    """True for an RFC 3339 time less than ``seconds`` old (probe times are refreshed once a minute)."""
+    from datetime import UTC, datetime
+
+    try:
+        then = datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return (datetime.now(UTC) - then).total_seconds() < seconds
 
 
 def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, waiting_retries: bool) -> None:

@@ -242,6 +242,8 @@ class TableClusterStatus(_Status):
     """When the cluster was last probed."""
     healthy: StrictBool | None = None
     """Whether the last probe succeeded and the cluster is writable."""
+    directory_fingerprint: StrictStr | None = None
+    """Fingerprint of the //sys/clusters directory last written to this engine (tokens included)."""
 
 
 # --- ReplicatedTable ----------------------------------------------------------------------------

@@ -1,0 +1,265 @@
+"""The operator end to end: kopf as a real process, the Kubernetes API emulated, engines real.
+
+``reptables operator`` (the container's command) runs against the API emulator of tests/k8s;
+three real engine processes are the TableClusters. Manifests go in through the emulated API (with
+CRD schema and CEL validation), and the tests check what users rely on: engine objects appear,
+data flows, status is truthful, the tracker moves the sync replica off a dead cluster (collocated
+tables together), deletion honours the policy, and a restarted operator adopts what exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reptables.engine.client import Client
+from tests.harness import EngineProcess, free_port
+from tests.k8s.emulator import ApiError, K8sApi
+
+NS = "test"
+API = "reptables.io/v1alpha1"
+SCHEMA = [{"name": "k", "type": "int64", "sortOrder": "ascending"}, {"name": "v", "type": "string"}]
+CLUSTERS = ("primary", "remote-0", "remote-1")
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    health_port: int = field(default_factory=free_port)
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "REPTABLES_NAMESPACE": NS,
+               "REPTABLES_STATUS_REFRESH": "2", "REPTABLES_TRACKER_PERIOD": "1", "PYTHONUNBUFFERED": "1"}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "reptables.operator.cli", "operator", "--standalone", "--namespace", NS,
+                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+
+@dataclass
+class Env:
+    api: K8sApi
+    engines: dict[str, EngineProcess]
+    operator: OperatorProcess
+
+    def client(self, cluster: str) -> Client:
+        engine = self.engines[cluster]
+        return Client(engine.url, engine.token, timeout=10)
+
+    def wait(self, predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ApiError):
+                value = predicate()
+                if value:
+                    return value
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}\n--- operator log ---\n{self.operator.logs()}")
+
+    def status(self, kind: str, name: str) -> dict[str, Any]:
+        namespace = None if kind == "tableclusters" else NS
+        return self.api.get(kind, name, namespace).get("status") or {}
+
+    def ready(self, kind: str, name: str) -> bool:
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in self.status(kind, name).get("conditions", []))
+
+    def wait_ready(self, kind: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
+        try:
+            self.wait(lambda: self.ready(kind, name), timeout, f"{kind}/{name} Ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- status ---\n{self.status(kind, name)}") from None
+        return self.status(kind, name)
+
+
+def table(name: str, path: str, tracker: bool = False, policy: str = "Retain") -> dict[str, Any]:
+    spec: dict[str, Any] = {"cluster": "primary", "path": path, "schema": SCHEMA, "deletionPolicy": policy}
+    if tracker:
+        spec["replicatedTableOptions"] = {"enableReplicatedTableTracker": True, "minSyncReplicaCount": 1,
+                                          "maxSyncReplicaCount": 1}
+    return {"apiVersion": API, "kind": "ReplicatedTable", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def replica(name: str, table_name: str, cluster: str, path: str, mode: str = "async",
+            policy: str = "Retain") -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "TableReplica", "metadata": {"name": name, "namespace": NS},
+            "spec": {"table": table_name, "cluster": cluster, "replicaPath": path, "mode": mode,
+                     "deletionPolicy": policy}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    base = tmp_path_factory.mktemp("operator-e2e")
+    engines = {name: EngineProcess(name, base / name, token=f"token-{name}-0123456789").start() for name in CLUSTERS}
+    with K8sApi(namespaces=[NS]) as api:
+        operator = OperatorProcess(api.kubeconfig(base / "kubeconfig"), base / "operator.log").start()
+        environment = Env(api, engines, operator)
+        try:
+            for name, engine in engines.items():
+                api.create({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": f"{name}-token", "namespace": NS},
+                            "stringData": {"token": engine.token}})
+                api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
+                            "spec": {"endpoint": engine.url, "clusterId": CLUSTERS.index(name),
+                                     "credentialsSecret": {"name": f"{name}-token", "namespace": NS}}})
+            for name in CLUSTERS:
+                environment.wait_ready("tableclusters", name)
+            yield environment
+        finally:
+            operator.stop()
+            for engine in engines.values():
+                engine.stop()
+
+
+def test_table_clusters_probe_engines_and_share_the_directory(env: Env) -> None:
+    status = env.status("tableclusters", "primary")
+    assert status["healthy"] is True and status["version"]
+    for name in CLUSTERS:
+        directory = env.client(name).get("//sys/clusters")
+        assert set(directory) == set(CLUSTERS)
+        assert directory["remote-0"]["proxy_url"] == env.engines["remote-0"].url
+        assert all(entry["token"] == "<hidden>" for entry in directory.values())
+
+
+def test_manifests_create_engine_objects_and_data_flows(env: Env) -> None:
+    env.api.create(table("orders", "//home/orders"))
+    env.api.create(replica("orders-sync", "orders", "remote-0", "//home/orders", mode="sync"))
+    env.api.create(replica("orders-async", "orders", "remote-1", "//home/orders"))
+    for name in ("orders-sync", "orders-async"):
+        env.wait_ready("tablereplicas", name)
+    meta = env.client("primary")
+    assert meta.get("//home/orders/@type") == "replicated_table"
+    replicas = meta.get("//home/orders/@replicas")
+    assert sorted((r["cluster_name"], r["mode"]) for r in replicas.values()) == [("remote-0", "sync"),
+                                                                               ("remote-1", "async")]
+    sync_id = env.status("tablereplicas", "orders-sync")["replicaId"]
+    assert env.client("remote-0").get("//home/orders/@upstream_replica_id") == sync_id
+    env.wait(lambda: env.status("replicatedtables", "orders").get("syncReplicas") == ["orders-sync"],
+             what="syncReplicas in status")
+    meta.insert_rows("//home/orders", [{"k": i, "v": f"v{i}"} for i in range(50)])
+    assert len(env.client("remote-0").select_rows("* from [//home/orders]")) == 50
+    env.wait(lambda: len(env.client("remote-1").select_rows("* from [//home/orders]")) == 50, what="async rows")
+    status = env.wait_ready("replicatedtables", "orders")
+    assert {r["name"]: r["mode"] for r in status["replicas"]} == {"orders-sync": "sync", "orders-async": "async"}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Writable"]["status"] == "True" and conditions["Replicating"]["status"] == "True"
+
+
+def test_invalid_manifests_are_rejected_by_the_api(env: Env) -> None:
+    bad_cluster = {"apiVersion": API, "kind": "TableCluster", "metadata": {"name": "bad"},
+                   "spec": {"endpoint": "http://127.0.0.1:1", "clusterId": 200, "credentialsSecret": {"name": "x"}}}
+    with pytest.raises(ApiError) as err:
+        env.api.create(bad_cluster)
+    assert err.value.status == 422 and "clusterId" in err.value.message
+    bad_options = table("bad-options", "//home/bad", tracker=True)
+    bad_options["spec"]["replicatedTableOptions"]["minSyncReplicaCount"] = 3
+    with pytest.raises(ApiError) as err:
+        env.api.create(bad_options)
+    assert err.value.status == 422
+    env.api.create(table("immutable", "//home/immutable"))
+    with pytest.raises(ApiError) as err:
+        env.api.patch("replicatedtables", "immutable", {"spec": {"path": "//home/moved"}}, NS)
+    assert err.value.status == 422 and "path" in err.value.message
+
+
+def test_replica_on_unknown_cluster_is_not_ready_with_a_precise_reason(env: Env) -> None:
+    env.api.create(table("lonely", "//home/lonely"))
+    env.wait_ready("replicatedtables", "lonely")
+    env.api.create(replica("lonely-nowhere", "lonely", "nowhere", "//home/lonely"))
+    env.wait(lambda: any(c.get("reason") == "ClusterNotFound" for c in
+                         env.status("tablereplicas", "lonely-nowhere").get("conditions", [])),
+             what="ClusterNotFound condition")
+    assert not env.ready("tablereplicas", "lonely-nowhere")
+
+
+def test_tracker_moves_collocated_sync_replicas_off_a_dead_cluster(env: Env) -> None:
+    for name in ("ta", "tb"):
+        env.api.create(table(name, f"//home/{name}", tracker=True))
+        for cluster in ("remote-0", "remote-1"):
+            env.api.create(replica(f"{name}-{cluster}", name, cluster, f"//home/{name}"))
+    env.api.create({"apiVersion": API, "kind": "TableCollocation", "metadata": {"name": "pair", "namespace": NS},
+                    "spec": {"tables": ["ta", "tb"]}})
+    env.wait_ready("tablecollocations", "pair")
+
+    def sync_clusters() -> dict[str, list[str]]:
+        return {t: [r["cluster"] for r in env.status("replicatedtables", t).get("replicas", []) if r["mode"] == "sync"]
+                for t in ("ta", "tb")}
+
+    # once the collocation is known, both tables keep their one sync replica on the same cluster
+    before = env.wait(lambda: (s := sync_clusters()) and all(len(v) == 1 for v in s.values())
+                      and s["ta"] == s["tb"] and s, what="one sync replica per table, on one cluster")
+    dead = before["ta"][0]
+    survivor = "remote-1" if dead == "remote-0" else "remote-0"
+    env.engines[dead].kill()
+    try:
+        env.wait(lambda: sync_clusters() == {"ta": [survivor], "tb": [survivor]}, 60, "sync replicas moved together")
+        reason = env.status("replicatedtables", "ta").get("tracker", {}).get("reason", "")
+        assert reason
+        env.client("primary").insert_rows("//home/ta", [{"k": 1, "v": "after failover"}])
+        assert env.client(survivor).lookup_rows("//home/ta", [{"k": 1}]) == [{"k": 1, "v": "after failover"}]
+    finally:
+        env.engines[dead].start()
+        env.wait(lambda: env.ready("tableclusters", dead), 60, f"{dead} back")
+
+
+def test_deletion_honours_the_deletion_policy(env: Env) -> None:
+    env.api.create(table("gone", "//home/gone", policy="Delete"))
+    env.api.create(replica("gone-r", "gone", "remote-1", "//home/gone", policy="Delete"))
+    env.api.create(table("kept", "//home/kept"))
+    env.api.create(replica("kept-r", "kept", "remote-1", "//home/kept"))
+    env.wait_ready("tablereplicas", "gone-r")
+    env.wait_ready("tablereplicas", "kept-r")
+    meta, remote = env.client("primary"), env.client("remote-1")
+    for name in ("gone-r", "kept-r", "gone", "kept"):
+        kind = "tablereplicas" if name.endswith("-r") else "replicatedtables"
+        env.api.delete(kind, name, NS)
+        env.api.wait_for_deletion(kind, name, NS, timeout=60)
+    assert not meta.exists("//home/gone") and not remote.exists("//home/gone")
+    assert meta.exists("//home/kept") and remote.exists("//home/kept")
+    assert len(meta.get("//home/kept/@replicas")) == 1
+
+
+def test_table_cluster_in_use_cannot_be_deleted(env: Env) -> None:
+    env.api.delete("tableclusters", "remote-0", None)
+    env.wait(lambda: any(c.get("reason") == "InUse" for c in env.status("tableclusters", "remote-0")["conditions"]),
+             what="InUse condition")
+    assert env.api.get("tableclusters", "remote-0", None)["metadata"].get("deletionTimestamp")
+
+
+def test_restarted_operator_adopts_existing_objects(env: Env) -> None:
+    meta = env.client("primary")
+    before = dict(meta.get("//home/orders/@replicas"))
+    env.operator.stop()
+    env.api.patch("tablereplicas", "orders-async", {"spec": {"enabled": False}}, NS)
+    env.operator.start()
+    env.wait(lambda: env.status("tablereplicas", "orders-async").get("state") == "disabled", 60,
+             "the change made while the operator was down")
+    after = meta.get("//home/orders/@replicas")
+    assert set(after) == set(before)
+    env.wait_ready("tablereplicas", "orders-sync")
