@@ -38,6 +38,7 @@ def operator(
     standalone: Annotated[bool, typer.Option("--standalone", help="No peering: this is the only operator")] = False,
     peering: Annotated[str | None, typer.Option("--peering", help="Peering object name for HA")] = None,
     liveness: Annotated[str, typer.Option("--liveness", help="Liveness endpoint")] = "http://0.0.0.0:8080/healthz",
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus /metrics port (0: off)")] = 8081,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
     """Run the kopf operator (the container image's command)."""
@@ -55,6 +56,11 @@ def operator(
     kopf_logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     kopf_logger.propagate = False
     from reptables.operator import handlers
+
+    if metrics_port:
+        import prometheus_client
+
+        prometheus_client.start_http_server(metrics_port)
 
     namespaces = None
     if not all_namespaces:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from reptables.engine.client import Client
@@ -38,6 +39,7 @@ class OperatorProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     health_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "REPTABLES_NAMESPACE": NS,
@@ -45,7 +47,8 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "reptables.operator.cli", "operator", "--standalone", "--namespace", NS,
-                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+                 "--liveness", f"http://127.0.0.1:{self.health_port}/healthz",
+                 "--metrics-port", str(self.metrics_port)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return self
 
@@ -221,6 +224,8 @@ def test_tracker_moves_collocated_sync_replicas_off_a_dead_cluster(env: Env) -> 
         env.wait(lambda: sync_clusters() == {"ta": [survivor], "tb": [survivor]}, 60, "sync replicas moved together")
         reason = env.status("replicatedtables", "ta").get("tracker", {}).get("reason", "")
         assert reason
+        metrics = httpx.get(f"http://127.0.0.1:{env.operator.metrics_port}/metrics").text
+        assert 'reptables_tracker_mode_switches_total{mode="sync",namespace="test",table="ta"}' in metrics
         env.client("primary").insert_rows("//home/ta", [{"k": 1, "v": "after failover"}])
         assert env.client(survivor).lookup_rows("//home/ta", [{"k": 1}]) == [{"k": 1, "v": "after failover"}]
     finally:
