@@ -39,7 +39,7 @@ from reptables.engine.replication import (
     validate_throttler,
 )
 from reptables.engine.schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row
-from reptables.engine.storage import Storage, UserTables, meta_table, tablets_table
+from reptables.engine.storage import Storage, UserTables, meta_table, read_locks_table, tablets_table
 from reptables.engine.tables import (
     DynamicTable,
     RowWrite,
@@ -142,10 +142,13 @@ class Cluster:
         counts: dict[str, dict[int, list[int]]] = {}
         for t in tablets:
             counts.setdefault(t.table_id, {})[t.tablet_index] = [t.row_count, t.trimmed_row_count]
+        with self.storage.read() as conn:
+            locked = {r[0] for r in conn.execute(sa.select(read_locks_table.c.table_id).distinct())}
         for node in self.cypress.by_id.values():
             if node.type in TABLE_TYPES:
                 node.table = self._make_table(node)
                 node.table.tablet_rows = counts.get(node.id, {})
+                node.table.has_read_locks = node.id in locked
         with self.storage.read() as conn:
             self.replication.load(conn)
         self._refresh_directory()
@@ -406,6 +409,7 @@ class Cluster:
             stored.pop("upstream_replica_id")
         node = self._new_node(conn, parent, name, node_type, stored)
         node.table = self._make_table(node)
+        node.table.has_read_locks = False
         node.table.sql.create(conn)
         if not schema.is_sorted or node.table.replicated:
             for i in range(node.table.tablet_count):
@@ -980,7 +984,9 @@ class Cluster:
 
     def insert_rows(self, path: Any, rows: list[Any], update: bool = False, transaction_id: str | None = None,
                     atomicity: str | None = None, durability: str | None = None,
-                    require_sync_replica: bool = True) -> None:
+                    require_sync_replica: bool = True, input_bytes: int | None = None) -> None:
+        """``input_bytes`` is the size of the request body when known: no row of a smaller body can
+        reach the row weight limit, so the per-row weight check is skipped."""
         table, table_path, _ = self._table(path)
         self._check_direct_write(table, table_path)
         table.check_writable(table_path)
@@ -988,24 +994,30 @@ class Cluster:
         # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
         # batch stays one participant and keeps its order
         batch_tablet = None if table.sorted else random.randrange(table.tablet_count)
+        schema = table.schema
+        sorted_ = table.sorted
+        single_tablet = sorted_ and len(table.pivot_keys) == 1
+        check_weight = input_bytes is None or input_bytes > MAX_ROW_WEIGHT
+        full_mask = schema.full_lock_mask if sorted_ else 1
         for raw in rows:
-            row = validate_row(table.schema, raw, table_path, update=update)
-            if table.sorted:
-                validate_key_not_null(table.schema, row, table_path)
-            if row_weight(row) > MAX_ROW_WEIGHT:
+            row = validate_row(schema, raw, table_path, update=update)
+            if sorted_:
+                validate_key_not_null(schema, row, table_path)
+            if check_weight and row_weight(row) > MAX_ROW_WEIGHT:
                 raise YtError(f"Row of table {table_path} is too large: its weight exceeds "
                               f"{MAX_ROW_WEIGHT} bytes", code=ErrorCode.ROW_WEIGHT_LIMIT_EXCEEDED)
-            explicit = yson_util.to_python(raw.get("$tablet_index")) if isinstance(raw, dict) else None
-            tablet = table.tablet_for_row(row, batch_tablet if explicit is None else explicit)
-            columns = list(row) if update else None
-            mask = table.schema.lock_mask(columns) if table.sorted else 1
+            if single_tablet:
+                tablet = 0
+            else:
+                explicit = yson_util.to_python(raw.get("$tablet_index")) if isinstance(raw, dict) else None
+                tablet = table.tablet_for_row(row, batch_tablet if explicit is None else explicit)
+            mask = schema.lock_mask(list(row)) if update and sorted_ else full_mask
             validated.append((tablet, RowWrite(WriteKind.WRITE, row, mask, update=update)))
         tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
 
         def fill() -> None:
             tx.require_sync_replica[table.table_id] = require_sync_replica
-            for tablet, w in validated:
-                tx.add(table, table_path, tablet, w)
+            tx.add_many(table, table_path, validated)
 
         self._run_write(tx, implicit, fill)
 

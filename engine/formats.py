@@ -103,16 +103,31 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
             raise _json_error(exc, "request body") from None
         rows = parsed
     else:
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise _json_error(exc, f"request body line {n}") from None
+        lines = [line for line in text.splitlines() if line.strip()]
+        try:
+            # one parse of the whole body is several times faster than one per line
+            rows = json.loads("[" + ",".join(lines) + "]")
+        except json.JSONDecodeError:
+            rows = []
+            for n, line in enumerate(lines, 1):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise _json_error(exc, f"request body line {n}") from None
+            raise YtError("Malformed JSON in request body: rows must be one JSON value per line",
+                          code=ErrorCode.PROTOCOL_ERROR) from None
     if fmt.encode_utf8:
         rows = [_undo_utf8_encoding(r) for r in rows]
-    return [yson_util.json_to_python(r) for r in rows]
+    convert = yson_util.json_to_python
+    return [r if isinstance(r, dict) and not _needs_conversion(r) else convert(r) for r in rows]
+
+
+def _needs_conversion(row: dict[str, Any]) -> bool:
+    """Rows of plain scalars (the usual case) need no YSON-from-JSON conversion."""
+    for key, value in row.items():
+        if key in ("$value", "$attributes", "$type") or isinstance(value, dict | list):
+            return True
+    return False
 
 
 def dump_rows(rows: list[Any], fmt: Format) -> bytes:

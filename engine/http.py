@@ -126,6 +126,8 @@ def _rows(body: Any) -> list[Any]:
 
 
 COMMANDS: dict[str, Command] = {}
+#: a pseudo-parameter the protocol layer adds: the decoded request body's size in bytes
+_BODY_BYTES = "\0body_bytes"
 
 
 def _command(name: str, input_type: str | None, output_type: str | None, volatile: bool, heavy: bool = False,
@@ -257,7 +259,7 @@ def _abort_tx(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 @_command("insert_rows", "tabular", None, True, heavy=True)
 def _insert_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     c.insert_rows(_path(p), _rows(body), _bool(p, "update"), _tx(p), _p(p, "atomicity"), _p(p, "durability"),
-                  _bool(p, "require_sync_replica", True))
+                  _bool(p, "require_sync_replica", True), input_bytes=p.get(_BODY_BYTES))
 
 
 @_command("delete_rows", "tabular", None, True, heavy=True)
@@ -427,9 +429,14 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                               code=ErrorCode.PROTOCOL_ERROR)
             params.update(decoded)
         input_value: Any = None
+        params[_BODY_BYTES] = len(body)
         if cmd.input_type is not None:
             fmt = parse_format(params.get("input_format") or request.headers.get("x-yt-input-format"))
-            input_value = load_rows(body, fmt) if cmd.input_type == "tabular" else load_structured(body, fmt)
+            if cmd.input_type == "tabular":
+                input_value = await run_in_threadpool(load_rows, body, fmt) if len(body) > 65536 \
+                    else load_rows(body, fmt)
+            else:
+                input_value = load_structured(body, fmt)
         result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
         if _bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
             result = result["value"]
@@ -439,7 +446,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                            default="json" if cmd.output_type == "structured" and header_format == "json"
                            else "yson")
         if cmd.output_type == "tabular":
-            content = await run_in_threadpool(dump_rows, result, fmt)
+            content = await run_in_threadpool(dump_rows, result, fmt) if len(result) > 100 \
+                else dump_rows(result, fmt)
         else:
             content = dump_structured(result, fmt)
         media = "application/json" if fmt.name == "json" else "application/x-yt-yson-binary"

@@ -73,15 +73,23 @@ class InternalClient:
 
     def __init__(self, conn: ClusterConnection, timeout: float) -> None:
         self.conn = conn
+        self._connect_timeout = timeout
         self._http = httpx.Client(base_url=conn.proxy_url, timeout=httpx.Timeout(timeout, connect=timeout),
                                   headers={"Authorization": f"OAuth {conn.token}"})
 
-    def call(self, method: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def call(self, method: str, body: dict[str, Any] | None = None, timeout: float | None = None,
+             raw_body: bytes | None = None) -> Any:
+        """POST a JSON body (or ``raw_body``, already encoded) and return the decoded answer.
+
+        ``timeout`` bounds the wait for the answer; connecting never waits longer than the
+        peer timeout, so an unreachable cluster fails fast whatever the request size.
+        """
         try:
             kwargs: dict[str, Any] = {}
             if timeout is not None:
-                kwargs["timeout"] = httpx.Timeout(timeout, connect=timeout)
-            response = self._http.post(f"/internal/v1/{method}", content=json.dumps(body or {}).encode(),
+                kwargs["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self._connect_timeout))
+            content = raw_body if raw_body is not None else json.dumps(body or {}).encode()
+            response = self._http.post(f"/internal/v1/{method}", content=content,
                                        headers={"Content-Type": "application/json"}, **kwargs)
         except httpx.HTTPError as exc:
             raise UnavailableError(f"Cluster {self.conn.name} is unreachable at {self.conn.proxy_url}: "

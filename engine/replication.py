@@ -63,6 +63,8 @@ HARD_BACKOFF = 60.0
 DEFAULT_MIN_REPLICATION_LOG_TTL_MS = 5 * 60 * 1000
 #: a replica switching to sync stops catching up and starts draining at this many pending rows
 DRAIN_THRESHOLD_ROWS = 1_000
+#: extra answer time a sync replica gets per row of a prepare (a 10,000-row batch: +2 s)
+PREPARE_SECONDS_PER_ROW = 0.0002
 #: how long a coordinator waits for sync replicas to acknowledge a commit before answering the client
 COMMIT_ACK_TIMEOUT = 5.0
 
@@ -369,7 +371,9 @@ class ReplicationManager:
     def prepare_remote(self, tx: TabletTransaction, remote: list[RemoteParticipant],
                        prepare_ts: int) -> list[RemoteParticipant]:
         def prepare(rp: RemoteParticipant) -> None:
-            self.peers.client(rp.cluster).call("prepare", {
+            # an answer may take longer for a big batch; connecting never waits past the sync timeout
+            timeout = self.peers.timeout + len(rp.writes) * PREPARE_SECONDS_PER_ROW
+            self.peers.client(rp.cluster).call("prepare", timeout=timeout, body={
                 "transaction_id": tx.id, "coordinator": self.cluster.name, "replica_id": rp.replica_id,
                 "replica_path": rp.replica_path, "tablet_index": rp.tablet_index,
                 "start_timestamp": tx.start_timestamp, "prepare_timestamp": prepare_ts,
@@ -380,7 +384,7 @@ class ReplicationManager:
         failure: YtError | None = None
         for rp, future in futures:
             try:
-                future.result(timeout=self.peers.timeout * 3)
+                future.result(timeout=self.peers.timeout * 3 + len(rp.writes) * PREPARE_SECONDS_PER_ROW)
                 prepared.append(rp)
             except YtError as exc:
                 failure = failure or YtError(
@@ -392,7 +396,8 @@ class ReplicationManager:
                                              f"{rp.cluster}: {type(exc).__name__}: {exc}",
                                              code=ErrorCode.UNAVAILABLE)
         if failure is not None:
-            self.abort_remote(tx.id, prepared)
+            # every participant is told, also those that did not answer: a late prepare is refused
+            self.abort_remote(tx.id, remote)
             raise failure
         return prepared
 
@@ -538,14 +543,17 @@ class ReplicationManager:
         tablet = int(body["tablet_index"])
         prev, end = int(body["prev_row_index"]), int(body["row_index"])
         groups: list[tuple[int, list[RowWrite]]] = []
+        full_mask = table.schema.full_lock_mask if table.sorted else 1
         for entry in body["entries"]:
-            payload = json.loads(entry["payload"])
+            payload = entry["payload"]
+            if isinstance(payload, str):
+                payload = json.loads(payload)
             kind = WriteKind(entry["kind"])
             row = payload["row"]
-            mask = 1
-            if table.sorted and kind is WriteKind.WRITE:
-                mask = table.schema.lock_mask(list(row) if payload["update"] else None)
-            write = RowWrite(kind, row, mask, update=bool(payload["update"]))
+            update = bool(payload["update"])
+            mask = 1 if kind is not WriteKind.WRITE or not table.sorted else (
+                table.schema.lock_mask(list(row)) if update else full_mask)
+            write = RowWrite(kind, row, mask, update=update)
             ts = int(entry["timestamp"])
             if groups and groups[-1][0] == ts:
                 groups[-1][1].append(write)
@@ -662,13 +670,15 @@ class ReplicationManager:
         if not batch:
             return False
         end = batch[-1].row_index + 1
-        wire = [{"timestamp": e.timestamp, "kind": e.kind, "payload": e.payload} for e in batch
-                if e.timestamp > replica.start_replication_timestamp]
-        body = {"upstream_replica_id": replica.id, "replica_path": replica.replica_path, "tablet_index": tablet,
-                "prev_row_index": progress.row_index, "row_index": end, "entries": wire,
-                "preserve_timestamps": replica.preserve_timestamps}
+        header = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
+                             "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
+                             "preserve_timestamps": replica.preserve_timestamps})
+        # queue payloads are JSON already: splice them in instead of encoding JSON inside JSON
+        entries = ",".join(f'{{"timestamp":{e.timestamp},"kind":"{e.kind}","payload":{e.payload}}}'
+                           for e in batch if e.timestamp > replica.start_replication_timestamp)
+        body = f'{header[:-1]},"entries":[{entries}]}}'.encode()
         try:
-            answer = self.peers.client(replica.cluster_name).call("push", body, timeout=60.0)
+            answer = self.peers.client(replica.cluster_name).call("push", raw_body=body, timeout=60.0)
         except YtError as exc:
             self._record_error(replica, tablet, exc, SOFT_BACKOFF)
             return False

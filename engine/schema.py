@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from reptables.engine import yson_util
@@ -78,23 +79,29 @@ class TableSchema:
     def __post_init__(self) -> None:
         self.by_name.update({c.name: c for c in self.columns})
 
-    @property
+    # the derived views below are read for every row written: computed once per schema
+
+    @cached_property
     def key_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_key)
 
-    @property
+    @cached_property
     def value_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if not c.is_key)
 
-    @property
+    @cached_property
     def key_names(self) -> list[str]:
         return [c.name for c in self.key_columns]
 
-    @property
+    @cached_property
+    def required_value_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.value_columns if c.required)
+
+    @cached_property
     def is_sorted(self) -> bool:
         return bool(self.key_columns)
 
-    @property
+    @cached_property
     def lock_groups(self) -> list[str]:
         """Lock group names; index 0 is the primary lock (bit 0 of a lock mask)."""
         groups = [PRIMARY_LOCK]
@@ -103,10 +110,18 @@ class TableSchema:
                 groups.append(c.lock)
         return groups
 
+    @cached_property
+    def full_lock_mask(self) -> int:
+        return self._lock_mask([c.name for c in self.value_columns])
+
     def lock_mask(self, columns: list[str] | None) -> int:
         """The lock mask a write of ``columns`` takes; ``None`` means every column (overwrite)."""
+        if columns is None:
+            return self.full_lock_mask
+        return self._lock_mask(columns)
+
+    def _lock_mask(self, names: list[str]) -> int:
         groups = self.lock_groups
-        names = [c.name for c in self.value_columns] if columns is None else columns
         mask = 0
         for name in names:
             col = self.by_name[name]
@@ -178,10 +193,29 @@ class TableSchema:
         return cls(columns=tuple(columns), strict=strict, unique_keys=unique_keys)
 
 
+_PLAIN = frozenset({int, float, str, bool})
+#: the Python type a value of each column type has after validation (``any`` is stored as text)
+_FAST_TYPES: dict[ColumnType, type] = {ColumnType.INT64: int, ColumnType.UINT64: int, ColumnType.DOUBLE: float,
+                                       ColumnType.BOOLEAN: bool, ColumnType.STRING: str}
+_INT_RANGES: dict[ColumnType, tuple[float, float]] = {
+    ColumnType.INT64: (INT64_MIN, INT64_MAX), ColumnType.UINT64: (0, UINT64_STORABLE_MAX),
+    ColumnType.DOUBLE: (float("-inf"), float("inf")), ColumnType.BOOLEAN: (0, 1),
+    ColumnType.STRING: (0, 0), ColumnType.ANY: (0, 0)}
+
+
 def _coerce(value: Any, col: Column, path: str) -> Any:
     if value is None:
         return None
     t = col.type
+    # the common cases first: a value already of the column's Python type
+    vt = type(value)
+    if vt is int and (t is ColumnType.INT64 and INT64_MIN <= value <= INT64_MAX or
+                      t is ColumnType.UINT64 and 0 <= value <= UINT64_STORABLE_MAX):
+        return value
+    if vt is str and t is ColumnType.STRING:
+        return value
+    if vt is float and t is ColumnType.DOUBLE and not (col.is_key and value != value):
+        return value
     if t is ColumnType.INT64:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _type_error(value, col, path)
@@ -241,9 +275,11 @@ def validate_row(schema: TableSchema, row: Any, path: str, *, update: bool = Fal
     if not isinstance(row, dict):
         raise SchemaViolation(f"Row for table {path} must be a map, got {yson_util.type_name(row)}")
     out: dict[str, Any] = {}
+    by_name = schema.by_name
     for name, value in row.items():
-        name = yson_util.to_str(name)
-        col = schema.by_name.get(name)
+        if type(name) is not str:
+            name = yson_util.to_str(name)
+        col = by_name.get(name)
         if col is None:
             if name.startswith("$"):
                 continue
@@ -251,18 +287,26 @@ def validate_row(schema: TableSchema, row: Any, path: str, *, update: bool = Fal
                           code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": path})
         if key_only and not col.is_key:
             raise SchemaViolation(f"Column {name!r} of table {path} is not a key column")
-        value = yson_util.to_python(value)
-        if value is None and col.required:
-            raise SchemaViolation(f"Required column {name!r} of table {path} cannot have a null value",
-                                  attributes={"column": name, "path": path})
-        out[name] = _coerce(value, col, path)
-    for col in schema.key_columns:
-        if col.name not in out:
-            raise SchemaViolation(f"Missing key column {col.name!r} in a row of table {path}",
-                                  attributes={"column": col.name, "path": path})
+        if value is None:
+            if col.required:
+                raise SchemaViolation(f"Required column {name!r} of table {path} cannot have a null value",
+                                      attributes={"column": name, "path": path})
+            out[name] = None
+            continue
+        vt = type(value)
+        if vt is not _FAST_TYPES.get(col.type) or (vt is int and not _INT_RANGES[col.type][0] <= value
+                                                   <= _INT_RANGES[col.type][1]):
+            if vt not in _PLAIN:
+                value = yson_util.to_python(value)
+            value = _coerce(value, col, path)
+        out[name] = value
+    for key_name in schema.key_names:
+        if key_name not in out:
+            raise SchemaViolation(f"Missing key column {key_name!r} in a row of table {path}",
+                                  attributes={"column": key_name, "path": path})
     if not key_only:
-        for col in schema.value_columns:
-            if col.required and col.name not in out:
+        for col in schema.required_value_columns:
+            if col.name not in out:
                 raise SchemaViolation(f"Missing required column {col.name!r} in a row of table {path}",
                                       attributes={"column": col.name, "path": path})
     return out
@@ -270,6 +314,10 @@ def validate_row(schema: TableSchema, row: Any, path: str, *, update: bool = Fal
 
 def row_weight(row: dict[str, Any]) -> int:
     """An estimate of YT's row weight, to enforce the 16 MiB limit."""
+    # cheap bound first: a UTF-8 character takes at most 4 bytes
+    bound = sum(len(v) * 4 if type(v) is str else 8 for v in row.values()) + 64 * len(row)
+    if bound <= MAX_ROW_WEIGHT:
+        return bound
     weight = 0
     for name, value in row.items():
         if isinstance(value, str):

@@ -116,6 +116,36 @@ def sql_type(col_type: ColumnType) -> sa.types.TypeEngine[Any]:
     }[col_type]
 
 
+class BulkStatement:
+    """A statement compiled once for a dialect and run with ``executemany`` on plain tuples.
+
+    Building SQLAlchemy statements and per-row parameter dicts costs more than SQLite itself for a
+    10,000-row batch; the hot write paths (table upserts, versions, the replication queue) compile
+    their statements once and hand the DBAPI tuples in table-column order. The SQL is whatever the
+    dialect compiles, so the path stays dialect-neutral.
+    """
+
+    def __init__(self, stmt: sa.Executable, dialect: sa.Dialect) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.positional = bool(compiled.positional)
+        self.names: list[str] = list(compiled.positiontup or []) if self.positional else list(compiled.params)
+
+    def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
+        """``rows`` are tuples in the order of ``columns``."""
+        if not rows:
+            return
+        if self.positional and self.names == columns:
+            conn.exec_driver_sql(self.sql, rows)
+            return
+        index = {name: i for i, name in enumerate(columns)}
+        if self.positional:
+            order = [index[n] for n in self.names]
+            conn.exec_driver_sql(self.sql, [tuple(r[i] for i in order) for r in rows])
+        else:
+            conn.exec_driver_sql(self.sql, [{n: r[index[n]] for n in self.names} for r in rows])
+
+
 class UserTables:
     """The SQLAlchemy ``Table`` objects of one dynamic table (data, and versions when sorted)."""
 
@@ -127,7 +157,7 @@ class UserTables:
             cols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
                               nullable=not c.is_key, autoincrement=False) for c in schema.columns]
             self.data = sa.Table(sql_name, self.metadata, *cols,
-                                 sa.Column(TS, sa.BigInteger, nullable=False))
+                                 sa.Column(TS, sa.BigInteger, nullable=False), sqlite_with_rowid=False)
             vcols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
                                nullable=not c.is_key, autoincrement=False) for c in schema.columns]
             self.versions: sa.Table | None = sa.Table(
@@ -136,6 +166,7 @@ class UserTables:
                 sa.Column(DELETED, sa.Boolean, nullable=False),
                 sa.Column(LOCK_MASK, sa.Integer, nullable=False),
                 sa.Index(f"{sql_name}_versions_ts", TS),
+                sqlite_with_rowid=False,
             )
         else:
             cols = [sa.Column(c.name, sql_type(c.type), nullable=True) for c in schema.columns]
@@ -145,6 +176,7 @@ class UserTables:
                 sa.Column(ROW_INDEX, sa.BigInteger, primary_key=True, autoincrement=False),
                 sa.Column(TS, sa.BigInteger, nullable=False),
                 *cols,
+                sqlite_with_rowid=False,
             )
             self.versions = None
 
@@ -162,15 +194,50 @@ class UserTables:
             sa.Column(TS, sa.BigInteger, nullable=False),
             sa.Column(KIND, sa.String(16), nullable=False),
             sa.Column(PAYLOAD, sa.Text, nullable=False),
+            sqlite_with_rowid=False,
         )
         tables.versions = None
         return tables
+
+    def bulk(self, name: str, conn: sa.Connection) -> BulkStatement:
+        """A cached compiled statement: "insert:data", "upsert:data", "insert:versions"."""
+        cache = self.__dict__.setdefault("_bulk", {})
+        key = (name, conn.dialect.name)
+        stmt = cache.get(key)
+        if stmt is None:
+            kind, which = name.split(":")
+            table = self.data if which == "data" else self.versions
+            assert table is not None
+            stmt = cache[key] = BulkStatement(_upsert(table, conn.dialect) if kind == "upsert" else table.insert(),
+                                              conn.dialect)
+        return stmt
+
+    @property
+    def data_columns(self) -> list[str]:
+        return [c.name for c in self.data.columns]
+
+    @property
+    def version_columns(self) -> list[str]:
+        assert self.versions is not None
+        return [c.name for c in self.versions.columns]
 
     def create(self, conn: sa.Connection) -> None:
         self.metadata.create_all(conn)
 
     def drop(self, conn: sa.Connection) -> None:
         self.metadata.drop_all(conn)
+
+
+def _upsert(table: sa.Table, dialect: sa.Dialect) -> sa.Executable:
+    """INSERT ... ON CONFLICT (primary key) DO UPDATE: valid SQL for SQLite and PostgreSQL alike."""
+    if dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    stmt = dialect_insert(table)
+    keys = [c.name for c in table.primary_key.columns]
+    return stmt.on_conflict_do_update(index_elements=keys, set_={
+        c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
 
 
 class Storage:
@@ -184,11 +251,14 @@ class Storage:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
             kwargs["pool_size"] = 8
             kwargs["max_overflow"] = 8
+        # every transaction is ended explicitly, so returning a connection needs no rollback
+        kwargs["pool_reset_on_return"] = None
         self.engine = sa.create_engine(url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
         self.write_lock = threading.RLock()
+        self._writer: sa.Connection | None = None
         SYSTEM_METADATA.create_all(self.engine)
 
     @classmethod
@@ -200,16 +270,30 @@ class Storage:
     def write(self, durable: bool = True) -> Iterator[sa.Connection]:
         """One serialized write transaction; ``durable=False`` skips the fsync (durability=async)."""
         with self.write_lock:
-            with self.engine.connect() as conn:
-                relaxed = self.is_sqlite and not durable
-                if relaxed:
-                    _raw_pragma(conn, "PRAGMA synchronous=OFF")
-                try:
-                    with conn.begin():
-                        yield conn
-                finally:
-                    if relaxed:
-                        _raw_pragma(conn, "PRAGMA synchronous=FULL")
+            if self._writer is not None and self._writer.in_transaction():
+                # re-entrant use (a write inside a write): join the open transaction
+                yield self._writer
+                return
+            conn = self._writer_connection()
+            relaxed = self.is_sqlite and not durable
+            if relaxed:
+                _raw_pragma(conn, "PRAGMA synchronous=OFF")
+            try:
+                with conn.begin():
+                    yield conn
+            except sa.exc.DBAPIError as exc:
+                if exc.connection_invalidated:
+                    self._writer = None
+                raise
+            finally:
+                if relaxed and self._writer is not None:
+                    _raw_pragma(conn, "PRAGMA synchronous=FULL")
+
+    def _writer_connection(self) -> sa.Connection:
+        """The one connection all writes use (held under ``write_lock``): no pool checkout per commit."""
+        if self._writer is None or self._writer.closed:
+            self._writer = self.engine.connect()
+        return self._writer
 
     @contextmanager
     def read(self) -> Iterator[sa.Connection]:
@@ -227,6 +311,10 @@ class Storage:
             conn.execute(meta_table.insert().values(name=name, value=value))
 
     def close(self) -> None:
+        with self.write_lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         self.engine.dispose()
 
 

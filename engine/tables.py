@@ -128,6 +128,8 @@ class DynamicTable:
     replicated: bool = False
     #: a replica table accepts writes only from this upstream replica (None: from anyone)
     upstream_replica_id: str | None = None
+    #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
+    has_read_locks: bool = True
 
     @property
     def sorted(self) -> bool:
@@ -139,7 +141,10 @@ class DynamicTable:
 
 
     def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(row[name] for name in self.schema.key_names)
+        names = self.schema.key_names
+        if len(names) == 1:
+            return (row[names[0]],)
+        return tuple(row[name] for name in names)
 
     def tablet_of_key(self, key: tuple[Any, ...]) -> int:
         if len(self.pivot_keys) == 1:
@@ -149,7 +154,7 @@ class DynamicTable:
 
     def tablet_for_row(self, row: dict[str, Any], explicit: Any = None) -> int:
         if self.sorted:
-            return self.tablet_of_key(self.key_of(row))
+            return 0 if len(self.pivot_keys) == 1 else self.tablet_of_key(self.key_of(row))
         if explicit is not None:
             if isinstance(explicit, bool) or not isinstance(explicit, int):
                 raise SchemaViolation(f"$tablet_index must be an integer tablet index, got {explicit!r}",
@@ -198,7 +203,7 @@ class DynamicTable:
         for key, mask in changed.items():
             if _masks_conflict(mask, writes[key].mask):
                 return key, "a write with a timestamp greater than the transaction start timestamp"
-        if any(not w.shared for w in writes.values()):
+        if self.has_read_locks and any(not w.shared for w in writes.values()):
             rl = read_locks_table
             stmt = sa.select(rl.c.row_key, rl.c.lock_mask).where(
                 rl.c.table_id == self.table_id, rl.c.timestamp > start_ts)
@@ -224,11 +229,11 @@ class DynamicTable:
         """Append changes to the replication queue of one tablet, in commit order."""
         counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
         start = counts[0]
-        rows = [{TABLET_INDEX: tablet_index, ROW_INDEX: start + i, TS: commit_ts, KIND: w.kind.value,
-                 PAYLOAD: json.dumps({"row": w.row, "update": w.update})}
+        dumps = json.dumps
+        rows = [(tablet_index, start + i, commit_ts, w.kind.value, dumps({"row": w.row, "update": w.update}))
                 for i, w in enumerate(x for x in writes if x.kind is not WriteKind.LOCK)]
         if rows:
-            conn.execute(self.sql.data.insert(), rows)
+            self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
             conn.execute(tablets_table.update().where(
                 tablets_table.c.table_id == self.table_id,
                 tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
@@ -240,7 +245,9 @@ class DynamicTable:
         stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
                 .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
                 .order_by(data.c[ROW_INDEX]).limit(limit))
-        return [QueueEntry(r[0], r[1], r[2], r[3]) for r in conn.execute(stmt)]
+        # a batch is up to 90,000 rows: plain tuples from the driver, no ORM-style row objects
+        result = conn.execute(stmt)
+        return [QueueEntry(*r) for r in result.cursor.fetchall()] if result.cursor is not None else []
 
     def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
         """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
@@ -252,9 +259,19 @@ class DynamicTable:
         """Drop queue rows below ``below_row`` committed at or before ``not_after_ts``."""
         data = self.sql.data
         counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
-        last = conn.execute(sa.select(sa.func.max(data.c[ROW_INDEX])).where(
-            data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] < below_row,
-            data.c[TS] <= not_after_ts)).scalar()
+        oldest = self.first_timestamp_from(conn, tablet_index, counts[1])
+        if oldest is None or oldest > not_after_ts:
+            return 0  # nothing old enough: no scan
+        # timestamps grow along the queue: binary search the last row old enough to go
+        low, high = counts[1], below_row - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            ts = self.first_timestamp_from(conn, tablet_index, middle)
+            if ts is not None and ts <= not_after_ts:
+                low = middle
+            else:
+                high = middle - 1
+        last = low
         if last is None or last + 1 <= counts[1]:
             return 0
         removed = conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
@@ -266,69 +283,47 @@ class DynamicTable:
         return removed
 
     def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int) -> int:
-        data, versions = self.sql.data, self.sql.versions
-        assert versions is not None
+        data = self.sql.data
         keys = self.schema.key_names
-        values = [c.name for c in self.schema.value_columns]
+        names = [c.name for c in self.schema.columns]
         updates = [w for w in writes if w.kind is WriteKind.WRITE and w.update]
         current: dict[tuple[Any, ...], dict[str, Any]] = {}
         if updates:
             current = self._fetch_latest(conn, [self.key_of(w.row) for w in updates])
-        upserts: list[dict[str, Any]] = []
-        deletes: list[dict[str, Any]] = []
-        version_rows: list[dict[str, Any]] = []
+        upserts: list[tuple[Any, ...]] = []
+        deletes: list[tuple[Any, ...]] = []
+        version_rows: list[tuple[Any, ...]] = []
         lock_rows: list[dict[str, Any]] = []
         for w in writes:
+            row = w.row
             if w.kind is WriteKind.LOCK:
                 if w.strong or not w.shared:
                     lock_rows.append({"table_id": self.table_id,
-                                      "row_key": yson_util.dumps_text(list(self.key_of(w.row))),
+                                      "row_key": yson_util.dumps_text(list(self.key_of(row))),
                                       "lock_mask": w.mask, "timestamp": commit_ts})
                 continue
             if w.kind is WriteKind.DELETE:
-                key_part = {k: w.row[k] for k in keys}
-                deletes.append(key_part)
-                version_rows.append({**key_part, **dict.fromkeys(values), TS: commit_ts,
-                                     DELETED: True, LOCK_MASK: w.mask})
+                image = tuple(row[n] if n in keys else None for n in names)
+                deletes.append(tuple(row[k] for k in keys))
+                version_rows.append((*image, commit_ts, True, w.mask))
                 continue
             if w.update:
-                image = dict(current.get(self.key_of(w.row)) or dict.fromkeys(values))
-                image.update(w.row)
+                merged = dict(current.get(self.key_of(row)) or {})
+                merged.update(row)
+                image = tuple(merged.get(n) for n in names)
             else:
-                image = {**dict.fromkeys(values), **w.row}
-            upserts.append({**image, TS: commit_ts})
-            version_rows.append({**image, TS: commit_ts, DELETED: False, LOCK_MASK: w.mask})
+                image = tuple(row.get(n) for n in names)
+            upserts.append((*image, commit_ts))
+            version_rows.append((*image, commit_ts, False, w.mask))
         if deletes:
             for chunk in _chunks(deletes):
-                conn.execute(data.delete().where(
-                    sa.tuple_(*[data.c[k] for k in keys]).in_([tuple(d[k] for k in keys) for d in chunk])))
-        if upserts:
-            self._upsert(conn, upserts)
-        if version_rows:
-            conn.execute(versions.insert(), version_rows)
+                conn.execute(data.delete().where(sa.tuple_(*[data.c[k] for k in keys]).in_(chunk)))
+        self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS])
+        self.sql.bulk("insert:versions", conn).run(conn, version_rows, [*names, TS, DELETED, LOCK_MASK])
         if lock_rows:
             self._record_locks(conn, lock_rows)
+            self.has_read_locks = True
         return len(upserts) + len(deletes)
-
-    def _upsert(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
-        data = self.sql.data
-        keys = self.schema.key_names
-        dialect = conn.dialect.name
-        if dialect in ("sqlite", "postgresql"):
-            if dialect == "sqlite":
-                from sqlalchemy.dialects.sqlite import insert as dialect_insert
-            else:
-                from sqlalchemy.dialects.postgresql import insert as dialect_insert
-            stmt = dialect_insert(data)
-            non_keys = [c.name for c in data.columns if c.name not in keys]
-            stmt = stmt.on_conflict_do_update(index_elements=keys,
-                                              set_={n: stmt.excluded[n] for n in non_keys})
-            conn.execute(stmt, rows)
-            return
-        for chunk in _chunks(rows):
-            conn.execute(data.delete().where(
-                sa.tuple_(*[data.c[k] for k in keys]).in_([tuple(r[k] for k in keys) for r in chunk])))
-            conn.execute(data.insert(), chunk)
 
     def _record_locks(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         rl = read_locks_table
@@ -343,13 +338,10 @@ class DynamicTable:
                        tablet_index: int) -> int:
         counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
         start = counts[0]
-        rows = []
-        for i, w in enumerate(writes):
-            row = {c.name: w.row.get(c.name) for c in self.schema.columns}
-            row.update({TABLET_INDEX: tablet_index, ROW_INDEX: start + i, TS: commit_ts})
-            rows.append(row)
+        names = [c.name for c in self.schema.columns]
+        rows = [(tablet_index, start + i, commit_ts, *(w.row.get(n) for n in names)) for i, w in enumerate(writes)]
         if rows:
-            conn.execute(self.sql.data.insert(), rows)
+            self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, *names])
             conn.execute(tablets_table.update().where(
                 tablets_table.c.table_id == self.table_id,
                 tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))

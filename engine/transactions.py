@@ -163,6 +163,27 @@ class TabletTransaction:
                           f"{MAX_TRANSACTION_LIFETIME:.0f} s and can no longer be used",
                           code=ErrorCode.INVALID_TRANSACTION_STATE)
 
+    def add_many(self, table: DynamicTable, path: str, writes: list[tuple[int, RowWrite]]) -> None:
+        """Buffer a batch of writes of one table (the hot path of insert_rows)."""
+        if self.row_count + len(writes) > MAX_ROWS_PER_TRANSACTION:
+            raise YtError(f"Transaction {self.id} exceeds the limit of {MAX_ROWS_PER_TRANSACTION} rows",
+                          code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION,
+                          attributes={"limit": MAX_ROWS_PER_TRANSACTION})
+        self.row_count += len(writes)
+        self.tables[table.table_id] = (table, path)
+        buckets = self.writes
+        key_of = table.key_of
+        for tablet, write in writes:
+            bucket = buckets.get((table.table_id, tablet))
+            if bucket is None:
+                bucket = buckets[(table.table_id, tablet)] = {}
+            if not table.sorted:
+                bucket[len(bucket)] = write
+                continue
+            key = key_of(write.row)
+            prev = bucket.get(key)
+            bucket[key] = write if prev is None else _merge(prev, write)
+
     def add(self, table: DynamicTable, path: str, tablet: int, write: RowWrite) -> None:
         """Buffer a write, merging it with earlier writes of the same key (last one wins)."""
         if self.row_count >= MAX_ROWS_PER_TRANSACTION:
@@ -246,6 +267,8 @@ class TransactionManager:
         self._remote_prepared: dict[str, int] = {}
         #: when each of them was prepared (or re-held after a restart), by this process' clock
         self._remote_held_since: dict[str, float] = {}
+        #: remotely coordinated transactions aborted here recently: id -> when (monotonic)
+        self._aborted_remote: dict[str, float] = {}
         self.replication: ReplicationHooks | None = None
 
     # -- timestamps and visibility -----------------------------------------------------------------
@@ -505,6 +528,9 @@ class TransactionManager:
                             writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any]) -> None:
         """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write)."""
         with self.storage.write() as conn:
+            if tx_id in self._aborted_remote:
+                raise YtError(f"Transaction {tx_id} was already aborted by its coordinator {coordinator}",
+                              code=ErrorCode.INVALID_TRANSACTION_STATE, attributes={"transaction_id": tx_id})
             if conn.execute(sa.select(prepared_table.c.transaction_id).where(
                     prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == table.table_id)).first():
                 return
@@ -555,6 +581,11 @@ class TransactionManager:
 
     def abort_participant(self, tx_id: str) -> None:
         with self.storage.write() as conn:
+            # remembered so that a prepare arriving after its abort (a slow network) is refused
+            self._aborted_remote[tx_id] = time.monotonic()
+            cutoff = time.monotonic() - 2 * MAX_TRANSACTION_LIFETIME
+            for old in [t for t, at in self._aborted_remote.items() if at < cutoff]:
+                del self._aborted_remote[old]
             conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
         self._release_remote(tx_id)
 
@@ -588,7 +619,8 @@ class TransactionManager:
         return [(r.transaction_id, r.commit_timestamp, json.loads(r.participants)) for r in rows]
 
     def forget_decision(self, tx_id: str, remaining: list[dict[str, Any]]) -> None:
-        with self.storage.write() as conn:
+        # no fsync: a forgetting lost in a crash only makes the commit be sent again, which is a no-op
+        with self.storage.write(durable=False) as conn:
             if remaining:
                 conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
                              .values(participants=json.dumps(remaining)))

@@ -76,7 +76,15 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
                 attrs["start_replication_timestamp"] = spec.start_replication_timestamp
             replica_id = meta.call("create", {"type": "table_replica", "attributes": attrs})["node_id"]
             events.append(Event("Normal", "ReplicaCreated", f"table_replica {replica_id} of {table_path} created"))
-        events += _ensure_replica_table(remote, table, res, replica_id)
+        try:
+            events += _ensure_replica_table(remote, table, res, replica_id)
+        except YtError as exc:
+            # the replica cluster is down or refuses: still report what the meta-cluster knows
+            info = meta.get(f"#{replica_id}/@")
+            out = not_ready(res, "ReplicaClusterUnavailable", f"{spec.cluster}: {describe_error(exc)}", 5.0)
+            out.status = {**_status(res, replica_id, info), "conditions": out.status["conditions"]}
+            out.events = events + out.events
+            return out
         info = meta.get(f"#{replica_id}/@")
         if info.get("enable_replicated_table_tracker") != spec.enable_replicated_table_tracker:
             meta.set(f"#{replica_id}/@enable_replicated_table_tracker", spec.enable_replicated_table_tracker)

@@ -74,7 +74,10 @@ class TrackerLoop:
             return
         decision = tk.decide(*self.state.observe(tables, clusters, now))
         by_id = {t.table_id: owners[t.table_id] for t in tables}
-        for change in decision.changes:
+        # promotions first: demoting the dead sync replica before its successor is promoted would
+        # leave a moment with no sync replica at all (writes would get "no synchronous replicas")
+        ordered = sorted(decision.changes, key=lambda c: c.new_mode is not tk.ReplicaMode.SYNC)
+        for change in ordered:
             owner = by_id[change.table_id]
             try:
                 self.world.engines.client(owner.spec.cluster).call(

@@ -1,0 +1,658 @@
+"""reptables replicated tables against PostgreSQL 15 logical replication, side by side.
+
+Why
+---
+
+reptables re-implements YTsaurus replicated dynamic tables: a meta-cluster engine holds the
+table's replication queue, replicas live on other engines, async replicas are fed by the meta's
+replicator (batches of up to 90,000 rows), sync replicas are written inside each commit (2PC over
+HTTP). The issue's targets compare it with the replication most users know, PostgreSQL's logical
+replication: end-to-end replicated throughput >= 0.5x PostgreSQL's, and a single-row commit with
+one sync replica at p50 <= 5 ms. This benchmark measures both sides in one run, on the same rows,
+on the same machine, one system after the other.
+
+What is measured
+----------------
+
+Rows: 3 columns - ``k`` int64 key, ``v`` short string ``value-<k:012d>``, ``d`` double ``k * 0.5``
+(the rows of ``benchmarks/pg_logical.py`` and ``engine_bench.py``); ``--rows`` (1,000,000) rows in
+batches of ``--batch-size`` (10,000). Rows are made before any clock starts.
+
+1. **reptables, meta + 2 async replicas.** Three engines (meta, ``replica_0``, ``replica_1``) that
+   know each other via ``//sys/clusters``; a replicated table on the meta with two async replicas
+   (replica tables with ``upstream_replica_id``, enabled). The client writes every batch with
+   ``insert_rows(require_sync_replica=False)`` (one implicit tablet transaction each), from one
+   client thread, and again (on fresh engines) from 2 concurrent client threads that split the
+   batches round robin, each with its own ``Client``. The clock starts at the first batch:
+
+   * ``insert`` stops when the last ``insert_rows`` returned;
+   * ``end to end`` stops when every replica has every row. Polling starts after the last insert,
+     every ~50 ms: ``#<replica>/@tablets`` on the meta until, on every tablet,
+     ``current_replication_row_index >= flushed_row_count`` (the queue end after the last
+     insert); then each replica table is counted (``sum(1) ... group by 1``) to confirm it has
+     ``rows`` rows (if not, polling goes on with the count). The time recorded is that of the
+     poll that saw the replica complete, as ``pg_logical.py`` does.
+
+   The best honest figure of the thread counts (highest end-to-end rows/s) is the one compared,
+   and the table says which it is; every thread count's figures are printed and in the JSON.
+2. **reptables, meta + 1 sync + 1 async.** The same with ``replica_0`` a sync replica (waited for
+   until in sync before the clock starts) and ``replica_1`` async. ``require_sync_replica`` is
+   still ``False`` for a like-for-like request; every commit goes through 2PC with the sync
+   replica anyway.
+3. **PostgreSQL 15 logical replication** (:func:`benchmarks.pg_logical.run_logical_replication`):
+   one publisher, two subscribers, ``COPY`` batches of the same size, time until both
+   subscribers have every row. Its docstring explains why it is a fair peer.
+4. **Single-row commit latency with one sync replica**: a meta and one sync replica (two
+   engines); sequential ``insert_rows`` of one row each (``require_sync_replica`` at its default,
+   true), ``--latency-samples`` of them after a warm-up; p50/p99 nearest rank. Beside it,
+   PostgreSQL with the subscriber as synchronous standby
+   (:func:`benchmarks.pg_logical.run_sync_commit_latency`).
+
+Only the figures with a verified end state count: after the clocks stop (untimed) every replica
+is read back in chunks of 100,000 keys and compared row by row with the rows written (count,
+and every ``k``, ``v``, ``d``); PostgreSQL checks a checksum on every server. A retriable answer
+(105 unavailable, 1700 row lock conflict, 1732 sync replica not in sync - codes the official
+``yt.wrapper`` retries for dynamic tables too) is retried at most 5 times with exponential backoff
+(0.25 s doubling), the time of the failed attempts and of the backoff staying inside the clock,
+and is counted by code in the table.
+
+Ratios are reptables' end-to-end rows/s over PostgreSQL's (the same PostgreSQL figure for both
+reptables scenarios: PostgreSQL has no sync-plus-async mode for logical subscribers).
+
+How it runs
+-----------
+
+Each scenario gets fresh engines (``benchmarks/_clusters.py``: ``python -m reptables.operator.cli
+engine serve --log-level warning`` on free loopback ports, own sessions, stopped by pid); then the
+PostgreSQL servers run (``pg_logical.py``: ``pg_ctl`` on their data dirs). Nothing runs
+concurrently: each system is stopped before the next starts, since the machine has 2 cores that
+every server and the client share. The engines' pids are printed to stderr when they start, so
+they can be profiled (``py-spy dump --pid``). Every loop is bounded in count and in time;
+temporary directories are removed at the end.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/replication_vs_pg.py                 # full run, 1,000,000 rows
+    .venv/bin/python benchmarks/replication_vs_pg.py --rows 50000 --latency-samples 200
+    .venv/bin/python benchmarks/replication_vs_pg.py --json out.json --skip-pg
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from reptables.engine.client import Client
+from reptables.engine.errors import ErrorCode, YtError
+
+try:
+    from benchmarks import pg_logical
+    from benchmarks._clusters import EngineSet, wait_until
+except ImportError:  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import pg_logical
+    from benchmarks._clusters import EngineSet, wait_until
+
+SCHEMA: list[dict[str, Any]] = [
+    {"name": "k", "type": "int64", "sort_order": "ascending"},
+    {"name": "v", "type": "string"},
+    {"name": "d", "type": "double"},
+]
+TABLE = "//tmp/bench_replicated"
+REPLICA_TABLE = "//tmp/bench_replica"
+
+TARGET_RATIO = 0.5
+TARGET_COMMIT_P50_MS = 5.0
+
+#: answers a YT client retries (yt.wrapper's dynamic-table retries include these codes), with backoff
+RETRY_ATTEMPTS = 6
+RETRY_BACKOFF_S = 0.25  # doubled after every failed attempt: at most 0.25 + 0.5 + 1 + 2 + 4 s of waiting
+RETRIABLE_CODES = {ErrorCode.UNAVAILABLE, ErrorCode.SYNC_REPLICA_NOT_IN_SYNC, ErrorCode.TRANSACTION_LOCK_CONFLICT}
+POLL_INTERVAL_S = 0.05
+VERIFY_CHUNK = 100_000
+LATENCY_WARMUP = 20
+
+Row = dict[str, Any]
+
+
+# -- rows ------------------------------------------------------------------------------------------
+
+
+def make_batches(rows: int, batch_size: int) -> list[list[Row]]:
+    """The benchmark's rows as ``insert_rows`` dicts: exactly pg_logical.make_rows' values."""
+    return [[{"k": k, "v": v, "d": d} for k, v, d in pg_logical.make_rows(start, min(batch_size, rows - start))]
+            for start in range(0, rows, batch_size)]
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100), as in engine_bench.py and pg_logical.py."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    return ordered[max(1, math.ceil(p / 100.0 * len(ordered))) - 1]
+
+
+def load_average() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- retries and engine metrics --------------------------------------------------------------------
+
+
+class Retries:
+    """Bounded retry of retriable answers (105, 1700, 1732) with exponential backoff, counted by code.
+
+    The time of failed attempts and of the backoff stays inside the clock: retries cost what they cost.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_code: dict[int, int] = {}
+        self.messages: list[str] = []
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_code.values())
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        for attempt in range(RETRY_ATTEMPTS):
+            try:
+                return fn()
+            except YtError as exc:
+                if exc.code not in RETRIABLE_CODES or attempt == RETRY_ATTEMPTS - 1:
+                    raise
+                with self._lock:
+                    self.by_code[exc.code] = self.by_code.get(exc.code, 0) + 1
+                    if len(self.messages) < 20:
+                        self.messages.append(f"{time.strftime('%H:%M:%S')} {exc.code}: {exc.message[:400]}")
+                time.sleep(RETRY_BACKOFF_S * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def summary(self) -> str:
+        return ", ".join(f"{n}x {code}" for code, n in sorted(self.by_code.items())) or "0"
+
+
+def engine_command_stats(url: str, command: str) -> tuple[float, int]:
+    """(seconds, requests) of ``command`` so far, from an engine's ``/metrics`` histogram."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0, 0
+    label = re.escape(f'{{command="{command}"}}')
+
+    def value(name: str) -> float:
+        m = re.search(f"^{name}{label} (\\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return value("reptables_request_seconds_sum"), int(value("reptables_request_seconds_count"))
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplicaCheck:
+    cluster: str
+    mode: str
+    replica_id: str
+    replicated_seconds: float  # from the first insert until this replica was seen complete
+    count: int = 0
+    rows_compared: int = 0  # rows read back and compared with the rows written
+    mismatches: int = 0
+    first_mismatch: str = ""
+
+    def ok(self, rows: int) -> bool:
+        return self.count == rows and self.rows_compared == rows and self.mismatches == 0
+
+
+@dataclass
+class ReplicationRun:
+    scenario: str  # "2 async" or "1 sync + 1 async"
+    threads: int
+    rows: int
+    batch_size: int
+    insert_seconds: float
+    replicated_seconds: float
+    batch_ms_p50: float
+    batch_ms_max: float
+    queue_rows: int  # flushed_row_count of the meta's queue after the last insert (> rows only after retries)
+    retries: int
+    retry_codes: str = "0"  # e.g. "2x 105, 1x 1700"
+    retry_messages: list[str] = field(default_factory=list)
+    meta_ms_per_batch: float | None = None  # the meta engine's own mean insert_rows time (its /metrics)
+    replicas: list[ReplicaCheck] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)
+    load_average: str = ""
+
+    @property
+    def insert_rows_per_s(self) -> float:
+        return self.rows / self.insert_seconds
+
+    @property
+    def end_to_end_rows_per_s(self) -> float:
+        return self.rows / self.replicated_seconds
+
+    @property
+    def verified(self) -> bool:
+        return len(self.replicas) == 2 and all(r.ok(self.rows) for r in self.replicas)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "insert_rows_per_s": self.insert_rows_per_s,
+                "end_to_end_rows_per_s": self.end_to_end_rows_per_s, "verified": self.verified}
+
+
+@dataclass
+class LatencyRun:
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    retries: int
+    retry_codes: str
+    meta_mean_ms: float | None  # the meta engine's own mean insert_rows time (its /metrics)
+    replica_count: int  # rows on the sync replica afterwards (samples + warm-up)
+    expected_count: int
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        return self.replica_count == self.expected_count
+
+
+# -- reptables: throughput -------------------------------------------------------------------------
+
+
+def _insert_all(es: EngineSet, batches: list[list[Row]], threads: int, retries: Retries,
+                timeout: float) -> tuple[float, float, list[float]]:
+    """Insert every batch from ``threads`` client threads (round robin).
+
+    Returns (perf_counter at the start, seconds until the last insert returned, every batch's seconds).
+    """
+    clients = [es.engines[es.meta_name].client() for _ in range(threads)]
+    times: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+    deadline = [0.0]
+
+    def work(i: int) -> None:
+        client = clients[i]
+        try:
+            barrier.wait(timeout=60)
+            for batch in batches[i::threads]:
+                if errors or time.monotonic() > deadline[0]:
+                    return
+                t = time.perf_counter()
+                retries.call(lambda b=batch: client.insert_rows(TABLE, b, require_sync_replica=False))
+                times[i].append(time.perf_counter() - t)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,), name=f"bench-client-{i}", daemon=True)
+               for i in range(threads)]
+    try:
+        for w in workers:
+            w.start()
+        deadline[0] = time.monotonic() + timeout
+        barrier.wait(timeout=60)
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join(timeout=max(1.0, deadline[0] - time.monotonic() + 60))
+        seconds = time.perf_counter() - t0
+    finally:
+        for c in clients:
+            c.close()
+    if errors:
+        raise errors[0]
+    if any(w.is_alive() for w in workers) or sum(len(t) for t in times) != len(batches):
+        raise TimeoutError(f"the inserts did not finish within {timeout:.0f} s")
+    return t0, seconds, [x for t in times for x in t]
+
+
+def _replica_count(client: Client, path: str) -> int:
+    found = client.select_rows(f"sum(1) AS c FROM [{path}] GROUP BY 1")
+    return int(found[0]["c"]) if found else 0
+
+
+def _verify_replica(client: Client, path: str, rows: int, check: ReplicaCheck) -> None:
+    """Untimed: count the replica, then read it back in key chunks and compare every row."""
+    check.count = _replica_count(client, path)
+    for start in range(0, rows, VERIFY_CHUNK):
+        end = min(rows, start + VERIFY_CHUNK)
+        got = client.select_rows(f"k, v, d FROM [{path}] WHERE k >= {start} AND k < {end}",
+                                 output_row_limit=VERIFY_CHUNK + 1)
+        got.sort(key=lambda r: r["k"])
+        expected = [{"k": k, "v": v, "d": d} for k, v, d in pg_logical.make_rows(start, end - start)]
+        check.rows_compared += len(got)
+        if got != expected:
+            want = {r["k"]: r for r in expected}
+            bad = [r for r in got if want.get(r["k"]) != r]
+            check.mismatches += len(bad) + abs(len(expected) - len(got))
+            if not check.first_mismatch:
+                missing = sorted(set(want) - {r["k"] for r in got})[:3]
+                check.first_mismatch = f"chunk {start}..{end}: got {len(got)} rows, missing keys {missing}, " \
+                                       f"first differing row {bad[0] if bad else None}"
+
+
+def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: int, sync_replica: bool, threads: int,
+                             base: Path, timeout: float = 1800.0) -> ReplicationRun:
+    """One scenario on fresh engines: meta + 2 replicas (``replica_0`` sync if ``sync_replica``)."""
+    scenario = "1 sync + 1 async" if sync_replica else "2 async"
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="reptables-repl-", dir=base) as tmp, EngineSet(Path(tmp)) as es:
+        log(f"      engines {es.pids()}")
+        es.replicated_table(TABLE, SCHEMA)
+        modes = {"replica_0": "sync" if sync_replica else "async", "replica_1": "async"}
+        ids = {cluster: es.replica(TABLE, cluster, REPLICA_TABLE, SCHEMA, mode=mode) for cluster, mode in modes.items()}
+        if sync_replica:
+            es.wait_in_sync(TABLE, ids["replica_0"])
+        meta_url = es.engines[es.meta_name].url
+        before = engine_command_stats(meta_url, "insert_rows")
+        retries = Retries()
+        load = load_average()
+
+        t0, insert_seconds, batch_times = _insert_all(es, batches, threads, retries, timeout)
+        after = engine_command_stats(meta_url, "insert_rows")
+
+        # poll: replication progress on the meta, then a count on the replica to confirm
+        done_at: dict[str, float] = {}
+        confirmed: set[str] = set()
+        queue_rows = [0]
+
+        def replicated() -> bool:
+            for cluster, replica_id in ids.items():
+                if cluster in confirmed:
+                    continue
+                if cluster not in done_at:
+                    tablets = es.meta.get(f"#{replica_id}/@tablets")
+                    queue_rows[0] = sum(t["flushed_row_count"] for t in tablets)
+                    if queue_rows[0] < rows or any(
+                            t["current_replication_row_index"] < t["flushed_row_count"] for t in tablets):
+                        continue
+                    done_at[cluster] = time.perf_counter()
+                if _replica_count(es.client(cluster), REPLICA_TABLE) == rows:
+                    confirmed.add(cluster)
+                else:  # progress said done but the rows are not all there yet: the count decides
+                    done_at.pop(cluster)
+            return len(confirmed) == len(ids)
+
+        wait_until(replicated, timeout, f"both replicas to have {rows:,} rows", POLL_INTERVAL_S)
+        checks = [ReplicaCheck(cluster, modes[cluster], ids[cluster], done_at[cluster] - t0) for cluster in ids]
+        replicated_seconds = max(c.replicated_seconds for c in checks)
+        for check in checks:
+            _verify_replica(es.client(check.cluster), REPLICA_TABLE, rows, check)
+        n = after[1] - before[1]
+        run = ReplicationRun(
+            scenario=scenario, threads=threads, rows=rows, batch_size=batch_size, insert_seconds=insert_seconds,
+            replicated_seconds=replicated_seconds, batch_ms_p50=percentile(batch_times, 50) * 1000.0,
+            batch_ms_max=max(batch_times) * 1000.0, queue_rows=queue_rows[0], retries=retries.count,
+            retry_codes=retries.summary(), retry_messages=retries.messages,
+            meta_ms_per_batch=(after[0] - before[0]) / n * 1000.0 if n else None,
+            replicas=checks, pids=es.pids(), load_average=f"{load} -> {load_average()}")
+    return run
+
+
+# -- reptables: single-row commit latency ----------------------------------------------------------
+
+
+def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> LatencyRun:
+    """Sequential single-row commits on a meta with one sync replica (two fresh engines)."""
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="reptables-lat-", dir=base) as tmp, \
+            EngineSet(Path(tmp), names=("meta", "replica_0")) as es:
+        log(f"      engines {es.pids()}")
+        es.replicated_table(TABLE, SCHEMA)
+        replica_id = es.replica(TABLE, "replica_0", REPLICA_TABLE, SCHEMA, mode="sync")
+        es.wait_in_sync(TABLE, replica_id)
+        retries = Retries()
+        meta_url = es.engines[es.meta_name].url
+        client = es.meta
+
+        def commit(k: int) -> None:
+            row = {"k": k, "v": f"value-{k:012d}", "d": k * 0.5}
+            retries.call(lambda: client.insert_rows(TABLE, [row]))
+
+        for i in range(LATENCY_WARMUP):
+            commit(-1 - i)
+        before = engine_command_stats(meta_url, "insert_rows")
+        deadline = time.monotonic() + timeout
+        times: list[float] = []
+        for k in range(samples):
+            t = time.perf_counter()
+            commit(k)
+            times.append((time.perf_counter() - t) * 1000.0)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(times)} of {samples} commits took over {timeout:.0f} s")
+        after = engine_command_stats(meta_url, "insert_rows")
+        # a sync replica has the row when insert_rows returns; its count proves it
+        replica_count = _replica_count(es.client("replica_0"), REPLICA_TABLE)
+        n = after[1] - before[1]
+        return LatencyRun(samples=samples, p50_ms=percentile(times, 50), p99_ms=percentile(times, 99),
+                          mean_ms=sum(times) / len(times), min_ms=min(times), max_ms=max(times),
+                          retries=retries.count, retry_codes=retries.summary(),
+                          meta_mean_ms=(after[0] - before[0]) / n * 1000.0 if n else None,
+                          replica_count=replica_count, expected_count=samples + LATENCY_WARMUP, pids=es.pids())
+
+
+def run_reptables(rows: int, batch_size: int, thread_counts: Sequence[int], latency_samples: int, base: Path,
+                  timeout: float = 1800.0) -> dict[str, Any]:
+    """Every reptables measurement: {"2 async": [runs], "1 sync + 1 async": [runs], "latency": LatencyRun}."""
+    batches = make_batches(rows, batch_size)
+    out: dict[str, Any] = {}
+    for sync_replica in (False, True):
+        runs: list[ReplicationRun] = []
+        for threads in thread_counts:
+            name = "meta + 1 sync + 1 async" if sync_replica else "meta + 2 async"
+            log(f"[reptables] {name}: {rows:,} rows in batches of {batch_size:,}, {threads} client thread(s) ...")
+            run = run_reptables_throughput(batches, rows, batch_size, sync_replica, threads, base, timeout)
+            log(f"      insert {run.insert_rows_per_s:,.0f} rows/s, end to end {run.end_to_end_rows_per_s:,.0f} "
+                f"rows/s, verified {run.verified}, retries {run.retry_codes}")
+            runs.append(run)
+        out["1 sync + 1 async" if sync_replica else "2 async"] = runs
+    if latency_samples > 0:
+        log(f"[reptables] {latency_samples:,} single-row commits with one sync replica ...")
+        lat = run_reptables_latency(latency_samples, base, timeout)
+        log(f"      p50 {lat.p50_ms:.2f} ms, p99 {lat.p99_ms:.2f} ms")
+        out["latency"] = lat
+    return out
+
+
+def best_run(runs: Sequence[ReplicationRun]) -> ReplicationRun:
+    """The verified run with the highest end-to-end rows/s (else the fastest at all)."""
+    verified = [r for r in runs if r.verified] or list(runs)
+    return max(verified, key=lambda r: r.end_to_end_rows_per_s)
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Line:
+    figure: str
+    reptables: str
+    postgres: str = ""
+    ratio: str = ""
+    target: str = ""
+    status: str = ""
+    note: str = ""
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def build_lines(rep: dict[str, Any], pg_tp: pg_logical.PgThroughputResult | None,
+                pg_lat: pg_logical.PgLatencyResult | None) -> tuple[list[Line], bool]:
+    """The side-by-side table; the bool is whether every target with a figure was met."""
+    lines: list[Line] = []
+    all_ok = True
+    pg_e2e = pg_tp.end_to_end_rows_per_s if pg_tp is not None else None
+    for key in ("2 async", "1 sync + 1 async"):
+        runs: list[ReplicationRun] = rep.get(key, [])
+        if not runs:
+            continue
+        best = best_run(runs)
+        for run in runs:
+            lines.append(Line(f"  insert on meta, {key}, {run.threads} thread(s)", _rate(run.insert_rows_per_s),
+                              note=f"batch p50 {run.batch_ms_p50:.0f} ms, meta engine "
+                                   f"{_ms(run.meta_ms_per_batch)} ms/batch, retries {run.retry_codes}"))
+            lines.append(Line(f"  end to end, {key}, {run.threads} thread(s)", _rate(run.end_to_end_rows_per_s),
+                              note=f"{run.replicated_seconds:.1f} s; replicas done at "
+                                   + ", ".join(f"{c.cluster} ({c.mode}) {c.replicated_seconds:.1f} s"
+                                               for c in run.replicas)
+                                   + ("" if run.verified else "; NOT VERIFIED")))
+        ratio = best.end_to_end_rows_per_s / pg_e2e if pg_e2e else None
+        ok = ratio is not None and ratio >= TARGET_RATIO and best.verified
+        all_ok &= ok or ratio is None
+        lines.append(Line(f"insert rows/s, {key}", _rate(best.insert_rows_per_s),
+                          _rate(pg_tp.insert_rows_per_s) if pg_tp else "-",
+                          note=f"best: {best.threads} client thread(s); PostgreSQL: COPY into the publisher"))
+        lines.append(Line(f"end-to-end rows/s, {key}", _rate(best.end_to_end_rows_per_s), _rate(pg_e2e),
+                          "-" if ratio is None else f"{ratio:.2f}x", f">= {TARGET_RATIO}x",
+                          "" if ratio is None else ("PASS" if ok else "MISS"),
+                          f"best: {best.threads} client thread(s); verified {best.verified}; PostgreSQL: 2 "
+                          "subscribers" + ("" if pg_tp is None else f", verified {pg_tp.verified}")))
+    lat: LatencyRun | None = rep.get("latency")
+    if lat is not None:
+        ok = lat.p50_ms <= TARGET_COMMIT_P50_MS and lat.verified
+        all_ok &= ok
+        lines.append(Line("single-row commit p50 ms, 1 sync replica", _ms(lat.p50_ms),
+                          _ms(pg_lat.p50_ms) if pg_lat else "-", "", f"<= {TARGET_COMMIT_P50_MS:g} ms",
+                          "PASS" if ok else "MISS",
+                          f"{lat.samples:,} commits; meta engine mean {_ms(lat.meta_mean_ms)} ms; retries "
+                          f"{lat.retry_codes}; PostgreSQL: subscriber as synchronous standby"
+                          + (f" ({pg_lat.sync_state})" if pg_lat else "")))
+        lines.append(Line("single-row commit p99 ms, 1 sync replica", _ms(lat.p99_ms),
+                          _ms(pg_lat.p99_ms) if pg_lat else "-",
+                          note=f"mean {lat.mean_ms:.2f}, max {lat.max_ms:.2f}" + (
+                              f"; PostgreSQL mean {pg_lat.mean_ms:.2f}, max {pg_lat.max_ms:.2f}" if pg_lat else "")))
+    return lines, all_ok
+
+
+def print_lines(lines: list[Line], out: Any = sys.stdout) -> None:
+    head = Line("figure", "reptables", "PostgreSQL 15", "ratio", "target", "")
+    cols = ("figure", "reptables", "postgres", "ratio", "target", "status")
+    widths = [max(len(getattr(x, c)) for x in [head, *lines]) for c in cols]
+    rule = "  ".join("-" * w for w in widths)
+
+    def render(x: Line) -> str:
+        cells = [getattr(x, c) for c in cols]
+        text = "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w)
+                         for i, (v, w) in enumerate(zip(cells, widths, strict=True)))
+        return (text + (f"  ({x.note})" if x.note else "")).rstrip()
+
+    print(rule, file=out)
+    print(render(head), file=out)
+    print(rule, file=out)
+    for x in lines:
+        print(render(x), file=out)
+    print(rule, file=out)
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # so the finally blocks stop every server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows written in each throughput run")
+    p.add_argument("--batch-size", type=int, default=10_000, help="rows per insert_rows / COPY transaction")
+    p.add_argument("--threads", default="1,2", help="client thread counts tried for reptables (default 1,2)")
+    p.add_argument("--latency-samples", type=int, default=1000, help="single-row commits timed (0 skips it)")
+    p.add_argument("--skip-pg", action="store_true", help="measure reptables only")
+    p.add_argument("--skip-reptables", action="store_true", help="measure PostgreSQL only")
+    p.add_argument("--timeout", type=float, default=1800.0, help="bound of each insert phase and each wait (s)")
+    p.add_argument("--workdir", type=Path, default=None, help="parent of the temporary data directories "
+                   "(default: the system temp dir; use a real disk, not tmpfs)")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write every figure as JSON")
+    args = p.parse_args(argv)
+    try:
+        thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
+    except ValueError:
+        p.error("--threads must be a comma-separated list of integers")
+    if args.rows < 1 or args.batch_size < 1 or args.latency_samples < 0 or not thread_counts \
+            or min(thread_counts) < 1:
+        p.error("--rows, --batch-size and --threads must be positive, --latency-samples >= 0")
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    base = args.workdir or Path(tempfile.gettempdir())
+    started = time.perf_counter()
+    load_start = load_average()
+
+    rep: dict[str, Any] = {}
+    if not args.skip_reptables:
+        rep = run_reptables(args.rows, args.batch_size, thread_counts, args.latency_samples, base, args.timeout)
+    pg_tp: pg_logical.PgThroughputResult | None = None
+    pg_lat: pg_logical.PgLatencyResult | None = None
+    if not args.skip_pg:
+        log(f"[PostgreSQL] logical replication: {args.rows:,} rows in COPY batches of {args.batch_size:,}, "
+            "publisher + 2 subscribers ...")
+        pg_tp = pg_logical.run_logical_replication(args.rows, args.batch_size, args.workdir)
+        log(f"      {pg_tp.server_version}; insert {pg_tp.insert_rows_per_s:,.0f} rows/s, end to end "
+            f"{pg_tp.end_to_end_rows_per_s:,.0f} rows/s, verified {pg_tp.verified}")
+        if args.latency_samples > 0:
+            log(f"[PostgreSQL] {args.latency_samples:,} single-row commits, subscriber as synchronous standby ...")
+            pg_lat = pg_logical.run_sync_commit_latency(args.latency_samples, args.workdir)
+            log(f"      p50 {pg_lat.p50_ms:.2f} ms, p99 {pg_lat.p99_ms:.2f} ms")
+
+    lines, all_ok = build_lines(rep, pg_tp, pg_lat)
+    total = time.perf_counter() - started
+    print()
+    print(f"replicated tables: reptables vs PostgreSQL 15 logical replication ({args.rows:,} rows, batches of "
+          f"{args.batch_size:,}; {total:.0f} s; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}; "
+          f"load average {load_start} at start, {load_average()} at end)")
+    print_lines(lines)
+    print("all targets met" if all_ok else "targets missed: "
+          + ", ".join(x.figure for x in lines if x.status == "MISS"))
+    verified = all(r.verified for runs in (rep.get("2 async", []), rep.get("1 sync + 1 async", [])) for r in runs) \
+        and (rep.get("latency") is None or rep["latency"].verified) and (pg_tp is None or pg_tp.verified)
+    if not verified:
+        print("WARNING: some end state did not verify; see the notes and the JSON")
+    if args.json is not None:
+        payload = {
+            "config": {"rows": args.rows, "batch_size": args.batch_size, "threads": thread_counts,
+                       "latency_samples": args.latency_samples, "cpus": os.cpu_count(), "seconds": total},
+            "reptables": {key: ([r.to_json() for r in value] if isinstance(value, list)
+                                else {**asdict(value), "verified": value.verified})
+                          for key, value in rep.items()},
+            "postgresql": {"throughput": None if pg_tp is None else {**asdict(pg_tp), "verified": pg_tp.verified},
+                           "sync_commit_latency": None if pg_lat is None else asdict(pg_lat)},
+            "figures": [asdict(x) for x in lines],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0 if verified else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

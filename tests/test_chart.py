@@ -1,0 +1,637 @@
+"""Packaging: the Helm chart, the Dockerfile and the kind e2e script, checked without a cluster.
+
+* Always: Chart.yaml, values.yaml against values.schema.json, the chart's CRDs against crds/, the
+  templates' YAML structure (template directives stripped), the RBAC template's rules, the hardened
+  security defaults, the Dockerfile, hack/e2e-kind.sh (bash -n, shellcheck when installed).
+* Always: the operator's RBAC is exactly what it uses. ``reptables operator`` runs as a real
+  process against the Kubernetes API emulator of tests/k8s with two real engines, goes through
+  create, status, tracker and deletion of every kind, and every request it makes must be allowed
+  by the chart's rules, and every rule (but the ``get`` granted with list/watch) must have been used.
+* With helm (``$HELM``, ``helm`` on PATH, or ``.venv/bin/helm``): ``helm lint`` and ``helm template``
+  for the modes the chart has; the rendered RBAC must equal the expected rules, the rendered
+  TableClusters and kopf peering objects are created through the emulator (CRD schema and CEL
+  validation), and the rendered command lines are accepted by the ``reptables`` CLI.
+
+Nothing here renders ``lookup`` against a cluster or runs a pod: that is hack/e2e-kind.sh's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import typer
+import yaml
+
+from tests.harness import EngineProcess, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "reptables"
+PEERING_CHART = CHART / "charts" / "kopf-peering-crds"
+API = "reptables.io/v1alpha1"
+
+
+def _find_helm() -> str | None:
+    for candidate in (os.environ.get("HELM"), shutil.which("helm"), str(ROOT / ".venv" / "bin" / "helm")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+HELM = _find_helm()
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed: the chart was not rendered")
+
+# --- expected RBAC -------------------------------------------------------------------------------
+
+READ = ("get", "list", "watch")
+NAMESPACED_KINDS = ("replicatedtables", "tablereplicas", "tablecollocations")
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def expected_rbac(all_namespaces: bool, peering: bool) -> tuple[set[Rule], set[Rule]]:
+    """(ClusterRole rules, rules of the Role in each watched namespace) the operator needs."""
+    cluster = {("reptables.io", "tableclusters", v) for v in (*READ, "patch")}
+    cluster |= {("reptables.io", "tableclusters/status", "patch"), ("", "events", "create")}
+    cluster |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in READ}
+    namespaced = {("reptables.io", kind, v) for kind in NAMESPACED_KINDS for v in (*READ, "patch")}
+    namespaced |= {("reptables.io", f"{kind}/status", "patch") for kind in NAMESPACED_KINDS}
+    namespaced |= {("", "secrets", v) for v in READ}
+    if all_namespaces:
+        if peering:
+            namespaced |= {("kopf.dev", "clusterkopfpeerings", v) for v in (*READ, "patch")}
+        return cluster | namespaced, set()
+    if peering:
+        namespaced |= {("kopf.dev", "kopfpeerings", v) for v in (*READ, "patch")}
+    return cluster | {("", "namespaces", v) for v in READ}, namespaced
+
+
+def flatten_rules(rules: list[dict[str, Any]]) -> set[Rule]:
+    flat = set()
+    for rule in rules:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), rule
+                    flat.add((group, resource, verb))
+    return flat
+
+
+def operator_args(namespaces: list[str], all_namespaces: bool, peering: str | None,
+                  health_port: int = 8080, metrics_port: int = 8081) -> list[str]:
+    """The ``reptables operator`` arguments the chart's Deployment renders (checked in test_helm_*)."""
+    args = ["operator"]
+    args += ["--all-namespaces"] if all_namespaces else [f"--namespace={ns}" for ns in namespaces]
+    args += [f"--peering={peering}"] if peering else ["--standalone"]
+    return args + [f"--liveness=http://0.0.0.0:{health_port}/healthz", f"--metrics-port={metrics_port}"]
+
+
+# --- template parsing without helm ---------------------------------------------------------------
+
+_COMMENT = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", re.S)
+_ACTION = re.compile(r"\{\{.*?\}\}")
+
+
+def strip_template(text: str) -> str:
+    """The literal YAML of a template: comments and directive-only lines dropped, actions -> a word."""
+    lines = []
+    for line in _COMMENT.sub("", text).splitlines():
+        if line.strip() and not _ACTION.sub("", line).strip():
+            continue
+        lines.append(_ACTION.sub("TEMPLATED", line))
+    return "\n".join(lines)
+
+
+def template_documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(strip_template((CHART / "templates" / name).read_text())) if d]
+
+
+def load_values() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def schema_validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+# --- Chart.yaml, values, schema, CRDs --------------------------------------------------------------
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2" and chart["name"] == "reptables" and chart["type"] == "application"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", chart["version"])
+    assert chart["appVersion"] == project["version"], "the image tag defaults to appVersion = the package version"
+    assert chart["kubeVersion"].startswith(">=1.25")
+    assert chart["description"]
+    assert [d["name"] for d in chart["dependencies"]] == ["kopf-peering-crds"]
+    sub = yaml.safe_load((PEERING_CHART / "Chart.yaml").read_text())
+    assert sub["name"] == "kopf-peering-crds" and sub["version"] == chart["dependencies"][0]["version"]
+    assert not (PEERING_CHART / "templates").exists(), "the peering subchart only ships CRDs"
+
+
+def test_values_yaml_validates_against_the_schema() -> None:
+    errors = list(schema_validator().iter_errors(load_values()))
+    assert not errors, [e.message for e in errors]
+
+
+E2E_VALUES = {"operator": {"replicas": 2, "watch": {"namespaces": ["shop"]}},
+              "engines": [{"name": "primary", "clusterId": 0},
+                          {"name": "remote-0", "clusterId": 1, "storage": {"size": "1Gi", "storageClass": "fast"}},
+                          {"name": "remote-1", "clusterId": 2, "readOnly": True,
+                           "existingSecret": {"name": "remote-1-token", "key": "token"}}],
+              "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}}
+
+
+def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in overlay.items():
+        result[key] = merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return result
+
+
+def test_schema_accepts_a_full_configuration() -> None:
+    errors = list(schema_validator().iter_errors(merged(load_values(), E2E_VALUES)))
+    assert not errors, [e.message for e in errors]
+
+
+BAD_VALUES = [
+    ({"engines": [{"name": "primary", "clusterId": 128}]}, "128 is greater than the maximum of 127"),
+    ({"engines": [{"name": "primary", "clusterId": "1"}]}, "'1' is not of type 'integer'"),
+    ({"engines": [{"clusterId": 1}]}, "'name' is a required property"),
+    ({"engines": [{"name": "Primary", "clusterId": 1}]}, "does not match"),
+    ({"engines": [{"name": "primary", "clusterId": 1, "size": "1Gi"}]}, "Additional properties are not allowed"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "'Sometimes' is not one of"),
+    ({"operator": {"replicas": "2"}}, "'2' is not of type 'integer'"),
+    ({"operator": {"watch": {"allNamespaces": "yes"}}}, "'yes' is not of type 'boolean'"),
+    ({"operator": {"watch": {"namespaces": ["a", "a"]}}}, "has non-unique elements"),
+    ({"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}, "does not match"),
+    ({"engineDefaults": {"storage": {"size": "ten gigs"}}}, "does not match"),
+    ({"replicaCount": 2}, "Additional properties are not allowed"),
+]
+
+
+@pytest.mark.parametrize(("overlay", "message"), BAD_VALUES, ids=[str(i) for i in range(len(BAD_VALUES))])
+def test_schema_rejects_bad_values(overlay: dict[str, Any], message: str) -> None:
+    errors = [e.message for e in schema_validator().iter_errors(merged(load_values(), overlay))]
+    assert any(message in e for e in errors), errors
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").iterdir()}
+    crds = {p.name: p.read_bytes() for p in (ROOT / "crds").iterdir()}
+    assert chart_crds == crds
+    kinds = {yaml.safe_load(text)["spec"]["names"]["kind"] for text in crds.values()}
+    assert kinds == {"TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation"}
+
+
+def test_kopf_peering_crds_match_what_kopf_expects() -> None:
+    from tests.k8s.emulator import KOPF_PEERING_CRDS
+
+    ours = list(yaml.safe_load_all((PEERING_CHART / "crds" / "kopf-peering.yaml").read_text()))
+    key = [(c["metadata"]["name"], c["spec"]["group"], c["spec"]["scope"], c["spec"]["names"]["kind"],
+            c["spec"]["names"]["plural"], [v["name"] for v in c["spec"]["versions"] if v["served"] and v["storage"]])
+           for c in ours]
+    assert key == [(c["metadata"]["name"], c["spec"]["group"], c["spec"]["scope"], c["spec"]["names"]["kind"],
+                    c["spec"]["names"]["plural"], ["v1"]) for c in KOPF_PEERING_CRDS]
+    for crd in ours:
+        status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status["x-kubernetes-preserve-unknown-fields"] is True  # kopf's keep-alives are free-form
+
+
+# --- templates without helm ------------------------------------------------------------------------
+
+
+def test_every_template_has_a_plausible_yaml_structure() -> None:
+    templates = sorted(p.name for p in (CHART / "templates").glob("*.yaml"))
+    assert templates == ["deployment.yaml", "engines.yaml", "peering.yaml", "rbac.yaml", "serviceaccount.yaml",
+                         "servicemonitor.yaml", "tableclusters.yaml"]
+    kinds = set()
+    for name in templates:
+        docs = template_documents(name)
+        assert docs, name
+        for doc in docs:
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), (name, doc)
+            assert doc["metadata"].get("name"), (name, doc)
+            kinds.add(doc["kind"])
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
+                     "Service", "Secret", "StatefulSet", "KopfPeering", "ClusterKopfPeering", "TableCluster",
+                     "ServiceMonitor"}
+
+
+def test_rbac_template_rules_without_helm() -> None:
+    """Every literal rule of the template (all branches at once) is one the operator needs."""
+    docs = template_documents("rbac.yaml")
+    union: set[Rule] = set()
+    for all_namespaces in (False, True):
+        for peering in (False, True):
+            cluster, role = expected_rbac(all_namespaces, peering)
+            union |= cluster | role
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            assert flatten_rules(doc["rules"]) <= union, doc["kind"]
+    assert "*" not in (CHART / "templates" / "rbac.yaml").read_text().replace("/*", "").replace("*/", "")
+
+
+def test_hardened_security_defaults() -> None:
+    values = load_values()
+    pod, container = values["podSecurityContext"], values["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 10001 and pod["fsGroup"] == 10001
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["allowPrivilegeEscalation"] is False and container["readOnlyRootFilesystem"] is True
+    assert container["capabilities"] == {"drop": ["ALL"]} and container["runAsNonRoot"] is True
+    for name, container_name in (("deployment.yaml", "operator"), ("engines.yaml", "engine")):
+        workload = next(d for d in template_documents(name) if d["kind"] in ("Deployment", "StatefulSet"))
+        spec = workload["spec"]["template"]["spec"]
+        (container_spec,) = [c for c in spec["containers"] if c["name"] == container_name]
+        assert {"name": "tmp", "mountPath": "/tmp"} in container_spec["volumeMounts"]
+        assert any(v["name"] == "tmp" and "emptyDir" in v for v in spec["volumes"])
+        text = (CHART / "templates" / name).read_text()
+        assert "toYaml .Values.podSecurityContext" in text or "toYaml $.Values.podSecurityContext" in text
+        assert "toYaml .Values.securityContext" in text or "toYaml $.Values.securityContext" in text
+
+
+# --- the operator's real requests against the chart's RBAC ------------------------------------------
+
+
+def _rbac_attributes(method: str, path: str, params: dict[str, str]) -> tuple[str, str, str, str | None] | None:
+    """(group, resource[/subresource], verb, namespace) of a resource request; None for discovery."""
+    match = re.fullmatch(r"/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?"
+                         r"/(?P<res>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?", path)
+    if match is None:
+        return None
+    res = match["res"] + (f"/{match['sub']}" if match["sub"] else "")
+    verb = {"GET": "watch" if params.get("watch") in ("true", "1") else ("get" if match["name"] else "list"),
+            "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+    return match["group"] or "", res, verb, match["ns"]
+
+
+def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None, all_namespaces: bool,
+                           operator_ns: str, app_ns: str) -> list[tuple[str, str, str, str | None]]:
+    from tests.k8s.emulator import K8sApi
+
+    schema = [{"name": "k", "type": "int64", "sortOrder": "ascending"}, {"name": "v", "type": "string"}]
+    engines = {name: EngineProcess(name, tmp_path / name, token=f"token-{name}-0123456789").start()
+               for name in ("primary", "remote-0")}
+    proc = None
+    try:
+        with K8sApi(namespaces=[operator_ns, app_ns, "default"]) as api:
+            if peering and all_namespaces:
+                api.create({"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": peering}})
+            elif peering:
+                for ns in (operator_ns, app_ns):
+                    api.create({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                                "metadata": {"name": peering, "namespace": ns}})
+            env = {**os.environ, "KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")),
+                   "REPTABLES_NAMESPACE": operator_ns, "POD_NAMESPACE": operator_ns, "POD_ID": "operator-0",
+                   "REPTABLES_STATUS_REFRESH": "1", "REPTABLES_TRACKER_PERIOD": "1", "PYTHONUNBUFFERED": "1"}
+            argv = [a for a in args if not a.startswith(("--liveness=", "--metrics-port="))]
+            argv += [f"--liveness=http://127.0.0.1:{free_port()}/healthz", f"--metrics-port={free_port()}"]
+            with (tmp_path / "operator.log").open("wb") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "reptables.operator.cli", *argv], stdout=log,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            for index, (name, engine) in enumerate(engines.items()):
+                api.create({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": f"{name}-token", "namespace": operator_ns},
+                            "stringData": {"token": engine.token}})
+                api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
+                            "spec": {"endpoint": engine.url, "clusterId": index,
+                                     "credentialsSecret": {"name": f"{name}-token"}}})
+            api.create({"apiVersion": API, "kind": "ReplicatedTable", "metadata": {"name": "t", "namespace": app_ns},
+                        "spec": {"cluster": "primary", "path": "//home/t", "schema": schema, "deletionPolicy": "Delete",
+                                 "replicatedTableOptions": {"enableReplicatedTableTracker": True}}})
+            api.create({"apiVersion": API, "kind": "TableReplica", "metadata": {"name": "t-r0", "namespace": app_ns},
+                        "spec": {"table": "t", "cluster": "remote-0", "replicaPath": "//home/t", "mode": "sync",
+                                 "deletionPolicy": "Delete"}})
+            api.create({"apiVersion": API, "kind": "TableCollocation", "metadata": {"name": "c", "namespace": app_ns},
+                        "spec": {"tables": ["t"]}})
+            objects = [("tableclusters", "primary", None), ("tableclusters", "remote-0", None),
+                       ("replicatedtables", "t", app_ns), ("tablereplicas", "t-r0", app_ns),
+                       ("tablecollocations", "c", app_ns)]
+
+            def ready(kind: str, name: str, ns: str | None) -> bool:
+                status = api.get(kind, name, ns).get("status") or {}
+                return any(c.get("type") == "Ready" and c.get("status") == "True"
+                           for c in status.get("conditions", []))
+
+            deadline = time.monotonic() + 90
+            while not all(ready(*o) for o in objects):
+                assert time.monotonic() < deadline, (tmp_path / "operator.log").read_text()[-4000:]
+                time.sleep(0.25)
+            api.wait_for(lambda: (api.get("replicatedtables", "t", app_ns).get("status") or {}).get("tracker"),
+                         timeout=30, message="the tracker's verdict in status")
+            for kind, name, ns in [objects[4], objects[3], objects[2], objects[0], objects[1]]:
+                api.delete(kind, name, ns)
+                api.wait_for_deletion(kind, name, ns, timeout=60)
+            requests = [r for r in list(api.emulator._requests) if "kopf" in r.headers.get("User-Agent", "")]
+            return [a for a in (_rbac_attributes(str(getattr(r.method, "value", r.method)).upper(), r.url.path,
+                                                 dict(r.params)) for r in requests) if a is not None]
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        for engine in engines.values():
+            engine.stop()
+
+
+@pytest.mark.parametrize("all_namespaces", [False, True], ids=["namespaced", "all-namespaces"])
+def test_operator_needs_exactly_the_chart_rbac(tmp_path: Path, all_namespaces: bool) -> None:
+    operator_ns, app_ns = "reptables-system", "shop"
+    namespaces = sorted({operator_ns, app_ns})
+    args = operator_args(namespaces, all_namespaces, "reptables")
+    used = _run_operator_scenario(tmp_path, args, "reptables", all_namespaces, operator_ns, app_ns)
+    cluster, role = expected_rbac(all_namespaces, peering=True)
+    denied = sorted({(g, r, v, ns) for g, r, v, ns in used
+                     if (g, r, v) not in cluster and not (ns in namespaces and (g, r, v) in role)}, key=str)
+    assert not denied, f"requests the chart's RBAC would forbid: {denied}"
+    unused = {(g, r, v) for g, r, v in cluster | role if v != "get"} - {(g, r, v) for g, r, v, _ in used}
+    assert not unused, f"rules the operator never used (not least privilege): {sorted(unused)}"
+    assert ("", "events", "create", "default") in used  # TableCluster events: why events are cluster-wide
+
+
+# --- helm --------------------------------------------------------------------------------------------
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    result = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def render(tmp_path: Path, values: dict[str, Any] | None = None, namespace: str = "reptables-system",
+           release: str = "rt", check: bool = True) -> list[dict[str, Any]] | str:
+    args = ["template", release, str(CHART), "--namespace", namespace, "--include-crds"]
+    if values is not None:
+        values_file = tmp_path / f"values-{len(list(tmp_path.glob('values-*')))}.yaml"
+        values_file.write_text(yaml.safe_dump(values))
+        args += ["--values", str(values_file)]
+    result = helm(*args, check=check)
+    if result.returncode != 0:
+        return result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
+    return doc
+
+
+@needs_helm
+@pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}}],
+                         ids=["defaults", "engines-ha", "all-namespaces"])
+def test_helm_lint(tmp_path: Path, values: dict[str, Any] | None) -> None:
+    args = ["lint", str(CHART), "--strict", "--namespace", "reptables-system"]
+    if values is not None:
+        (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+        args += ["--values", str(tmp_path / "values.yaml")]
+    result = helm(*args, check=False)
+    assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
+
+
+@needs_helm
+def test_helm_template_defaults(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert isinstance(docs, list)
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]
+    crds = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
+    assert crds == {"tableclusters.reptables.io", "replicatedtables.reptables.io", "tablereplicas.reptables.io",
+                    "tablecollocations.reptables.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "reptables:0.1.0"
+    assert container["command"] == ["reptables"]
+    assert container["args"] == operator_args(["reptables-system"], False, None)
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["REPTABLES_NAMESPACE"] == "reptables-system" and env["HOME"] == "/tmp"
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8080, "metrics": 8081}
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    _assert_hardened(pod, container)
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"] == "rt-reptables-operator"
+    assert one(docs, "Service")["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def _assert_hardened(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    sc = pod["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001 and sc["fsGroup"] == 10001
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    csc = container["securityContext"]
+    assert csc["allowPrivilegeEscalation"] is False and csc["readOnlyRootFilesystem"] is True
+    assert csc["capabilities"] == {"drop": ["ALL"]}
+    tmp = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/tmp"]
+    assert any(v["name"] == tmp and "emptyDir" in v for v in pod["volumes"])
+
+
+@needs_helm
+@pytest.mark.parametrize(("all_namespaces", "replicas"), [(False, 1), (False, 2), (True, 1), (True, 3)])
+def test_helm_rbac_is_exactly_the_expected_rules(tmp_path: Path, all_namespaces: bool, replicas: int) -> None:
+    values = {"operator": {"replicas": replicas, "watch": {"allNamespaces": all_namespaces,
+                                                         "namespaces": ["shop", "billing"]}}}
+    docs = render(tmp_path, values, namespace="ops")
+    assert isinstance(docs, list)
+    cluster, role = expected_rbac(all_namespaces, replicas > 1)
+    assert flatten_rules(one(docs, "ClusterRole")["rules"]) == cluster
+    roles = by_kind(docs, "Role")
+    bindings = by_kind(docs, "RoleBinding")
+    if all_namespaces:
+        assert roles == [] and bindings == []
+    else:
+        assert sorted(r["metadata"]["namespace"] for r in roles) == ["billing", "ops", "shop"]
+        for doc in roles:
+            assert flatten_rules(doc["rules"]) == role
+        assert sorted(b["metadata"]["namespace"] for b in bindings) == ["billing", "ops", "shop"]
+    for binding in [one(docs, "ClusterRoleBinding"), *bindings]:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rt-reptables-operator", "namespace": "ops"}]
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    peering = "rt-reptables" if replicas > 1 else None
+    assert container["args"] == operator_args(["billing", "ops", "shop"], all_namespaces, peering)
+    if replicas > 1 and all_namespaces:
+        assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterKopfPeering")] == ["rt-reptables"]
+        assert by_kind(docs, "KopfPeering") == []
+    elif replicas > 1:
+        assert sorted(d["metadata"]["namespace"] for d in by_kind(docs, "KopfPeering")) == ["billing", "ops", "shop"]
+    else:
+        assert by_kind(docs, "KopfPeering") == by_kind(docs, "ClusterKopfPeering") == []
+    strategy = one(docs, "Deployment")["spec"]["strategy"]["type"]
+    assert strategy == ("RollingUpdate" if replicas > 1 else "Recreate")
+
+
+@needs_helm
+def test_helm_engines(tmp_path: Path) -> None:
+    docs = render(tmp_path, E2E_VALUES)
+    assert isinstance(docs, list)
+    statefulsets = {d["metadata"]["name"]: d for d in by_kind(docs, "StatefulSet")}
+    assert set(statefulsets) == {"rt-reptables-primary", "rt-reptables-remote-0", "rt-reptables-remote-1"}
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    secrets = {d["metadata"]["name"]: d for d in by_kind(docs, "Secret")}
+    assert set(secrets) == {"rt-reptables-primary-token", "rt-reptables-remote-0-token"}  # remote-1: existing
+    for secret in secrets.values():
+        assert len(secret["data"]["token"]) > 40  # base64 of randAlphaNum 40
+    clusters = {d["metadata"]["name"]: d for d in by_kind(docs, "TableCluster")}
+    assert set(clusters) == {"primary", "remote-0", "remote-1"}
+    for engine in E2E_VALUES["engines"]:
+        name = f"rt-reptables-{engine['name']}"
+        sts = statefulsets[name]
+        assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == f"{name}-headless"
+        assert services[f"{name}-headless"]["spec"]["clusterIP"] == "None"
+        service = services[name]
+        assert service["spec"]["ports"] == [{"name": "http", "port": 9012, "targetPort": "http", "protocol": "TCP"}]
+        assert service["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+        assert sts["spec"]["template"]["metadata"]["labels"].items() >= service["spec"]["selector"].items()
+        pod = sts["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}", "--data-dir=/data",
+                                     "--port=9012", "--host=0.0.0.0"]
+        assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert pod["automountServiceAccountToken"] is False
+        _assert_hardened(pod, container)
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "data"
+        assert claim["spec"]["resources"]["requests"]["storage"] == engine.get("storage", {}).get("size", "10Gi")
+        assert claim["spec"].get("storageClassName") == engine.get("storage", {}).get("storageClass")
+        token = {e["name"]: e for e in container["env"]}["REPTABLES_TOKEN"]["valueFrom"]["secretKeyRef"]
+        cluster = clusters[engine["name"]]["spec"]
+        assert cluster["endpoint"] == f"http://{name}.reptables-system.svc.cluster.local:9012"
+        assert cluster["credentialsSecret"] == {"name": token["name"], "namespace": "reptables-system",
+                                                "key": token["key"]}
+        assert cluster["clusterId"] == engine["clusterId"]
+        assert cluster.get("readOnly", False) == engine.get("readOnly", False)
+        assert clusters[engine["name"]]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    monitors = {d["metadata"]["name"]: d for d in by_kind(docs, "ServiceMonitor")}
+    assert set(monitors) == {"rt-reptables-engines", "rt-reptables-operator"}
+    engines_monitor = monitors["rt-reptables-engines"]
+    assert engines_monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert engines_monitor["spec"]["endpoints"][0]["port"] == "http"
+    assert engines_monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    selector = engines_monitor["spec"]["selector"]["matchLabels"]
+    scraped = [s for s in by_kind(docs, "Service") if s["metadata"]["labels"].items() >= selector.items()]
+    assert sorted(s["metadata"]["name"] for s in scraped) == sorted(statefulsets)  # not the headless ones too
+    operator_monitor = monitors["rt-reptables-operator"]["spec"]
+    scraped = [s for s in by_kind(docs, "Service")
+               if s["metadata"]["labels"].items() >= operator_monitor["selector"]["matchLabels"].items()]
+    assert [s["metadata"]["name"] for s in scraped] == ["rt-reptables-operator-metrics"]
+
+
+@needs_helm
+def test_rendered_custom_resources_pass_the_api_servers_validation(tmp_path: Path) -> None:
+    """TableClusters and kopf peering objects go through the emulator: CRD schema and CEL rules."""
+    from tests.k8s.emulator import K8sApi
+
+    docs = render(tmp_path, E2E_VALUES)
+    assert isinstance(docs, list)
+    custom = [d for d in docs if d["apiVersion"] in (API, "kopf.dev/v1")]
+    assert sorted(d["kind"] for d in custom) == ["KopfPeering", "KopfPeering", "TableCluster", "TableCluster",
+                                                 "TableCluster"]
+    with K8sApi(namespaces=["reptables-system", "shop"]) as api:
+        for doc in custom:
+            created = api.create(doc)
+            assert created.get("spec", {}).items() >= doc.get("spec", {}).items()
+
+
+@needs_helm
+def test_rendered_command_lines_are_accepted_by_the_cli(tmp_path: Path) -> None:
+    from reptables.operator.cli import app
+
+    command = typer.main.get_command(app)
+    docs = render(tmp_path, merged(E2E_VALUES, {"operator": {"verbose": True}}))
+    assert isinstance(docs, list)
+    containers = [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  for c in d["spec"]["template"]["spec"]["containers"]]
+    assert len(containers) == 4
+    for container in containers:
+        assert container["command"] == ["reptables"]
+        args = container["args"]
+        sub, words = command.commands[args[0]], args[1:]
+        if hasattr(sub, "commands"):  # engine serve
+            sub, words = sub.commands[words[0]], words[1:]
+        ctx = sub.make_context(args[0], list(words))  # parses and validates, invokes nothing
+        assert ctx.params, args
+        assert set(ctx.params) >= {"standalone", "peering", "liveness", "metrics_port", "verbose"} or \
+            set(ctx.params) >= {"cluster_name", "data_dir", "port", "host"}, ctx.params
+
+
+@needs_helm
+@pytest.mark.parametrize(("values", "message"), [
+    ({"engines": [{"name": "a", "clusterId": 1}, {"name": "a", "clusterId": 2}]}, 'the name "a" is used twice'),
+    ({"engines": [{"name": "a", "clusterId": 1}, {"name": "b", "clusterId": 1}]}, "clusterId 1 is used by"),
+    ({"engines": [{"name": "a", "clusterId": 300}]}, "values don't meet the specifications of the schema"),
+    ({"operator": {"replicas": "two"}}, "values don't meet the specifications of the schema"),
+])
+def test_helm_refuses_bad_values(tmp_path: Path, values: dict[str, Any], message: str) -> None:
+    error = render(tmp_path, values, check=False)
+    assert isinstance(error, str) and message in error, error
+
+
+# --- Dockerfile and the kind e2e script ------------------------------------------------------------
+
+
+def test_dockerfile() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in lines
+    assert [line for line in lines if line.startswith("FROM ")] == ["FROM ${PYTHON_IMAGE} AS build",
+                                                                   "FROM ${PYTHON_IMAGE}"]
+    final = text[text.rindex("FROM ${PYTHON_IMAGE}"):]
+    assert "ARG UID=10001" in final and 'USER ${UID}:${GID}' in final
+    assert 'ENTRYPOINT ["reptables"]' in final and 'CMD ["operator", "--all-namespaces"]' in final
+    assert "HOME=/tmp" in final
+    assert not re.search(r"apt-get|gcc|build-essential", text), "no compilers: every dependency has wheels"
+    assert "pip install /src" in text
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    copied = set(re.findall(r"^COPY (?!--from)(.+?) \S+$", text, re.M))
+    sources = {word.rstrip("/") for line in copied for word in line.split()}
+    needed = {*pyproject["tool"]["setuptools"]["package-dir"].values(), "pyproject.toml",
+              pyproject["project"]["readme"]}
+    assert sources == needed
+    ignored = [p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()
+               if p.strip() and not p.startswith("#")]
+    assert not needed & set(ignored)
+    assert {".venv", ".git", "tests"} <= set(ignored)
+
+
+def test_e2e_kind_script() -> None:
+    script = ROOT / "hack" / "e2e-kind.sh"
+    text = script.read_text()
+    assert os.access(script, os.X_OK)
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text and "trap " in text
+    for tool in ("docker", "kind", "kubectl", "helm"):
+        assert f"need {tool}" in text or re.search(rf"for tool in [^\n]*\b{tool}\b", text), tool
+    for word in ("kind create cluster", "kind load docker-image", "helm upgrade --install",
+                 "kubectl wait --for=condition=Ready", "kind delete cluster"):
+        assert word in text, word
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck"):
+        result = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout
