@@ -7,6 +7,7 @@ works for the official client as soon as the engine answers.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -59,6 +60,9 @@ def serve(
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
     logs.configure(log_level)
+    # a 10,000-row batch allocates ~100k objects: with the default thresholds the cyclic collector
+    # runs several full passes per batch (tens of ms); the engine creates few reference cycles
+    gc.set_threshold(100_000, 50, 100)
     secret = resolve_token(data_dir, token)
     cluster = Cluster.open(cluster_name, data_dir, sync_replica_timeout)
     if clusters_config is not None:
@@ -66,6 +70,7 @@ def serve(
         cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"
                                else yson.loads(raw))
     cluster.start_background()
+    gc.freeze()
     log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
                                        "data_dir": str(data_dir)})
     try:
