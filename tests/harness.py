@@ -6,7 +6,6 @@ test can SIGKILL exactly the engine it started (and nothing else) to prove crash
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -77,14 +76,14 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    def yt_env(self) -> dict[str, str]:
-        return {**os.environ, "YT_PROXY": self.url, "YT_TOKEN": self.token,
-                "YT_CONFIG_PATCHES": json.dumps({})}
+    def yt_env(self, config_patch: str = "{}") -> dict[str, str]:
+        return {**os.environ, "YT_PROXY": self.url, "YT_TOKEN": self.token, "YT_CONFIG_PATCHES": config_patch}
 
-    def yt(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run the official ``yt`` CLI against this engine."""
+    def yt(self, *args: str, input: str | None = None, check: bool = True,
+           config_patch: str = "{}") -> subprocess.CompletedProcess:
+        """Run the official ``yt`` CLI against this engine (``config_patch``: YSON, YT_CONFIG_PATCHES)."""
         result = subprocess.run([str(VENV_BIN / "yt"), *args], input=input, capture_output=True, text=True,
-                                env=self.yt_env(), timeout=60)
+                                env=self.yt_env(config_patch), timeout=60)
         if check and result.returncode != 0:
             raise AssertionError(f"yt {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
