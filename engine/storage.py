@@ -131,6 +131,13 @@ class BulkStatement:
         self.positional = bool(compiled.positional)
         self.names: list[str] = list(compiled.positiontup or []) if self.positional else list(compiled.params)
 
+    def params(self, values: tuple[Any, ...], columns: list[str]) -> tuple[Any, ...] | dict[str, Any]:
+        """Parameters for one execution, ``values`` in the order of ``columns``."""
+        if self.positional and self.names == columns:
+            return values
+        by_name = dict(zip(columns, values, strict=True))
+        return tuple(by_name[n] for n in self.names) if self.positional else {n: by_name[n] for n in self.names}
+
     def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
         """``rows`` are tuples in the order of ``columns``."""
         if not rows:
@@ -208,8 +215,15 @@ class UserTables:
             kind, which = name.split(":")
             table = self.data if which == "data" else self.versions
             assert table is not None
-            stmt = cache[key] = BulkStatement(_upsert(table, conn.dialect) if kind == "upsert" else table.insert(),
-                                              conn.dialect)
+            if kind == "point":
+                keys = [c for c in table.primary_key.columns]
+                statement: sa.Executable = sa.select(*[c for c in table.columns if c.name in self.schema.by_name]) \
+                    .where(*[c == sa.bindparam(c.name) for c in keys])
+            elif kind == "upsert":
+                statement = _upsert(table, conn.dialect)
+            else:
+                statement = table.insert()
+            stmt = cache[key] = BulkStatement(statement, conn.dialect)
         return stmt
 
     @property

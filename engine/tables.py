@@ -41,6 +41,8 @@ from reptables.engine.storage import (
 
 #: rows per SQL statement when we bind key lists
 _CHUNK = 500
+#: up to this many keys, a lookup runs one prepared point query per key
+_POINT_LOOKUPS = 8
 
 
 class TabletState(StrEnum):
@@ -375,6 +377,15 @@ class DynamicTable:
         data = self.sql.data
         names = self.schema.key_names
         result: dict[tuple[Any, ...], dict[str, Any]] = {}
+        colnames = [c.name for c in self.schema.columns]
+        if len(keys) <= _POINT_LOOKUPS:
+            # a few keys: a point query compiled once per table, run straight on the driver
+            point = self.sql.bulk("point:data", conn)
+            for key in keys:
+                row = conn.exec_driver_sql(point.sql, point.params(key, names)).fetchone()
+                if row is not None:
+                    result[key] = dict(zip(colnames, row, strict=True))
+            return result
         cols = [data.c[c.name] for c in self.schema.columns]
         for chunk in _chunks(keys):
             stmt = sa.select(*cols).where(sa.tuple_(*[data.c[k] for k in names]).in_(chunk))
