@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import yt.yson as yson
 
 from reptables.engine import yson_util
@@ -106,16 +107,15 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
         lines = [line for line in text.splitlines() if line.strip()]
         try:
             # one parse of the whole body is several times faster than one per line
-            rows = json.loads("[" + ",".join(lines) + "]")
-        except json.JSONDecodeError:
+            rows = orjson.loads("[" + ",".join(lines) + "]")
+        except orjson.JSONDecodeError:
+            # the standard parser line by line: exact error positions, and NaN/Infinity accepted
             rows = []
             for n, line in enumerate(lines, 1):
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise _json_error(exc, f"request body line {n}") from None
-            raise YtError("Malformed JSON in request body: rows must be one JSON value per line",
-                          code=ErrorCode.PROTOCOL_ERROR) from None
     if fmt.encode_utf8:
         rows = [_undo_utf8_encoding(r) for r in rows]
     convert = yson_util.json_to_python

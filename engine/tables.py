@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import random
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from reptables.engine import yson_util
@@ -231,8 +233,8 @@ class DynamicTable:
         """Append changes to the replication queue of one tablet, in commit order."""
         counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
         start = counts[0]
-        dumps = json.dumps
-        rows = [(tablet_index, start + i, commit_ts, w.kind.value, dumps({"row": w.row, "update": w.update}))
+        doubles = [c.name for c in self.schema.columns if c.type is ColumnType.DOUBLE]
+        rows = [(tablet_index, start + i, commit_ts, w.kind.value, _payload(w, doubles))
                 for i, w in enumerate(x for x in writes if x.kind is not WriteKind.LOCK)]
         if rows:
             self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
@@ -465,6 +467,17 @@ class DynamicTable:
         rl = read_locks_table
         conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
         return removed
+
+
+def _payload(write: RowWrite, doubles: list[str]) -> str:
+    """A queue row's change as JSON text: orjson (fast) unless a double is NaN or infinite, which
+    JSON cannot carry and orjson would turn into null; the standard encoder keeps them."""
+    row = write.row
+    for name in doubles:
+        value = row.get(name)
+        if value is not None and not math.isfinite(value):
+            return json.dumps({"row": row, "update": write.update})
+    return orjson.dumps({"row": row, "update": write.update}).decode()
 
 
 def _masks_conflict(a: int, b: int) -> bool:
