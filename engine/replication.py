@@ -43,7 +43,7 @@ from reptables.engine.remote import Peers
 from reptables.engine.storage import replica_progress_table, replica_sink_table
 from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, tablet_id
 from reptables.engine.timestamps import COUNTER_BITS
-from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction
+from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
 
 if TYPE_CHECKING:
     from reptables.engine.cluster import Cluster
@@ -379,6 +379,17 @@ class ReplicationManager:
                 "start_timestamp": tx.start_timestamp, "prepare_timestamp": prepare_ts,
                 "writes": [w.to_payload() for w in rp.writes]})
 
+        if len(remote) == 1:
+            # one sync replica: no thread hand-off on the latency path
+            try:
+                prepare(remote[0])
+            except YtError as exc:
+                self.abort_remote(tx.id, remote)
+                raise YtError(f"Cannot write to sync replica {remote[0].replica_id} "
+                              f"({remote[0].cluster}:{remote[0].replica_path}): {exc.message}", code=exc.code,
+                              attributes={"replica_id": remote[0].replica_id, "cluster_name": remote[0].cluster},
+                              inner_errors=[exc]) from None
+            return list(remote)
         futures = [(rp, self._pool.submit(prepare, rp)) for rp in remote]
         prepared: list[RemoteParticipant] = []
         failure: YtError | None = None
@@ -437,7 +448,12 @@ class ReplicationManager:
             self._save_progress(conn, replica.id, part.tablet_index, progress)
 
     def commit_remote(self, tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> None:
-        messages = [rp.commit_message(tx_id, commit_ts) for rp in remote]
+        messages = commit_messages(tx_id, commit_ts, remote)
+        if len(messages) == 1:
+            ok = self._call_quietly(messages[0]["cluster"], "commit", messages[0])
+            if ok:
+                self.cluster.transactions.forget_decision(tx_id, [])
+            return
         futures = [(m, self._pool.submit(self._call_quietly, m["cluster"], "commit", m)) for m in messages]
         remaining = []
         for message, future in futures:
@@ -503,14 +519,16 @@ class ReplicationManager:
             int(body["prepare_timestamp"]), {"upstream_replica_id": body["replica_id"],
                                              "tablet_index": None if table.sorted
                                              else int(body["tablet_index"]) % table.tablet_count,
-                                             "meta_tablet_index": body["tablet_index"]})
+                                             "meta_tablet_index": body["tablet_index"]},
+            participant=f"{table.table_id}/{body['replica_id']}/{body['tablet_index']}")
 
     def handle_commit(self, body: dict[str, Any]) -> None:
-        row_index = body.get("row_index")
+        progress = {(p["replica_id"], int(p["tablet_index"])): int(p["row_index"]) for p in body.get("progress", [])}
 
         def advance(conn: sa.Connection, _table: DynamicTable, extra: dict[str, Any]) -> None:
+            row_index = progress.get((extra["upstream_replica_id"], int(extra["meta_tablet_index"])))
             if row_index is not None:
-                self._advance_sink(conn, extra["upstream_replica_id"], extra["meta_tablet_index"], int(row_index),
+                self._advance_sink(conn, extra["upstream_replica_id"], extra["meta_tablet_index"], row_index,
                                    int(extra["commit_timestamp"]))
 
         self.cluster.transactions.commit_participant(body["transaction_id"], int(body["commit_timestamp"]), advance)

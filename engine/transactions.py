@@ -110,9 +110,18 @@ class RemoteParticipant:
     def name(self) -> str:
         return f"{self.cluster}/{self.replica_id}/{self.tablet_index}"
 
-    def commit_message(self, tx_id: str, commit_ts: int) -> dict[str, Any]:
-        return {"cluster": self.cluster, "transaction_id": tx_id, "commit_timestamp": commit_ts,
-                "replica_id": self.replica_id, "tablet_index": self.tablet_index, "row_index": self.row_index}
+    def progress(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, "tablet_index": self.tablet_index, "row_index": self.row_index}
+
+
+def commit_messages(tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> list[dict[str, Any]]:
+    """One commit message per cluster, with the queue progress of each of its participants."""
+    by_cluster: dict[str, dict[str, Any]] = {}
+    for rp in remote:
+        message = by_cluster.setdefault(rp.cluster, {"cluster": rp.cluster, "transaction_id": tx_id,
+                                                     "commit_timestamp": commit_ts, "progress": []})
+        message["progress"].append(rp.progress())
+    return list(by_cluster.values())
 
 
 #: called inside the participant's commit with (connection, table, prepare extras + commit_timestamp)
@@ -484,6 +493,8 @@ class TransactionManager:
                 assert self.replication is not None
                 prepared_remote = self.replication.prepare_remote(tx, remote, prepare_ts)
             for part in parts:
+                if part.table.replicated or not part.table.sorted:
+                    continue  # nothing to check or lock: sync replicas did it, ordered tables have no keys
                 with self.storage.write() as conn:
                     self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
                     if part.table.sorted and not part.table.replicated:
@@ -509,7 +520,7 @@ class TransactionManager:
                 if remote:
                     conn.execute(commits_table.insert().values(
                         transaction_id=tx.id, commit_timestamp=ts,
-                        participants=json.dumps([r.commit_message(tx.id, ts) for r in remote])))
+                        participants=json.dumps(commit_messages(tx.id, ts, remote))))
             faults.crash_point("after_commit_decision")
         finally:
             self._lock_table.release(tx.id)
@@ -525,19 +536,26 @@ class TransactionManager:
     # -- the participant side of a transaction coordinated by another cluster ----------------------
 
     def prepare_participant(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
-                            writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any]) -> None:
-        """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write)."""
+                            writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
+                            participant: str | None = None) -> None:
+        """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write).
+
+        ``participant`` names this part of the transaction (one replica table may receive the rows
+        of several tablets of the replicated table, each its own participant); a repeated prepare
+        of the same participant is a no-op.
+        """
+        participant = participant or table.table_id
         with self.storage.write() as conn:
             if tx_id in self._aborted_remote:
                 raise YtError(f"Transaction {tx_id} was already aborted by its coordinator {coordinator}",
                               code=ErrorCode.INVALID_TRANSACTION_STATE, attributes={"transaction_id": tx_id})
             if conn.execute(sa.select(prepared_table.c.transaction_id).where(
-                    prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == table.table_id)).first():
+                    prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == participant)).first():
                 return
             table.check_writable(path)
             self._check(conn, tx_id, start_ts, table, path, writes)
             conn.execute(prepared_table.insert().values(
-                transaction_id=tx_id, participant=table.table_id, start_timestamp=start_ts,
+                transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
                 prepare_timestamp=prepare_ts, coordinator=coordinator,
                 payload=json.dumps({"table_id": table.table_id, "path": path, "extra": extra,
                                     "writes": [w.to_payload() for w in writes]})))

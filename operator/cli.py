@@ -37,6 +37,8 @@ def operator(
     all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A")] = False,
     standalone: Annotated[bool, typer.Option("--standalone", help="No peering: this is the only operator")] = False,
     peering: Annotated[str | None, typer.Option("--peering", help="Peering object name for HA")] = None,
+    priority: Annotated[int | None, typer.Option(
+        "--priority", help="Peering priority (default with --peering: random, so peers never tie)")] = None,
     liveness: Annotated[str, typer.Option("--liveness", help="Liveness endpoint")] = "http://0.0.0.0:8080/healthz",
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus /metrics port (0: off)")] = 8081,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
@@ -66,8 +68,14 @@ def operator(
     if not all_namespaces:
         namespaces = sorted({*(namespace or [os.environ.get("POD_NAMESPACE", "default")]),
                              handlers.OPERATOR_NAMESPACE})
+    if peering and priority is None:
+        # kopf pauses every operator when the highest priority is shared: break ties at random
+        import secrets
+
+        priority = 1 + secrets.randbelow(1_000_000)
     asyncio.run(kopf.operator(
-        standalone=standalone, peering_name=peering, clusterwide=all_namespaces, namespaces=namespaces or (),
+        standalone=standalone, peering_name=peering, priority=priority,
+        clusterwide=all_namespaces, namespaces=namespaces or (),
         liveness_endpoint=liveness))
 
 

@@ -109,6 +109,8 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, waiting_retries: b
                                            [Cond("Ready", False, "InvalidSpec", str(exc))], body.meta.get("generation"))
         kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(str(exc)) from None
+    if res.deleting:
+        return  # the deletion handler owns the object now
     if kind == "TableCluster":
         problem = REGISTRY.refresh_cluster(res.name)
         if problem is not None:

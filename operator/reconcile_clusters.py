@@ -19,7 +19,7 @@ import httpx
 from reptables.engine.errors import YtError
 from reptables.operator import conditions
 from reptables.operator.conditions import Cond
-from reptables.operator.world import Engines, Event, Outcome, Resource, World, describe_error
+from reptables.operator.world import ClusterNotFound, Engines, Event, Outcome, Resource, World, describe_error
 
 PROBE_TIMEOUT = 2.0
 REFRESH_SECONDS = 10.0
@@ -48,7 +48,11 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str | No
 
 
 def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
-    ref = world.engines.ref(res.name)
+    try:
+        ref = world.engines.ref(res.name)
+    except ClusterNotFound as exc:
+        return Outcome(retry_after=REFRESH_SECONDS, status={"conditions": conditions.merge(
+            res.status.get("conditions"), [Cond(conditions.READY, False, "NotRegistered", str(exc))], res.generation)})
     healthy, version, latency, reason = probe(ref.endpoint)
     out = Outcome(retry_after=REFRESH_SECONDS)
     status: dict[str, Any] = {"healthy": healthy, "lastProbeTime": conditions.now_text(),

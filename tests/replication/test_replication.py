@@ -233,3 +233,23 @@ def test_preserve_timestamps_false_writes_with_replica_timestamps(clusters: Clus
     clusters.client("remote_0").insert_rows("//tmp/sink", [{"k": 2, "v": "manual"}])
     assert len(clusters.rows("remote_0", "//tmp/sink")) == 2
 
+
+
+def test_sync_replica_of_a_multi_tablet_table_gets_every_tablet(clusters: ClusterSet) -> None:
+    path = clusters.replicated_table("//tmp/rt", attributes={"pivot_keys": [[], [1000]]})
+    sync = clusters.replica(path, "remote_0", "//tmp/r", mode="sync")
+    asynchronous = clusters.replica(path, "remote_1", "//tmp/r")
+    clusters.wait_in_sync(sync)
+    rows = [{"k": k, "v": "x"} for k in (*range(10), *range(1000, 1010))]
+    clusters.meta.insert_rows(path, rows)
+    assert sorted(r["k"] for r in clusters.rows("remote_0", "//tmp/r")) == [r["k"] for r in rows]
+    wait_for(lambda: len(clusters.rows("remote_1", "//tmp/r")) == 20, what="async copy")
+    for replica_id in (sync, asynchronous):
+        tablets = clusters.meta.get(f"#{replica_id}/@tablets")
+        wait_for(lambda r=replica_id: all(t["current_replication_row_index"] == t["flushed_row_count"] == 10
+                                          for t in clusters.meta.get(f"#{r}/@tablets")), what="progress")
+        assert len(tablets) == 2
+    # the sync replica's progress is exact, so switching it to async replicates nothing twice
+    clusters.alter(sync, mode="async")
+    clusters.meta.insert_rows(path, [{"k": 5000, "v": "later"}], require_sync_replica=False)
+    wait_for(lambda: len(clusters.rows("remote_0", "//tmp/r")) == 21, what="async after sync")

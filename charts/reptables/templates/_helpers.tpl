@@ -1,0 +1,113 @@
+{{/*
+Names. The fullname is the release name, unless it already contains the chart name.
+*/}}
+{{- define "reptables.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "reptables.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "reptables.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "reptables.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "reptables.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "reptables.labels" -}}
+helm.sh/chart: {{ include "reptables.chart" . }}
+{{ include "reptables.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: reptables
+{{- end }}
+
+{{- define "reptables.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "reptables.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "reptables.fullname" .)) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The namespaces whose namespaced resources (ReplicatedTable, TableReplica, TableCollocation and
+Secrets) the operator watches when not cluster-wide: operator.watch.namespaces plus the release
+namespace (the operator always adds its own namespace, REPTABLES_NAMESPACE, where the credential
+Secrets live). Returned as a JSON list: use with fromJsonArray.
+*/}}
+{{- define "reptables.watchNamespaces" -}}
+{{- $namespaces := list .Release.Namespace }}
+{{- range .Values.operator.watch.namespaces }}
+{{- $namespaces = append $namespaces . }}
+{{- end }}
+{{- $namespaces | uniq | sortAlpha | toJson }}
+{{- end }}
+
+{{/* "true" when the operator runs with kopf peering (HA, more than one replica). */}}
+{{- define "reptables.peering" -}}
+{{- if gt (int .Values.operator.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{- define "reptables.peeringName" -}}
+{{- default (include "reptables.fullname" .) .Values.operator.peering.name }}
+{{- end }}
+
+{{/* The resource name of an engine (StatefulSet, Service): <fullname>-<engine name>. */}}
+{{- define "reptables.engineFullname" -}}
+{{- printf "%s-%s" (include "reptables.fullname" .root) .engine.name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret holding an engine's token, and its key. */}}
+{{- define "reptables.engineSecretName" -}}
+{{- if and .engine.existingSecret .engine.existingSecret.name }}
+{{- .engine.existingSecret.name }}
+{{- else }}
+{{- printf "%s-token" (include "reptables.engineFullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "reptables.engineSecretKey" -}}
+{{- if and .engine.existingSecret .engine.existingSecret.key }}
+{{- .engine.existingSecret.key }}
+{{- else }}token{{ end }}
+{{- end }}
+
+{{/* The engine's in-cluster URL, the endpoint of its TableCluster. */}}
+{{- define "reptables.engineEndpoint" -}}
+{{- printf "http://%s.%s.svc.%s:%d" (include "reptables.engineFullname" .) .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.engineDefaults.port) }}
+{{- end }}
+
+{{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids. */}}
+{{- define "reptables.validateEngines" -}}
+{{- $names := dict }}
+{{- $ids := dict }}
+{{- range .Values.engines }}
+{{- if hasKey $names .name }}
+{{- fail (printf "engines: the name %q is used twice" .name) }}
+{{- end }}
+{{- $id := toString (int .clusterId) }}
+{{- if hasKey $ids $id }}
+{{- fail (printf "engines: clusterId %s is used by %q and %q (cluster ids must be unique)" $id (get $ids $id) .name) }}
+{{- end }}
+{{- $_ := set $names .name true }}
+{{- $_ := set $ids $id .name }}
+{{- end }}
+{{- end }}
