@@ -18,34 +18,20 @@ module is that, with the process discipline of ``benchmarks/engine_bench.py``:
 from __future__ import annotations
 
 import atexit
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
-
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+from reptables.engine.process import LocalEngine, free_port
 
 TOKEN = "bench-token-0123456789abcdef"
 START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 POLL_INTERVAL_S = 0.05
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
@@ -71,80 +57,28 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
 
 
 @dataclass
-class Engine:
+class Engine(LocalEngine):
     """One engine process in its own session (process group), stopped by its pid."""
 
-    name: str
-    data_dir: Path
-    token: str = TOKEN
+    token: str | None = TOKEN
     log_level: str = "warning"
-    extra_args: list[str] = field(default_factory=list)
-    port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise RuntimeError(f"engine {self.name} is not running")
-        return self.proc.pid
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "engine.log"
+    def name(self) -> str:
+        return self.cluster_name
 
     def start(self, timeout: float = START_TIMEOUT_S, attempts: int = 3) -> Engine:
         """Start and wait for ``/readyz``; a start that loses the race for its port tries another."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(attempts):
             self.port = free_port()
             try:
-                return self._start_once(timeout)
+                super().start(timeout)
+                return self
             except RuntimeError as exc:
                 if "address already in use" in str(exc).lower() and attempt + 1 < attempts:
                     continue
                 raise
         raise AssertionError("unreachable")
-
-    def _start_once(self, timeout: float) -> Engine:
-        env = {**os.environ, "REPTABLES_TOKEN": self.token}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name", self.name,
-                 "--data-dir", str(self.data_dir), "--port", str(self.port), "--log-level", self.log_level,
-                 *self.extra_args],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=1.0) as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"engine {self.name} exited with {self.proc.returncode}:\n"
-                                       + self.log_path.read_text(errors="replace")[-4000:])
-                try:
-                    if http.get(f"{self.url}/readyz").status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-                time.sleep(POLL_INTERVAL_S)
-        self.stop()
-        raise RuntimeError(f"engine {self.name} did not become ready in {timeout:.0f} s")
-
-    def stop(self) -> None:
-        """SIGTERM the engine's process group (pgid == its pid); SIGKILL it after a bounded wait."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except ProcessLookupError:
-            pass
 
     def client(self, timeout: float = 300.0) -> Client:
         """A new :class:`Client` of this engine (the caller closes it)."""

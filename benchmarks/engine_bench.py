@@ -59,12 +59,11 @@ import re
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -72,6 +71,7 @@ from typing import Any
 import httpx
 
 from reptables.engine.client import Client, UnavailableError
+from reptables.engine.process import LocalEngine
 
 BATCH_SIZE = 10_000
 TABLE_SCHEMA: list[dict[str, Any]] = [
@@ -93,63 +93,9 @@ TARGET_RSS_MIB = 300.0
 # -- the engine process ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Engine:
-    """One engine process in its own session (process group), stopped by its pid."""
-
-    data_dir: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 60.0) -> Engine:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.data_dir / "engine.log"
-        env = {**os.environ, "REPTABLES_TOKEN": TOKEN}
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name", "bench",
-                 "--data-dir", str(self.data_dir), "--port", str(self.port), "--log-level", "warning"],
-                stdout=log, stderr=log, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"engine did not become ready in {timeout} s")
-
-    def stop(self) -> None:
-        """SIGTERM the engine's process group (pgid == its pid), SIGKILL it after 15 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+class Engine(LocalEngine):
+    """The engine under test (its own process group, stopped by pid), plus what the benchmark reads."""
 
     def memory_mib(self) -> dict[str, float]:
         """VmRSS and VmHWM (peak RSS) of the engine process, in MiB."""
@@ -557,7 +503,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     def deadline() -> float:
         return time.monotonic() + args.phase_timeout
 
-    engine = Engine(workdir / "engine")
+    engine = Engine("bench", workdir / "engine", token=TOKEN, log_level="warning")
     print(f"data dir {workdir} ({fs_type(workdir)}); starting engine ...", flush=True)
     engine.start()
     details["engine_pid"] = engine.pid

@@ -77,7 +77,6 @@ import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -91,9 +90,10 @@ from typing import Any, TextIO
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+from reptables.engine.process import LocalEngine
 from reptables.operator import tracker as tk
 from reptables.operator import tracking
-from reptables.operator.local import LocalRunner, start_engine, stop_engine
+from reptables.operator.local import LocalRunner
 from reptables.operator.world import World
 
 TARGET_WINDOW_P50_S = 3.0
@@ -457,7 +457,7 @@ class Bench:
         self.rng = random.Random(cfg.seed)
         self.workdir = Path(tempfile.mkdtemp(prefix="failover-bench-", dir=cfg.workdir))
         self.tokens = {name: f"bench-{name}-{os.urandom(8).hex()}" for name in CLUSTERS}
-        self.started: list[subprocess.Popen[bytes]] = []
+        self.started: list[LocalEngine] = []
         self.writer: Writer | None = None
         self.next_key = 1
         self.acked: list[int] = []
@@ -525,9 +525,9 @@ class Bench:
         try:
             self.runner.stop()
         finally:
-            for proc in self.started:
+            for engine in self.started:
                 with contextlib.suppress(ProcessLookupError, OSError):
-                    stop_engine(proc)
+                    engine.stop()
             self._log_file.close()
             if not self.cfg.keep_data:
                 shutil.rmtree(self.workdir, ignore_errors=True)
@@ -587,8 +587,7 @@ class Bench:
             proc = self.runner.processes[sync_cluster]
             kill_wall = time.time()
             t_kill = time.monotonic()
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
+            proc.kill()
             self.say(f"trial {index}: killed {sync_cluster} (pid {proc.pid})")
             name = REPLICA_NAMES[survivor]
 
@@ -624,7 +623,8 @@ class Bench:
 
     def restart(self, name: str) -> None:
         with signals_deferred():
-            proc = start_engine(name, self.runner.data_dir / name, self.ports[name], self.tokens[name])
+            proc = LocalEngine(name, self.runner.data_dir / name, port=self.ports[name],
+                               token=self.tokens[name]).start()
             self.runner.processes[name] = proc
             self.started.append(proc)
         self.say(f"engine {name} restarted: pid {proc.pid}")
@@ -925,8 +925,8 @@ _pending_signal: int | None = None
 def signals_deferred() -> Iterator[None]:
     """Hold back Ctrl-C/SIGTERM (when ``main`` installed its handler) while an engine is being started.
 
-    ``start_engine`` creates the process before it waits for it to be ready; an interrupt in that wait
-    would leave a process the benchmark cannot stop, since it never got the ``Popen``.
+    ``LocalEngine.start`` creates the process before it waits for it to be ready; an interrupt in that
+    wait would leave a process the benchmark cannot stop, since it never got the engine object.
     """
     global _defer_depth, _pending_signal
     _defer_depth += 1

@@ -10,9 +10,6 @@ rows written to each replicated table through ``yt.wrapper`` appear on every rep
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -22,10 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
 import yaml
 
 from reptables.engine.errors import YtError
+from reptables.engine.process import LocalEngine
 from reptables.operator import models
 from reptables.operator.handlers import RECONCILERS
 from reptables.operator.registry import Registry
@@ -47,35 +44,6 @@ def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def start_engine(name: str, data_dir: Path, port: int, token: str) -> subprocess.Popen[bytes]:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(data_dir / "engine.log", "ab")  # noqa: SIM115 - the child keeps writing to it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name", name,
-         "--data-dir", str(data_dir), "--port", str(port), "--token", token],
-        stdout=log, stderr=log, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine {name} exited early; see {data_dir / 'engine.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGTERM)
-    raise RuntimeError(f"engine {name} did not become ready; see {data_dir / 'engine.log'}")
-
-
-def stop_engine(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 class LocalRunner:
     def __init__(self, manifests: list[dict[str, Any]], data_dir: Path, namespace: str = "default") -> None:
         self.data_dir = data_dir
@@ -83,7 +51,7 @@ class LocalRunner:
         self.engines = Engines()
         self.registry = Registry(self.engines, namespace)
         self.tracker = TrackerLoop(self.registry.world())
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, LocalEngine] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         for doc in manifests:
             self._add(doc)
@@ -117,7 +85,8 @@ class LocalRunner:
             if url.hostname not in LOOPBACK or url.port is None:
                 raise RuntimeError(f"TableCluster {res.name}: the local runner starts engines on loopback only; "
                                    f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
-            self.processes[res.name] = start_engine(res.name, self.data_dir / res.name, url.port, ref.token)
+            self.processes[res.name] = LocalEngine(res.name, self.data_dir / res.name, port=url.port,
+                                                   token=ref.token).start()
             print(f"engine {res.name} serving {ref.endpoint} (data in {self.data_dir / res.name})")
 
     def reconcile_all(self) -> None:
@@ -210,8 +179,8 @@ class LocalRunner:
     def stop(self) -> None:
         self.tracker.close()
         self.engines.close()
-        for proc in self.processes.values():
-            stop_engine(proc)
+        for engine in self.processes.values():
+            engine.stop()
 
 
 def _status_summary(res: Resource) -> str:

@@ -1,0 +1,106 @@
+"""An engine as a child process: started on a loopback port, awaited, stopped by its pid.
+
+The local runner, the tests and the benchmarks all run real engines. Each engine gets its own
+session (so its process group id is its pid) and is stopped through that group — SIGTERM, then
+SIGKILL — never by name, so nothing else on the machine is touched. ``kill`` is a SIGKILL of the
+group, for crash tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalEngine:
+    cluster_name: str
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    #: the engine's token; None lets the engine use (or make) DATA_DIR/token
+    token: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"engine {self.cluster_name} is not running")
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "engine.log"
+
+    def start(self, timeout: float = 30.0) -> LocalEngine:
+        """Start the engine and wait until ``/readyz`` answers; a clear error with its log if not."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        if self.token is not None:
+            env["REPTABLES_TOKEN"] = self.token
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name",
+                 self.cluster_name, "--data-dir", str(self.data_dir), "--port", str(self.port),
+                 "--log-level", self.log_level, *self.extra_args],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"engine {self.cluster_name} exited with {self.proc.returncode}:\n"
+                                       + self.log_path.read_text(errors="replace")[-4000:])
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get(f"{self.url}/readyz").status_code == 200:
+                        return self
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"engine {self.cluster_name} did not become ready in {timeout} s; see {self.log_path}")
+
+    def read_token(self) -> str:
+        return self.token if self.token is not None else (self.data_dir / "token").read_text().strip()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the engine's process group (the engine and nothing else)."""
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the engine's process group; SIGKILL it if it has not exited after ``timeout``."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
