@@ -10,6 +10,7 @@ rows written to each replicated table through ``yt.wrapper`` appear on every rep
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 import uuid
@@ -163,20 +164,27 @@ class LocalRunner:
 
     def _show_lookup(self, client: Any, table: Resource, key: dict[str, Any]) -> None:
         """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
-        deadline = time.monotonic() + 30
+        # the official client retries "no in-sync replicas" for minutes by itself; here the runner
+        # must keep reconciling (the tracker promotes the sync replica), so it asks once per pass
+        import yt.common as yt_errors
+
+        client.config["dynamic_table_retries"]["enable"] = False
+        deadline = time.monotonic() + 60
         while True:
             try:
                 found = list(client.lookup_rows(table.spec.path, [key]))
                 print(f"  lookup {key} on {table.spec.path} (served by the sync replica): {found}")
                 return
-            except YtError as exc:
+            except yt_errors.YtError as exc:
                 if time.monotonic() > deadline:
                     raise
-                print(f"  waiting for an in-sync replica: {str(exc).splitlines()[0]}")
+                inner = exc.inner_errors[0].get("message") if exc.inner_errors else exc.message
+                print(f"  waiting for an in-sync replica (the tracker picks one): {inner}")
                 self.reconcile_all()
                 time.sleep(0.5)
 
     def stop(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self.tracker.close()
         self.engines.close()
         for engine in self.processes.values():
@@ -203,7 +211,13 @@ def _demo_row(schema: list[Any], i: int) -> dict[str, Any]:
     return row
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0) -> int:
+    # SIGTERM ends the runner like Ctrl-C: the engines it started are stopped on the way out
+    signal.signal(signal.SIGTERM, _terminate)
     runner = LocalRunner(load_manifests(paths), data_dir)
     try:
         runner.start_engines()
