@@ -28,6 +28,11 @@ app = typer.Typer(help="The table engine: one process serves one table cluster."
 log = logging.getLogger("reptables.engine")
 
 
+@app.callback()
+def engine() -> None:
+    """The table engine: one process serves one table cluster."""
+
+
 def resolve_token(data_dir: Path, token: str | None) -> str:
     token = token or os.environ.get("REPTABLES_TOKEN")
     token_file = data_dir / "token"
@@ -79,3 +84,7 @@ def serve(
     finally:
         cluster.close()
         log.info("engine stopped", extra={"cluster": cluster_name})
+
+
+if __name__ == "__main__":
+    app()

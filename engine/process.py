@@ -62,7 +62,7 @@ class LocalEngine:
             env["REPTABLES_TOKEN"] = self.token
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reptables.operator.cli", "engine", "serve", "--cluster-name",
+                [sys.executable, "-m", "reptables.engine.cli", "serve", "--cluster-name",
                  self.cluster_name, "--data-dir", str(self.data_dir), "--port", str(self.port),
                  "--log-level", self.log_level, *self.extra_args],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
