@@ -40,6 +40,7 @@ import yt.yson as yson
 
 from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.remote import Peers
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.storage import replica_progress_table, replica_sink_table
 from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, tablet_id
 from reptables.engine.timestamps import COUNTER_BITS
@@ -67,18 +68,6 @@ DRAIN_THRESHOLD_ROWS = 1_000
 PREPARE_SECONDS_PER_ROW = 0.0002
 #: how long a coordinator waits for sync replicas to acknowledge a commit before answering the client
 COMMIT_ACK_TIMEOUT = 5.0
-
-
-class ReplicaState(StrEnum):
-    DISABLED = "disabled"
-    ENABLING = "enabling"
-    ENABLED = "enabled"
-    DISABLING = "disabling"
-
-
-class ReplicaMode(StrEnum):
-    SYNC = "sync"
-    ASYNC = "async"
 
 
 class SyncPhase(StrEnum):

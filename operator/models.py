@@ -58,6 +58,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+
 GROUP = "reptables.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -399,18 +401,6 @@ class ReplicatedTableSpec(_Model):
             raise ValueError("tabletCount applies to ordered tables (without key columns); "
                              "use pivotKeys for sorted tables")
         return self
-
-
-class ReplicaMode(StrEnum):
-    SYNC = "sync"
-    ASYNC = "async"
-
-
-class ReplicaState(StrEnum):
-    DISABLED = "disabled"
-    ENABLING = "enabling"
-    ENABLED = "enabled"
-    DISABLING = "disabling"
 
 
 class ReplicaSummary(_StatusModel):

@@ -44,16 +44,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
+from reptables.engine.replica_types import ReplicaMode
+
 DEFAULT_SYNC_REPLICA_LAG_THRESHOLD = 600.0
 """Seconds; YTsaurus' default ``sync_replica_lag_threshold`` (10 minutes)."""
 
 DEFAULT_MAX_ITERATIONS_WITHOUT_ACCEPTABLE_HEALTH = 1
 """YTsaurus' default ``max_iterations_without_acceptable_bundle_health``."""
-
-
-class ReplicaMode(StrEnum):
-    SYNC = "sync"
-    ASYNC = "async"
 
 
 class ReplicaState(StrEnum):
