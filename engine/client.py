@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -54,6 +55,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+import orjson
 
 from reptables.engine.errors import (
     AlreadyExistsError,
@@ -190,11 +192,40 @@ def _dump_json(value: Any) -> str:
     return json.dumps(_to_wire(value), ensure_ascii=False, separators=(",", ":"))
 
 
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _encode_rows(rows: Iterable[Any]) -> bytes:
+    """Rows as JSON lines: orjson for plain rows, the standard encoder for anything it can't do.
+
+    orjson is ~20x faster, but writes NaN and infinities as ``null`` (the standard encoder writes
+    ``NaN``, which the proxy reads back as a double) and knows nothing of :class:`Schema` or other
+    subclasses of the builtins: a body with a ``null`` in it is checked for non-finite doubles, and
+    any value orjson won't take as is falls back.
+    """
+    rows = rows if isinstance(rows, list) else list(rows)
+    try:
+        body = b"\n".join([orjson.dumps(row, option=orjson.OPT_PASSTHROUGH_SUBCLASS) for row in rows])
+    except TypeError:
+        pass
+    else:
+        if b"null" not in body or not _has_non_finite(rows):
+            return body + b"\n" if rows else b""
+    return "".join(_dump_json(row) + "\n" for row in rows).encode("utf-8")
+
+
 def _encode_input(spec: _Spec, value: Any) -> bytes:
     if value is None:
         return b""
     if spec.input_type == "tabular":
-        return "".join(_dump_json(row) + "\n" for row in value).encode("utf-8")
+        return _encode_rows(value)
     return _dump_json(value).encode("utf-8")
 
 

@@ -38,7 +38,7 @@ from reptables.engine.replication import (
     validate_replicated_table_options,
     validate_throttler,
 )
-from reptables.engine.schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row
+from reptables.engine.schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row, validate_rows
 from reptables.engine.storage import Storage, UserTables, meta_table, read_locks_table, tablets_table
 from reptables.engine.tables import (
     DynamicTable,
@@ -990,29 +990,34 @@ class Cluster:
         table, table_path, _ = self._table(path)
         self._check_direct_write(table, table_path)
         table.check_writable(table_path)
-        validated = []
         # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
         # batch stays one participant and keeps its order
         batch_tablet = None if table.sorted else random.randrange(table.tablet_count)
         schema = table.schema
         sorted_ = table.sorted
         single_tablet = sorted_ and len(table.pivot_keys) == 1
-        check_weight = input_bytes is None or input_bytes > MAX_ROW_WEIGHT
+        checked = validate_rows(schema, rows, table_path, update=update, keys_not_null=sorted_)
+        if input_bytes is None or input_bytes > MAX_ROW_WEIGHT:
+            for row in checked:
+                if row_weight(row) > MAX_ROW_WEIGHT:
+                    raise YtError(f"Row of table {table_path} is too large: its weight exceeds "
+                                  f"{MAX_ROW_WEIGHT} bytes", code=ErrorCode.ROW_WEIGHT_LIMIT_EXCEEDED)
         full_mask = schema.full_lock_mask if sorted_ else 1
-        for raw in rows:
-            row = validate_row(schema, raw, table_path, update=update)
-            if sorted_:
-                validate_key_not_null(schema, row, table_path)
-            if check_weight and row_weight(row) > MAX_ROW_WEIGHT:
-                raise YtError(f"Row of table {table_path} is too large: its weight exceeds "
-                              f"{MAX_ROW_WEIGHT} bytes", code=ErrorCode.ROW_WEIGHT_LIMIT_EXCEEDED)
-            if single_tablet:
-                tablet = 0
-            else:
-                explicit = yson_util.to_python(raw.get("$tablet_index")) if isinstance(raw, dict) else None
-                tablet = table.tablet_for_row(row, batch_tablet if explicit is None else explicit)
-            mask = schema.lock_mask(list(row)) if update and sorted_ else full_mask
-            validated.append((tablet, RowWrite(WriteKind.WRITE, row, mask, update=update)))
+        validated: list[tuple[int, RowWrite]]
+        if single_tablet and not update:
+            # the hot path: one tablet, whole-row writes
+            write = WriteKind.WRITE
+            validated = [(0, RowWrite(write, row, full_mask)) for row in checked]
+        else:
+            validated = []
+            for raw, row in zip(rows, checked, strict=True):
+                if single_tablet:
+                    tablet = 0
+                else:
+                    explicit = yson_util.to_python(raw.get("$tablet_index")) if isinstance(raw, dict) else None
+                    tablet = table.tablet_for_row(row, batch_tablet if explicit is None else explicit)
+                mask = schema.lock_mask(list(row)) if update and sorted_ else full_mask
+                validated.append((tablet, RowWrite(WriteKind.WRITE, row, mask, update=update)))
         tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
 
         def fill() -> None:

@@ -91,7 +91,15 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - the YSON parser raises several types
             raise YtError(f"Malformed YSON in request body: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
         return rows
-    rows = []
+    body = data.strip()
+    if not body.startswith(b"[") and b"\n\n" not in body and not body.startswith(b"\xef\xbb\xbf"):
+        # JSON lines without blank lines: one parse of the whole body as a JSON list
+        try:
+            rows = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]") if body else []
+        except orjson.JSONDecodeError:
+            pass  # the careful path below finds and names the fault
+        else:
+            return _json_rows(rows, fmt, plain=_plain_rows(body, rows))
     try:
         text = data.decode("utf-8", errors="strict") if data else ""
     except UnicodeDecodeError as exc:
@@ -116,8 +124,21 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
                     raise _json_error(exc, f"request body line {n}") from None
+    return _json_rows(rows, fmt, plain=False)
+
+
+def _plain_rows(body: bytes, rows: list[Any]) -> bool:
+    """Whether every row is a flat map with no ``$`` keys, judged from the bytes (no per-row work):
+    exactly one ``{`` per row and no ``[`` means no nested values; a string holding one of these
+    characters just sends the batch to the per-row check."""
+    return b"[" not in body and b'"$' not in body and body.count(b"{") == len(rows)
+
+
+def _json_rows(rows: list[Any], fmt: Format, plain: bool) -> list[Any]:
     if fmt.encode_utf8:
         rows = [_undo_utf8_encoding(r) for r in rows]
+    if plain:
+        return rows
     convert = yson_util.json_to_python
     return [r if isinstance(r, dict) and not _needs_conversion(r) else convert(r) for r in rows]
 

@@ -12,6 +12,7 @@ request with an error naming the table, the column and the reason, and nothing i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -129,6 +130,11 @@ class TableSchema:
                 continue
             mask |= 1 << groups.index(col.lock or PRIMARY_LOCK)
         return mask or 1
+
+    @cached_property
+    def batch_validator(self) -> Callable[[list[Any], Callable[[Any], dict[str, Any]]], list[dict[str, Any]]]:
+        """A function that validates a batch of rows, made for this schema (see :func:`validate_rows`)."""
+        return _make_batch_validator(self)
 
     def to_yt(self) -> Any:
         return yson_util.with_attributes(
@@ -325,3 +331,69 @@ def row_weight(row: dict[str, Any]) -> int:
         else:
             weight += len(name) + (len(value) if isinstance(value, bytes) else 8)
     return weight
+
+
+def validate_rows(schema: TableSchema, rows: list[Any], path: str, *, update: bool = False,
+                  keys_not_null: bool = False) -> list[dict[str, Any]]:
+    """:func:`validate_row` for a batch: the same results and errors, several times faster.
+
+    A batch insert spends most of its Python time checking rows one value at a time, so each schema
+    gets a loop of its own (:func:`_make_batch_validator`) with the column names and type checks
+    written out: a row whose keys are all columns of the schema and whose values already have the
+    stored Python types (the usual case) is accepted as is, with one copy. Any other row - one to
+    convert (an int for a double, YSON types, ``any`` values, ``$`` system columns) or to refuse -
+    goes through :func:`validate_row`, which converts it or raises the precise error.
+    """
+
+    def slow(row: Any) -> dict[str, Any]:
+        out = validate_row(schema, row, path, update=update)
+        if keys_not_null:
+            for col in schema.key_columns:
+                if out.get(col.name) is None:
+                    raise SchemaViolation(f"Key column {col.name!r} of table {path} cannot be null "
+                                          "(reptables keys are SQL primary keys)",
+                                          attributes={"column": col.name, "path": path})
+        return out
+
+    return schema.batch_validator(rows, slow)
+
+
+def _make_batch_validator(schema: TableSchema) -> Callable[[list[Any], Callable[[Any], dict[str, Any]]],
+                                                              list[dict[str, Any]]]:
+    """Compile the fast path of :func:`validate_rows` for ``schema``.
+
+    The generated code only reads the row; column names enter it as ``repr`` literals. A row fails
+    the fast path (and goes to ``slow``) on the first column that is not clean: a key column that
+    is null or of another type, a required column that is missing or null, a value of a type other
+    than the stored one, an int out of range, a NaN in a double key, any value of an ``any`` column.
+    """
+    lines = ["def validate(rows, slow):",
+             "    out = []",
+             "    append = out.append",
+             "    for row in rows:",
+             "        if type(row) is not dict or not row.keys() <= NAMES:",
+             "            append(slow(row))",
+             "            continue",
+             "        get = row.get"]
+    for col in schema.columns:
+        lines.append(f"        v = get({col.name!r})")
+        strict = col.is_key or col.required
+        if col.type is ColumnType.ANY:
+            cond = "v is not None"
+        else:
+            py = {ColumnType.INT64: "int", ColumnType.UINT64: "int", ColumnType.DOUBLE: "float",
+                  ColumnType.BOOLEAN: "bool", ColumnType.STRING: "str"}[col.type]
+            cond = f"type(v) is not {py}"
+            if col.type is ColumnType.INT64:
+                cond += f" or not {INT64_MIN} <= v <= {INT64_MAX}"
+            elif col.type is ColumnType.UINT64:
+                cond += f" or not 0 <= v <= {UINT64_STORABLE_MAX}"
+            elif col.type is ColumnType.DOUBLE and col.is_key:
+                cond += " or v != v"
+            if not strict:
+                cond = f"v is not None and ({cond})"
+        lines += [f"        if {cond}:", "            append(slow(row))", "            continue"]
+    lines += ["        append(row.copy())", "    return out"]
+    namespace: dict[str, Any] = {"NAMES": frozenset(c.name for c in schema.columns)}
+    exec("\n".join(lines), namespace)  # noqa: S102 - generated from the validated schema only
+    return namespace["validate"]  # type: ignore[no-any-return]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import operator
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class WriteKind(StrEnum):
     LOCK = "lock"
 
 
-@dataclass
+@dataclass(slots=True)
 class RowWrite:
     """One row change of a transaction, merged per key before commit."""
 
@@ -298,8 +299,19 @@ class DynamicTable:
         deletes: list[tuple[Any, ...]] = []
         version_rows: list[tuple[Any, ...]] = []
         lock_rows: list[dict[str, Any]] = []
+        # a whole-row write of every column is one C call from dict to tuple
+        image_of = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
+        write_kind = WriteKind.WRITE
         for w in writes:
             row = w.row
+            if w.kind is write_kind and not w.update:
+                try:
+                    image = image_of(row)
+                except KeyError:
+                    image = tuple(row.get(n) for n in names)
+                upserts.append(image + (commit_ts,))
+                version_rows.append(image + (commit_ts, False, w.mask))
+                continue
             if w.kind is WriteKind.LOCK:
                 if w.strong or not w.shared:
                     lock_rows.append({"table_id": self.table_id,
@@ -311,12 +323,9 @@ class DynamicTable:
                 deletes.append(tuple(row[k] for k in keys))
                 version_rows.append((*image, commit_ts, True, w.mask))
                 continue
-            if w.update:
-                merged = dict(current.get(self.key_of(row)) or {})
-                merged.update(row)
-                image = tuple(merged.get(n) for n in names)
-            else:
-                image = tuple(row.get(n) for n in names)
+            merged = dict(current.get(self.key_of(row)) or {})
+            merged.update(row)
+            image = tuple(merged.get(n) for n in names)
             upserts.append((*image, commit_ts))
             version_rows.append((*image, commit_ts, False, w.mask))
         if deletes:

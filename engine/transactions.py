@@ -86,6 +86,8 @@ class Participant:
     path: str
     tablet_index: int
     writes: list[RowWrite]
+    #: the same writes by key (sorted tables), when the caller has them at hand
+    keyed: dict[Any, RowWrite] | None = None
 
     @property
     def name(self) -> str:
@@ -182,10 +184,13 @@ class TabletTransaction:
         self.tables[table.table_id] = (table, path)
         buckets = self.writes
         key_of = table.key_of
+        last_tablet, bucket = -1, {}
         for tablet, write in writes:
-            bucket = buckets.get((table.table_id, tablet))
-            if bucket is None:
-                bucket = buckets[(table.table_id, tablet)] = {}
+            if tablet != last_tablet:
+                bucket = buckets.get((table.table_id, tablet))
+                if bucket is None:
+                    bucket = buckets[(table.table_id, tablet)] = {}
+                last_tablet = tablet
             if not table.sorted:
                 bucket[len(bucket)] = write
                 continue
@@ -237,6 +242,10 @@ class LockTable:
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, tuple[Any, ...]], list[_LockHolder]] = defaultdict(list)
+
+    def __bool__(self) -> bool:
+        """Whether any lock is held (most commits find none and skip the per-key checks)."""
+        return bool(self._locks)
 
     def conflict(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> str | None:
         for holder in self._locks.get((table_id, key), ()):
@@ -395,7 +404,8 @@ class TransactionManager:
         parts = []
         for (table_id, tablet), bucket in tx.writes.items():
             table, path = tx.tables[table_id]
-            parts.append(Participant(table, path, tablet, list(bucket.values())))
+            parts.append(Participant(table, path, tablet, list(bucket.values()),
+                                     keyed=bucket if table.sorted else None))
         for part in parts:
             part.table.check_writable(part.path)
             if part.table.atomicity != tx.atomicity.value:
@@ -425,14 +435,16 @@ class TransactionManager:
         return self._commit_two_phase(tx, parts, remote)
 
     def _check(self, conn: sa.Connection, tx_id: str, start_ts: int, table: DynamicTable, path: str,
-               writes: list[RowWrite]) -> None:
+               writes: list[RowWrite], keyed: dict[Any, RowWrite] | None = None) -> None:
         if not table.sorted or table.replicated:
             return
-        keyed = {table.key_of(w.row): w for w in writes}
-        for key, write in keyed.items():
-            holder = self._lock_table.conflict(table.table_id, key, write, tx_id)
-            if holder is not None:
-                raise self._conflict_error(tx_id, start_ts, path, key, f"a lock held by transaction {holder}")
+        if keyed is None:
+            keyed = {table.key_of(w.row): w for w in writes}
+        if self._lock_table:
+            for key, write in keyed.items():
+                holder = self._lock_table.conflict(table.table_id, key, write, tx_id)
+                if holder is not None:
+                    raise self._conflict_error(tx_id, start_ts, path, key, f"a lock held by transaction {holder}")
         found = table.find_conflicts(conn, keyed, start_ts)
         if found is not None:
             raise self._conflict_error(tx_id, start_ts, path, found[0], found[1])
@@ -449,7 +461,7 @@ class TransactionManager:
         ts = 0
         try:
             with self.storage.write() as conn:
-                self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
+                self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes, part.keyed)
                 ts = self._begin_commit_timestamp()
                 rows = part.table.apply(conn, part.writes, ts, part.tablet_index)
                 if part.table.replicated:
@@ -496,7 +508,7 @@ class TransactionManager:
                 if part.table.replicated or not part.table.sorted:
                     continue  # nothing to check or lock: sync replicas did it, ordered tables have no keys
                 with self.storage.write() as conn:
-                    self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes)
+                    self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes, part.keyed)
                     if part.table.sorted and not part.table.replicated:
                         for w in part.writes:
                             self._lock_table.acquire(part.table.table_id, part.table.key_of(w.row), w, tx.id)
