@@ -68,6 +68,8 @@ from reptables.engine.transactions import (
 
 log = logging.getLogger("reptables.engine")
 
+#: the SQL layout of user tables (2: older versions only in <table>_versions, the latest in the table)
+STORAGE_FORMAT = "2"
 #: YT's default min_data_ttl: versions younger than this are kept for reads at a timestamp
 DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much
@@ -133,6 +135,14 @@ class Cluster:
         with self.storage.write() as conn:
             nodes = self.cypress.load(conn)
             tablets = conn.execute(sa.select(tablets_table)).all()
+            stored_format = conn.execute(sa.select(meta_table.c.value).where(
+                meta_table.c.name == "storage_format")).scalar()
+            if nodes and stored_format != STORAGE_FORMAT:
+                raise YtError(f"The data directory of cluster {self.name} was written by an older reptables "
+                              f"(storage format {stored_format or 1}, this engine reads format {STORAGE_FORMAT});"
+                              " export its tables and load them into a new data directory",
+                              code=ErrorCode.INVALID_PARAMETER)
+            self.storage.set_meta(conn, "storage_format", STORAGE_FORMAT)
             if not nodes:
                 for name in ("tmp", "home", "sys"):
                     self._new_node(conn, self.cypress.root, name, MAP_NODE, {})
@@ -170,7 +180,10 @@ class Cluster:
             tablet_count_ordered=int(attrs.get(f"{INTERNAL_PREFIX}tablet_count", 1)),
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
             atomicity=attrs.get("atomicity", "full"),
+            pinned_by=self.transactions.oldest_active_start_timestamp,
         )
+        # every commit from now on is remembered for conflict checks; earlier ones are in SQL
+        table.recent_floor = self.timestamps.generate()
         return table
 
     def _table_by_id(self, table_id: str) -> tuple[DynamicTable, str] | None:

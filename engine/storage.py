@@ -2,10 +2,13 @@
 
 Why SQL tables per user table: a replica stored on PostgreSQL (or SQLite) must be readable by any SQL
 tool, so a sorted dynamic table is a real table (key columns as the primary key, the schema's value
-columns, and a hidden ``_rt_ts`` commit timestamp). MVCC versions live beside it in
-``<table>_versions`` (one full row image per committed write, deletes as tombstones, and the lock
-mask the write took, which conflict checks need). An ordered table is one SQL table keyed by
-(tablet, row index).
+columns, and two hidden columns: ``_rt_ts``, the commit timestamp of the row's latest write, and
+``_rt_lock_mask``, the lock groups that write took). Older versions live beside it in
+``<table>_versions``: when a commit overwrites or deletes a row, the image it replaces moves there
+(with its own timestamp and lock mask), and a delete leaves a tombstone there. A write of a new key
+therefore costs one SQL row, not two - the bulk load of a table writes no version rows at all - and
+the newest version of every key is always in the data table. An ordered table is one SQL table
+keyed by (tablet, row index).
 
 Everything here is dialect-neutral: no SQLite-only SQL. SQLite runs in WAL mode with
 ``synchronous=FULL`` so that an acknowledged commit survives a crash; writes are serialized by the
@@ -164,7 +167,8 @@ class UserTables:
             cols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
                               nullable=not c.is_key, autoincrement=False) for c in schema.columns]
             self.data = sa.Table(sql_name, self.metadata, *cols,
-                                 sa.Column(TS, sa.BigInteger, nullable=False), sqlite_with_rowid=False)
+                                 sa.Column(TS, sa.BigInteger, nullable=False),
+                                 sa.Column(LOCK_MASK, sa.Integer, nullable=False), sqlite_with_rowid=False)
             vcols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
                                nullable=not c.is_key, autoincrement=False) for c in schema.columns]
             self.versions: sa.Table | None = sa.Table(

@@ -4,10 +4,15 @@ This module knows how table data is laid out in SQL and how to read it at a time
 nothing of transactions beyond "apply these already-validated, already-locked writes with this
 commit timestamp" and "which keys changed after timestamp T" (the conflict check of seed 003).
 
-Sorted tables keep two SQL tables: the latest image (what SQL tools see) and the versions
-(what reads at a timestamp and conflict checks use). Ordered tables are one SQL table keyed by
-``(tablet_index, row_index)``; a row's timestamp is its commit timestamp, and row indexes are
-assigned at commit so they follow commit order within a tablet.
+Sorted tables keep two SQL tables: the latest image of every row (what SQL tools see) and the
+older versions and tombstones (see ``storage``); a read at a timestamp takes a row from the first
+when its latest write is old enough, else the newest older version from the second. Conflict checks
+(seed 003: "a write with a timestamp greater than the transaction start timestamp") look at the
+commits a table remembers in memory - the ones a running transaction can still conflict with - and
+at SQL only for a transaction older than that memory (one started before a restart, say).
+
+Ordered tables are one SQL table keyed by ``(tablet_index, row_index)``; a row's timestamp is its
+commit timestamp, and row indexes are assigned at commit so they follow commit order within a tablet.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 import operator
 import random
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -41,11 +47,17 @@ from reptables.engine.storage import (
     read_locks_table,
     tablets_table,
 )
+from reptables.engine.timestamps import COUNTER_BITS
 
 #: rows per SQL statement when we bind key lists
 _CHUNK = 500
 #: up to this many keys, a lookup runs one prepared point query per key
 _POINT_LOOKUPS = 8
+#: commits a table remembers for conflict checks: at most this many keys in all...
+_RECENT_KEYS = 100_000
+#: ...and, within that, every commit of the last seconds, for transactions coordinated elsewhere
+#: (a sync replica's prepare carries a start timestamp of its meta-cluster)
+_RECENT_GRACE_S = 2
 
 
 class TabletState(StrEnum):
@@ -135,6 +147,14 @@ class DynamicTable:
     upstream_replica_id: str | None = None
     #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
     has_read_locks: bool = True
+    #: recent commits (timestamp, writes by key), complete for every commit with a timestamp above
+    #: ``recent_floor``; a conflict check of a transaction that started earlier reads SQL instead.
+    #: The owner sets the floor to a fresh timestamp when it makes the table (nothing known before)
+    recent: list[tuple[int, dict[Any, RowWrite]]] = field(default_factory=list)
+    recent_keys: int = 0
+    recent_floor: int = 1 << 64
+    #: the start timestamp of the oldest running transaction (commits after it must be remembered)
+    pinned_by: Callable[[], int | None] | None = None
 
     @property
     def sorted(self) -> bool:
@@ -196,18 +216,19 @@ class DynamicTable:
     def find_conflicts(self, conn: sa.Connection, writes: dict[tuple[Any, ...], RowWrite],
                        start_ts: int) -> tuple[tuple[Any, ...], str] | None:
         """First key whose write or lock conflicts with history after ``start_ts`` (seed 003)."""
-        versions = self.sql.versions
-        assert versions is not None
-        keycols = [versions.c[n] for n in self.schema.key_names]
-        changed: dict[tuple[Any, ...], int] = {}
-        stmt = sa.select(*keycols, versions.c[LOCK_MASK]).where(versions.c[TS] > start_ts)
-        for row in conn.execute(stmt):
-            key = tuple(row[:-1])
-            if key in writes:
-                changed[key] = changed.get(key, 0) | row[-1]
-        for key, mask in changed.items():
-            if _masks_conflict(mask, writes[key].mask):
-                return key, "a write with a timestamp greater than the transaction start timestamp"
+        why = "a write with a timestamp greater than the transaction start timestamp"
+        if start_ts >= self.recent_floor:
+            for ts, committed in self.recent:
+                if ts <= start_ts:
+                    continue
+                for key in committed.keys() & writes.keys():
+                    other = committed[key]
+                    if other.kind is not WriteKind.LOCK and _masks_conflict(other.mask, writes[key].mask):
+                        return key, why
+        else:
+            for key, mask in self._writes_after(conn, list(writes), start_ts):
+                if _masks_conflict(mask, writes[key].mask):
+                    return key, why
         if self.has_read_locks and any(not w.shared for w in writes.values()):
             rl = read_locks_table
             stmt = sa.select(rl.c.row_key, rl.c.lock_mask).where(
@@ -219,15 +240,59 @@ class DynamicTable:
                     return key, "a lock taken after the transaction start timestamp"
         return None
 
+    def _writes_after(self, conn: sa.Connection, keys: list[tuple[Any, ...]],
+                      start_ts: int) -> Iterator[tuple[tuple[Any, ...], int]]:
+        """(key, lock mask) of every write to ``keys`` committed after ``start_ts``, from SQL."""
+        nkeys = len(self.schema.key_names)
+        for which, table in (("data", self.sql.data), ("versions", self.sql.versions)):
+            assert table is not None
+
+            def build(key_in: sa.ColumnElement[bool], table: sa.Table = table) -> sa.Executable:
+                return sa.select(*self._key_cols(table), table.c[LOCK_MASK]).where(
+                    key_in, table.c[TS] > sa.bindparam("start_ts"))
+
+            for result in self._run_with_keys(conn, f"writes_after:{which}", table, build, keys,
+                                              {"start_ts": start_ts}):
+                for row in result:
+                    yield tuple(row[:nkeys]), row[nkeys]
+
+    def remember_commit(self, commit_ts: int, writes: dict[Any, RowWrite]) -> None:
+        """Keep a commit's writes for conflict checks; forget the ones no check can need any more."""
+        if self.atomicity != "full":
+            return  # atomicity=none commits are never checked
+        self.recent.append((commit_ts, writes))
+        self.recent_keys += len(writes)
+        pin = self.pinned_by() if self.pinned_by is not None else None
+        cutoff = commit_ts - (_RECENT_GRACE_S << COUNTER_BITS)
+        if pin is not None:
+            cutoff = min(cutoff, pin)
+        if self.recent[0][0] > cutoff and self.recent_keys <= _RECENT_KEYS:
+            return
+        kept = []
+        floor = self.recent_floor if self.recent_floor < (1 << 64) else 0
+        for ts, keyed in sorted(self.recent, key=lambda entry: entry[0]):
+            if ts <= cutoff or self.recent_keys > _RECENT_KEYS:
+                floor = max(floor, ts)
+                self.recent_keys -= len(keyed)
+            else:
+                kept.append((ts, keyed))
+        self.recent = kept
+        self.recent_floor = floor
+
     # -- applying writes -------------------------------------------------------------------------
 
     def apply(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
-              tablet_index: int | None = None) -> int:
-        """Apply merged writes with ``commit_ts``; returns the number of data rows written."""
+              tablet_index: int | None = None, keyed: dict[Any, RowWrite] | None = None) -> int:
+        """Apply merged writes with ``commit_ts``; returns the number of data rows written.
+
+        ``keyed`` is the same writes by key, when the caller has it (a sorted table needs it)."""
         if self.replicated:
             return self._apply_queue(conn, writes, commit_ts, tablet_index or 0)
         if self.sorted:
-            return self._apply_sorted(conn, writes, commit_ts)
+            if keyed is None:
+                key_of = self.key_of
+                keyed = {key_of(w.row): w for w in writes}
+            return self._apply_sorted(conn, writes, commit_ts, keyed)
         return self._apply_ordered(conn, writes, commit_ts, tablet_index or 0)
 
     def _apply_queue(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int, tablet_index: int) -> int:
@@ -287,8 +352,11 @@ class DynamicTable:
         counts[1] = last + 1
         return removed
 
-    def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int) -> int:
+    def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
+                      keyed: dict[Any, RowWrite]) -> int:
         data = self.sql.data
+        versions = self.sql.versions
+        assert versions is not None
         keys = self.schema.key_names
         names = [c.name for c in self.schema.columns]
         updates = [w for w in writes if w.kind is WriteKind.WRITE and w.update]
@@ -297,8 +365,9 @@ class DynamicTable:
             current = self._fetch_latest(conn, [self.key_of(w.row) for w in updates])
         upserts: list[tuple[Any, ...]] = []
         deletes: list[tuple[Any, ...]] = []
-        version_rows: list[tuple[Any, ...]] = []
+        tombstones: list[tuple[Any, ...]] = []
         lock_rows: list[dict[str, Any]] = []
+        locks_only: set[Any] = set()
         # a whole-row write of every column is one C call from dict to tuple
         image_of = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
         write_kind = WriteKind.WRITE
@@ -309,34 +378,95 @@ class DynamicTable:
                     image = image_of(row)
                 except KeyError:
                     image = tuple(row.get(n) for n in names)
-                upserts.append(image + (commit_ts,))
-                version_rows.append(image + (commit_ts, False, w.mask))
+                upserts.append(image + (commit_ts, w.mask))
                 continue
             if w.kind is WriteKind.LOCK:
+                locks_only.add(self.key_of(row))
                 if w.strong or not w.shared:
                     lock_rows.append({"table_id": self.table_id,
                                       "row_key": yson_util.dumps_text(list(self.key_of(row))),
                                       "lock_mask": w.mask, "timestamp": commit_ts})
                 continue
             if w.kind is WriteKind.DELETE:
-                image = tuple(row[n] if n in keys else None for n in names)
                 deletes.append(tuple(row[k] for k in keys))
-                version_rows.append((*image, commit_ts, True, w.mask))
+                tombstones.append((*(row[n] if n in keys else None for n in names), commit_ts, True, w.mask))
                 continue
             merged = dict(current.get(self.key_of(row)) or {})
             merged.update(row)
-            image = tuple(merged.get(n) for n in names)
-            upserts.append((*image, commit_ts))
-            version_rows.append((*image, commit_ts, False, w.mask))
+            upserts.append((*(merged.get(n) for n in names), commit_ts, w.mask))
+        changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
+        if changed:
+            # the images this commit replaces become older versions
+            for _ in self._run_with_keys(conn, "move", data, self._move_statement, changed):
+                pass
         if deletes:
-            for chunk in _chunks(deletes):
-                conn.execute(data.delete().where(sa.tuple_(*[data.c[k] for k in keys]).in_(chunk)))
-        self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS])
-        self.sql.bulk("insert:versions", conn).run(conn, version_rows, [*names, TS, DELETED, LOCK_MASK])
+            for _ in self._run_with_keys(conn, "remove", data, lambda key_in: data.delete().where(key_in), deletes):
+                pass
+            self.sql.bulk("insert:versions", conn).run(conn, tombstones, [*names, TS, DELETED, LOCK_MASK])
+        self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS, LOCK_MASK])
         if lock_rows:
             self._record_locks(conn, lock_rows)
             self.has_read_locks = True
+        self.remember_commit(commit_ts, keyed)
         return len(upserts) + len(deletes)
+
+    # -- SQL helpers of sorted tables ------------------------------------------------------------
+
+    @property
+    def _chunk(self) -> int:
+        """Keys per ``IN`` list: a few thousand bound values, well inside every dialect's limit."""
+        return max(1, 4000 // len(self.schema.key_names))
+
+    def _key_cols(self, table: sa.Table) -> list[sa.Column[Any]]:
+        return [table.c[k] for k in self.schema.key_names]
+
+    def _run_with_keys(self, conn: sa.Connection, name: str, table: sa.Table,
+                       build: Callable[[sa.ColumnElement[bool]], sa.Executable], keys: list[tuple[Any, ...]],
+                       extra: dict[str, Any] | None = None) -> Iterator[sa.CursorResult[Any]]:
+        """Run ``build(key IN (...))`` (the key columns of ``table``) once per chunk of ``keys``; yields
+        each result.
+
+        The statement is compiled once per chunk length and run straight on the driver: SQLAlchemy
+        would otherwise render and process thousands of bound values on every execution."""
+        cache = self.__dict__.setdefault("_key_statements", {})
+        nkeys = len(self.schema.key_names)
+        extra = extra or {}
+        for chunk in _chunks(keys, self._chunk):
+            # a few list lengths only (powers of two, and the full chunk): a short list is padded
+            # with its last key, which changes nothing in an IN list
+            size = len(chunk) if len(chunk) == self._chunk else 1 << (len(chunk) - 1).bit_length()
+            chunk = chunk + [chunk[-1]] * (size - len(chunk))
+            entry = cache.get((name, size, conn.dialect.name))
+            if entry is None:
+                cols = self._key_cols(table)
+                binds = [[sa.bindparam(f"k{i}_{j}") for j in range(nkeys)] for i in range(size)]
+                key_in = cols[0].in_([b[0] for b in binds]) if nkeys == 1 else \
+                    sa.tuple_(*cols).in_([sa.tuple_(*b) for b in binds])
+                compiled = build(key_in).compile(dialect=conn.dialect)
+                order = list(compiled.positiontup or []) if compiled.positional else None
+                keys_first = order is not None and order[:size * nkeys] == [
+                    f"k{i}_{j}" for i in range(size) for j in range(nkeys)]
+                entry = cache[(name, size, conn.dialect.name)] = (str(compiled), order, keys_first)
+            sql, order, keys_first = entry
+            if keys_first:
+                # positional, keys first (the usual shape): a flat tuple
+                flat = [v for key in chunk for v in key]
+                params: Any = tuple(flat) + tuple(extra[n] for n in order[len(flat):])
+            else:
+                values = dict(extra)
+                for i, key in enumerate(chunk):
+                    for j, value in enumerate(key):
+                        values[f"k{i}_{j}"] = value
+                params = tuple(values[n] for n in order) if order is not None else values
+            yield conn.exec_driver_sql(sql, params)
+
+    def _move_statement(self, key_in: sa.ColumnElement[bool]) -> sa.Executable:
+        """INSERT INTO versions SELECT the current images of :keys (with their timestamps and masks)."""
+        data, versions = self.sql.data, self.sql.versions
+        assert versions is not None
+        names = [c.name for c in self.schema.columns]
+        image = sa.select(*[data.c[n] for n in names], data.c[TS], sa.false(), data.c[LOCK_MASK]).where(key_in)
+        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image)
 
     def _record_locks(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         rl = read_locks_table
@@ -406,17 +536,22 @@ class DynamicTable:
         return result
 
     def _fetch_at(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int) -> dict[tuple[Any, ...], dict]:
-        versions = self.sql.versions
+        """Rows as of ``ts``: the data row if its latest write is that old, else the newest older version."""
+        data, versions = self.sql.data, self.sql.versions
         assert versions is not None
         names = self.schema.key_names
         colnames = [c.name for c in self.schema.columns]
-        cols = [versions.c[n] for n in colnames]
         result: dict[tuple[Any, ...], dict[str, Any]] = {}
         for key in keys:
-            stmt = (sa.select(*cols, versions.c[DELETED])
-                    .where(*[versions.c[k] == v for k, v in zip(names, key, strict=True)], versions.c[TS] <= ts)
-                    .order_by(versions.c[TS].desc()).limit(1))
-            row = conn.execute(stmt).first()
+            row = conn.execute(sa.select(*[data.c[n] for n in colnames], data.c[TS]).where(
+                *[data.c[k] == v for k, v in zip(names, key, strict=True)])).first()
+            if row is not None and row[-1] <= ts:
+                result[key] = dict(zip(colnames, row[:-1], strict=True))
+                continue
+            row = conn.execute(
+                sa.select(*[versions.c[n] for n in colnames], versions.c[DELETED])
+                .where(*[versions.c[k] == v for k, v in zip(names, key, strict=True)], versions.c[TS] <= ts)
+                .order_by(versions.c[TS].desc()).limit(1)).first()
             if row is not None and not row[-1]:
                 result[key] = dict(zip(colnames, row[:-1], strict=True))
         return result
@@ -445,37 +580,43 @@ class DynamicTable:
             data = self.sql.data
             return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in self.schema.columns},
                                column_types=types, key_columns=tuple(self.schema.key_names))
-        versions = self.sql.versions
+        # rows whose latest write is old enough, plus the newest older version of the others
+        data, versions = self.sql.data, self.sql.versions
         assert versions is not None
         names = self.schema.key_names
+        colnames = [c.name for c in self.schema.columns]
+        current = sa.select(*[data.c[n] for n in colnames]).where(data.c[TS] <= ts)
         latest = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
                   .where(versions.c[TS] <= ts).group_by(*[versions.c[k] for k in names]).subquery("latest"))
-        visible = (sa.select(*[versions.c[c.name] for c in self.schema.columns])
-                   .join(latest, sa.and_(*[versions.c[k] == latest.c[k] for k in names],
-                                         versions.c[TS] == latest.c["m"]))
-                   .where(versions.c[DELETED] == sa.false())
-                   .subquery("visible"))
+        newer_current = sa.exists().where(*[data.c[k] == versions.c[k] for k in names], data.c[TS] <= ts)
+        older = (sa.select(*[versions.c[n] for n in colnames])
+                 .join(latest, sa.and_(*[versions.c[k] == latest.c[k] for k in names],
+                                       versions.c[TS] == latest.c["m"]))
+                 .where(versions.c[DELETED] == sa.false(), ~newer_current))
+        visible = sa.union_all(current, older).subquery("visible")
         return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in self.schema.columns},
                            column_types=types, key_columns=tuple(self.schema.key_names))
 
     def compact(self, conn: sa.Connection, horizon: int) -> int:
-        """Drop versions no read at or after ``horizon`` can see; returns the number removed."""
-        versions = self.sql.versions
+        """Drop versions no read at or after ``horizon`` can see; returns the number removed.
+
+        Such a read sees, per key, the newest version at or before it: an older version superseded
+        at or before ``horizon`` (by a newer one here or by the data row) is never seen again, and
+        a tombstone at or before ``horizon`` reads the same as no version at all."""
+        data, versions = self.sql.data, self.sql.versions
         if versions is None:
             return 0
         names = self.schema.key_names
-        keep = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
-                .where(versions.c[TS] <= horizon).group_by(*[versions.c[k] for k in names]).subquery("keep"))
-        rows = conn.execute(sa.select(*[keep.c[k] for k in names], keep.c["m"])).all()
-        removed = 0
-        for row in rows:
-            key_cond = [versions.c[k] == v for k, v in zip(names, row[:-1], strict=True)]
-            removed += conn.execute(versions.delete().where(*key_cond, versions.c[TS] < row[-1])).rowcount
-            removed += conn.execute(versions.delete().where(
-                *key_cond, versions.c[TS] == row[-1], versions.c[DELETED] == sa.true())).rowcount
+        newer = versions.alias("newer")
+        superseded = sa.or_(
+            sa.exists().where(*[newer.c[k] == versions.c[k] for k in names],
+                              newer.c[TS] > versions.c[TS], newer.c[TS] <= horizon),
+            sa.exists().where(*[data.c[k] == versions.c[k] for k in names], data.c[TS] <= horizon))
+        removed = conn.execute(versions.delete().where(
+            versions.c[TS] <= horizon, sa.or_(versions.c[DELETED] == sa.true(), superseded))).rowcount
         rl = read_locks_table
         conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
-        return removed
+        return int(removed or 0)
 
 
 def _payload(write: RowWrite, doubles: list[str]) -> str:
@@ -496,8 +637,8 @@ def _masks_conflict(a: int, b: int) -> bool:
     return bool((a & 1) and b) or bool((b & 1) and a)
 
 
-def _chunks(items: list[Any]) -> list[list[Any]]:
-    return [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+def _chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def validate_key_not_null(schema: TableSchema, row: dict[str, Any], path: str) -> None:

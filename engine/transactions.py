@@ -463,7 +463,7 @@ class TransactionManager:
             with self.storage.write() as conn:
                 self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes, part.keyed)
                 ts = self._begin_commit_timestamp()
-                rows = part.table.apply(conn, part.writes, ts, part.tablet_index)
+                rows = part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)
                 if part.table.replicated:
                     assert self.replication is not None
                     self.replication.after_queue_append(conn, part, ts, [])
@@ -487,7 +487,7 @@ class TransactionManager:
             with self.storage.write(durable=tx.durability is Durability.SYNC) as conn:
                 ts = self._begin_commit_timestamp(at_least=tx.start_timestamp)
                 for part in parts:
-                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index)
+                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)
         finally:
             if ts:
                 self._end_commit_timestamp(ts)
@@ -525,7 +525,7 @@ class TransactionManager:
             with self.storage.write() as conn:
                 ts = self._begin_commit_timestamp()
                 for part in parts:
-                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index)
+                    rows += part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)
                     if part.table.replicated:
                         assert self.replication is not None
                         self.replication.after_queue_append(conn, part, ts, remote)
