@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import builtins
 import json
-import math
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import httpx
 import orjson
@@ -70,6 +69,7 @@ from reptables.engine.errors import (
     UnavailableError,
     YtError,
 )
+from reptables.engine.httpconn import ConnectionPool, HttpTransportError, has_non_finite
 
 __all__ = [
     "AlreadyExistsError",
@@ -98,9 +98,9 @@ _Row = Mapping[str, Any]
 class TransportError(UnavailableError):
     """The request got no HTTP answer: connection refused or reset, DNS failure, timeout.
 
-    ``url`` is the request's URL and ``cause`` the underlying ``httpx`` exception (also chained as
-    ``__cause__``). The code is ``UNAVAILABLE`` (105), like a proxy that answers 503, so callers
-    can treat both as "retry later".
+    ``url`` is the request's URL and ``cause`` the underlying exception (an ``OSError`` or an
+    ``httpx`` error; also chained as ``__cause__``). The code is ``UNAVAILABLE`` (105), like a
+    proxy that answers 503, so callers can treat both as "retry later".
     """
 
     def __init__(self, url: str, cause: Exception) -> None:
@@ -192,32 +192,28 @@ def _dump_json(value: Any) -> str:
     return json.dumps(_to_wire(value), ensure_ascii=False, separators=(",", ":"))
 
 
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_has_non_finite(v) for v in value)
-    return False
-
-
 def _encode_rows(rows: Iterable[Any]) -> bytes:
-    """Rows as JSON lines: orjson for plain rows, the standard encoder for anything it can't do.
+    """Rows as JSON lines: one orjson call for the whole batch, the standard encoder for the rest.
 
-    orjson is ~20x faster, but writes NaN and infinities as ``null`` (the standard encoder writes
+    orjson encodes a list of rows ~20x faster than the standard encoder (and ~20x faster than
+    one orjson call per row); its ``[{...},{...}]`` becomes JSON lines by replacing the ``},{``
+    between rows - safe when there are exactly as many of them as row boundaries, that is, when no
+    value holds one. orjson writes NaN and infinities as ``null`` (the standard encoder writes
     ``NaN``, which the proxy reads back as a double) and knows nothing of :class:`Schema` or other
     subclasses of the builtins: a body with a ``null`` in it is checked for non-finite doubles, and
     any value orjson won't take as is falls back.
     """
     rows = rows if isinstance(rows, list) else list(rows)
+    if not rows:
+        return b""
     try:
-        body = b"\n".join([orjson.dumps(row, option=orjson.OPT_PASSTHROUGH_SUBCLASS) for row in rows])
+        whole = orjson.dumps(rows, option=orjson.OPT_PASSTHROUGH_SUBCLASS)
     except TypeError:
         pass
     else:
-        if b"null" not in body or not _has_non_finite(rows):
-            return body + b"\n" if rows else b""
+        if (whole.startswith(b"[{") and whole.count(b"},{") == len(rows) - 1
+                and (b"null" not in whole or not has_non_finite(rows))):
+            return whole[1:-1].replace(b"},{", b"}\n{") + b"\n"
     return "".join(_dump_json(row) + "\n" for row in rows).encode("utf-8")
 
 
@@ -235,7 +231,7 @@ class _Request:
 
     method: str
     url: str
-    parse: Callable[[httpx.Response], Any]
+    parse: Callable[[_Answer], Any]
     params: dict[str, Any] | None = None
     body: bytes | None = None
 
@@ -261,7 +257,7 @@ class _Request:
         if spec.input_type is not None:
             wire_params["input_format"] = _JSON_FORMAT
             body = _encode_input(spec, input)
-        parse: Callable[[httpx.Response], Any] = _parse_nothing
+        parse: Callable[[_Answer], Any] = _parse_nothing
         if spec.output_type is not None:
             wire_params["output_format"] = _JSON_FORMAT
             parse = _parse_tabular if spec.output_type == "tabular" else partial(
@@ -272,11 +268,30 @@ class _Request:
 # -- decoding -------------------------------------------------------------------------------------
 
 
-def _parse_nothing(response: httpx.Response) -> None:
+class _Answer(Protocol):
+    """What the parsers read of an answer: an ``httpx.Response`` or an ``httpconn.HttpResponse``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Any: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def is_success(self) -> bool: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def url(self) -> Any: ...
+    def json(self) -> Any: ...
+
+
+
+def _parse_nothing(response: _Answer) -> None:
     return None
 
 
-def _parse_structured(response: httpx.Response, unwrap: str | None,
+def _parse_structured(response: _Answer, unwrap: str | None,
                       convert: Callable[[Any], Any] | None) -> Any:
     value = json.loads(response.content.decode("utf-8"))
     if unwrap is not None:
@@ -284,12 +299,20 @@ def _parse_structured(response: httpx.Response, unwrap: str | None,
     return convert(value) if convert is not None else value
 
 
-def _parse_tabular(response: httpx.Response) -> list[Any]:
-    text = response.content.decode("utf-8")
+def _parse_tabular(response: _Answer) -> list[Any]:
+    body = response.content.strip()
+    if not body:
+        return []
+    if b"\n\n" not in body:
+        try:  # one orjson parse of all the lines (the standard parser is needed for NaN)
+            return orjson.loads(b"[" + body.replace(b"\n", b",") + b"]")  # type: ignore[no-any-return]
+        except orjson.JSONDecodeError:
+            pass
+    text = body.decode("utf-8")
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def _parse_descriptors(response: httpx.Response) -> dict[str, _Spec]:
+def _parse_descriptors(response: _Answer) -> dict[str, _Spec]:
     def kind(raw: str | None) -> str | None:
         return None if raw in (None, "", "null") else raw
 
@@ -306,7 +329,7 @@ def _to_schema(value: Any) -> Any:
     return value
 
 
-def _error_from_response(response: httpx.Response) -> YtError | None:
+def _error_from_response(response: _Answer) -> YtError | None:
     """The YT error a response carries, or None if it is a success."""
     if response.is_success and response.headers.get("X-YT-Response-Code", "0") == "0":
         return None
@@ -321,12 +344,12 @@ def _error_from_response(response: httpx.Response) -> YtError | None:
     code = ErrorCode.UNAVAILABLE if response.status_code in (502, 503, 504) else ErrorCode.GENERIC
     return YtError.from_dict({
         "code": code,
-        "message": f"HTTP {response.status_code} from {response.request.url}: {response.text[:1000]}",
-        "attributes": {"http_status": response.status_code, "url": str(response.request.url)},
+        "message": f"HTTP {response.status_code} from {response.url}: {response.text[:1000]}",
+        "attributes": {"http_status": response.status_code, "url": str(response.url)},
     })
 
 
-def _result(req: _Request, response: httpx.Response) -> Any:
+def _result(req: _Request, response: _Answer) -> Any:
     error = _error_from_response(response)
     if error is not None:
         raise error
@@ -479,15 +502,25 @@ class Client:
     def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self._config = _Config(proxy_url, token, timeout)
-        self._http = httpx.Client(base_url=self._config.proxy_url, headers=self._config.headers,
-                                  timeout=self._config.timeout, transport=transport)
+        # keep-alive connections on http.client (engine/httpconn.py says why), or httpx with the
+        # caller's transport
+        self._pool: ConnectionPool | None = None
+        self._http: httpx.Client | None = None
+        if transport is None:
+            self._pool = ConnectionPool(self._config.proxy_url, self._config.headers, timeout=timeout)
+        else:
+            self._http = httpx.Client(base_url=self._config.proxy_url, headers=self._config.headers,
+                                      timeout=self._config.timeout, transport=transport)
 
     @property
     def proxy_url(self) -> str:
         return self._config.proxy_url
 
     def close(self) -> None:
-        self._http.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Self:
         return self
@@ -497,10 +530,18 @@ class Client:
         self.close()
 
     def _send(self, req: _Request) -> Any:
-        try:
-            response = self._http.request(req.method, req.url, headers=req.headers, content=req.body)
-        except httpx.TransportError as exc:
-            raise TransportError(self.proxy_url + req.url, exc) from exc
+        response: _Answer
+        if self._pool is not None:
+            try:
+                response = self._pool.request(req.method, req.url, headers=req.headers, body=req.body)
+            except HttpTransportError as exc:
+                raise TransportError(self.proxy_url + req.url, exc.cause) from exc.cause
+        else:
+            assert self._http is not None
+            try:
+                response = self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+            except httpx.TransportError as exc:
+                raise TransportError(self.proxy_url + req.url, exc) from exc
         return _result(req, response)
 
     def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:

@@ -286,6 +286,15 @@ class Cluster:
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
         return node.table, node.path, node
 
+    def is_plain_table(self, path: Any) -> bool:
+        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster (not a
+        replicated table, which forwards reads and runs sync replica commits elsewhere)."""
+        try:
+            table, _, _ = self._table(path)
+        except YtError:
+            return False
+        return not table.replicated
+
     def _save_table_state(self, conn: sa.Connection, node: Node) -> None:
         assert node.table is not None
         node.attributes[f"{INTERNAL_PREFIX}tablet_state"] = node.table.state.value

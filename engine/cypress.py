@@ -8,6 +8,7 @@ tables and its node atomically). Paths follow YPath: ``//a/b``, ``#<id>``, ``#<i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,18 @@ class YPath:
 
 def parse_ypath(raw: Any) -> YPath:
     """Split a YPath into its anchor (root or ``#id``), node segments and attribute path."""
-    text = yson_util.to_str(yson_util.strip(raw)).strip()
+    if type(raw) is str:
+        return _parse_ypath_text(raw)  # the usual case, parsed once per distinct path
+    return _parse_ypath(yson_util.to_str(yson_util.strip(raw)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_ypath_text(text: str) -> YPath:
+    return _parse_ypath(text)
+
+
+def _parse_ypath(text: str) -> YPath:
+    text = text.strip()
     if not text:
         raise YtError("YPath cannot be empty", code=ErrorCode.RESOLVE_ERROR)
     if text in ("/", "//"):

@@ -41,6 +41,13 @@ class Format:
 def parse_format(raw: Any, default: str = "yson") -> Format:
     if raw is None or raw == "":
         return Format(default, {})
+    if type(raw) is str and raw in ("json", "yson"):
+        return Format(raw, {})
+    if type(raw) is dict and "$value" in raw:
+        # the JSON form of an attributed format, as JSON parameters carry it
+        name, attrs = raw["$value"], raw.get("$attributes") or {}
+        if name in ("json", "yson") and type(attrs) is dict:
+            return Format(name, yson_util.to_python(attrs))
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
     if isinstance(raw, str) and raw.lstrip().startswith("<"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import time
 import uuid
 import zlib
@@ -59,6 +60,8 @@ class Command:
     is_volatile: bool
     is_heavy: bool
     handler: Callable[[Cluster, dict[str, Any], Any], Any]
+    #: whether a request may run on the event loop itself (see ``_inline``); None: never
+    inline: Callable[[Cluster, dict[str, Any], int], bool] | None = None
 
     def descriptor(self) -> dict[str, Any]:
         return {"name": self.name, "input_type": self.input_type or "null",
@@ -132,12 +135,40 @@ _BODY_BYTES = "\0body_bytes"
 
 
 def _command(name: str, input_type: str | None, output_type: str | None, volatile: bool, heavy: bool = False,
-             aliases: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+             aliases: tuple[str, ...] = (),
+             inline: Callable[[Cluster, dict[str, Any], int], bool] | None = None,
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(fn: Callable[[Cluster, dict[str, Any], Any], Any]) -> Callable[..., Any]:
         for n in (name, *aliases):
-            COMMANDS[n] = Command(n, input_type, output_type, volatile, heavy, fn)
+            COMMANDS[n] = Command(n, input_type, output_type, volatile, heavy, fn, inline)
         return fn
     return register
+
+
+# -- which requests run on the event loop ------------------------------------------------------------
+#
+# Handing a request to a worker thread and back costs ~0.4 ms here, more than a point lookup or a
+# one-row commit itself. Small requests that cannot wait on anything - no other cluster (replicated
+# tables), no in-flight commit (reads at a timestamp), no busy writer - run on the event loop
+# instead; everything else, and anything big, runs in the thread pool so the loop stays free.
+
+#: a request body up to this size may be served on the event loop
+INLINE_BODY_BYTES = 64 * 1024
+
+
+def _inline_lookup(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
+    return (body_bytes <= INLINE_BODY_BYTES and p.get("timestamp") is None and _tx(p) is None
+            and c.is_plain_table(p.get("path")))
+
+
+def _inline_write(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
+    # inside a transaction a write is only buffered; else it commits, and must not wait for the writer
+    return (body_bytes <= INLINE_BODY_BYTES and c.is_plain_table(p.get("path"))
+            and (_tx(p) is not None or not c.storage.write_busy()))
+
+
+def _always(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
+    return True
 
 
 @_command("create", None, "structured", True)
@@ -230,7 +261,7 @@ def _get_in_sync_replicas(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     return c.get_in_sync_replicas(_path(p), _int(p, "timestamp"), keys)
 
 
-@_command("generate_timestamp", None, "structured", False)
+@_command("generate_timestamp", None, "structured", False, inline=_always)
 def _generate_timestamp(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     return {"timestamp": yson.YsonUint64(c.generate_timestamp())}
 
@@ -257,13 +288,13 @@ def _abort_tx(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     c.abort_transaction(_required_str(p, "transaction_id"))
 
 
-@_command("insert_rows", "tabular", None, True, heavy=True)
+@_command("insert_rows", "tabular", None, True, heavy=True, inline=_inline_write)
 def _insert_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     c.insert_rows(_path(p), _rows(body), _bool(p, "update"), _tx(p), _p(p, "atomicity"), _p(p, "durability"),
                   _bool(p, "require_sync_replica", True), input_bytes=p.get(_BODY_BYTES))
 
 
-@_command("delete_rows", "tabular", None, True, heavy=True)
+@_command("delete_rows", "tabular", None, True, heavy=True, inline=_inline_write)
 def _delete_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     c.delete_rows(_path(p), _rows(body), _tx(p), _p(p, "atomicity"), _p(p, "durability"),
                   _bool(p, "require_sync_replica", True))
@@ -274,7 +305,7 @@ def _lock_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     c.lock_rows(_path(p), _rows(body), _tx(p), _str_list(p, "locks"), str(_p(p, "lock_type", "shared_strong")))
 
 
-@_command("lookup_rows", "tabular", "tabular", False, heavy=True)
+@_command("lookup_rows", "tabular", "tabular", False, heavy=True, inline=_inline_lookup)
 def _lookup_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
     return c.lookup_rows(_path(p), _rows(body), _str_list(p, "column_names"), _int(p, "timestamp"),
                          _bool(p, "keep_missing_rows"), _tx(p))
@@ -295,12 +326,25 @@ def _query_value(text: str) -> Any:
     return text
 
 
+#: parameters whose JSON form ``{"$value": ..., "$attributes": ...}`` parse_format reads as it is
+_FORMAT_PARAMETERS = frozenset({"input_format", "output_format"})
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _decode_header_value(raw: str, header_format: str) -> Any:
     data = raw.encode("latin-1")
     try:
         if header_format == "yson":
             return yson.loads(data)
-        return yson.json_to_yson(json.loads(data.decode("utf-8")))
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            value = json.loads(data.decode("utf-8"))  # NaN and friends, or the precise error
+        if not isinstance(value, dict):
+            return yson.json_to_yson(value)
+        # scalars need no conversion; structures may carry YSON attributes in their JSON form
+        return {k: v if isinstance(v, _SCALARS) or k in _FORMAT_PARAMETERS else yson.json_to_yson(v)
+                for k, v in value.items()}
     except Exception:  # noqa: BLE001 - any parse failure is a malformed header
         raise YtError(f"Malformed X-YT-Parameters header (expected {header_format})",
                       code=ErrorCode.PROTOCOL_ERROR) from None
@@ -345,6 +389,18 @@ def _error_response(error: YtError, request_id: str) -> Response:
                  "X-YT-Request-Id": request_id})
 
 
+_METRIC_CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _metric(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, remembered: prometheus_client resolves labels on every call."""
+    key = (id(metric), labels)
+    child = _METRIC_CHILDREN.get(key)
+    if child is None:
+        child = _METRIC_CHILDREN[key] = metric.labels(*labels)
+    return child
+
+
 def create_app(cluster: Cluster, token: str) -> Starlette:
     """The ASGI app of one engine; ``token`` is required on every API command."""
 
@@ -383,7 +439,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
 
     async def command(request: Request) -> Response:
         name = request.path_params["command"]
-        request_id = uuid.uuid4().hex[:16]
+        request_id = os.urandom(8).hex()
         started = time.perf_counter()
         outcome = "error"
         try:
@@ -405,9 +461,16 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             log.exception("command failed", extra={"command": name})
             return _error_response(YtError(f"Command {name!r} failed: {type(exc).__name__}: {exc}"), request_id)
         finally:
-            METRICS.requests.labels(command=name if name in COMMANDS else "unknown", outcome=outcome).inc()
-            METRICS.latency.labels(command=name if name in COMMANDS else "unknown").observe(
-                time.perf_counter() - started)
+            counted = name if name in COMMANDS else "unknown"
+            _metric(METRICS.requests, counted, outcome).inc()
+            _metric(METRICS.latency, counted).observe(time.perf_counter() - started)
+
+    def _safe_inline(cmd: Command, params: dict[str, Any], body_bytes: int) -> bool:
+        assert cmd.inline is not None
+        try:
+            return cmd.inline(cluster, params, body_bytes)
+        except YtError:
+            return False  # the handler, in the pool, gives the error
 
     async def _execute(request: Request, cmd: Command) -> Response:
         header_format = _header_format(request)
@@ -438,7 +501,10 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                     else load_rows(body, fmt)
             else:
                 input_value = load_structured(body, fmt)
-        result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
+        if cmd.inline is not None and _safe_inline(cmd, params, len(body)):
+            result = cmd.handler(cluster, params, input_value)
+        else:
+            result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
         if _bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
             result = result["value"]
         if cmd.output_type is None:
@@ -500,11 +566,11 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return _error_response(YtError(f"Internal call {method!r} failed: {type(exc).__name__}: {exc}"),
                                    request_id)
 
-    routes = [
+    routes = [  # the commands first: routes are matched in order
+        Route("/api/v4/{command}", command, methods=["GET", "POST", "PUT"]),
         Route("/api", api, methods=["GET"]),
         Route("/api/v4", api_v4, methods=["GET"]),
         Route("/api/v4/", api_v4, methods=["GET"]),
-        Route("/api/v4/{command}", command, methods=["GET", "POST", "PUT"]),
         Route("/internal/v1/{method}", internal, methods=["POST"]),
         Route("/hosts", hosts, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

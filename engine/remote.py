@@ -11,15 +11,13 @@ fail a commit within about a second, not hang it.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from reptables.engine.client import Client
 from reptables.engine.errors import ErrorCode, UnavailableError, YtError
+from reptables.engine.httpconn import ConnectionPool, HttpTransportError, dumps_json, loads_json
 
 #: how long a commit waits for a sync replica's prepare
 DEFAULT_SYNC_TIMEOUT = 1.0
@@ -74,8 +72,10 @@ class InternalClient:
     def __init__(self, conn: ClusterConnection, timeout: float) -> None:
         self.conn = conn
         self._connect_timeout = timeout
-        self._http = httpx.Client(base_url=conn.proxy_url, timeout=httpx.Timeout(timeout, connect=timeout),
-                                  headers={"Authorization": f"OAuth {conn.token}"})
+        # keep-alive connections on http.client: a sync replica's prepare and commit are on the
+        # latency path of every write (engine/httpconn.py)
+        self._pool = ConnectionPool(conn.proxy_url, {"Authorization": f"OAuth {conn.token}"},
+                                    timeout=timeout, connect_timeout=timeout)
 
     def call(self, method: str, body: dict[str, Any] | None = None, timeout: float | None = None,
              raw_body: bytes | None = None) -> Any:
@@ -85,16 +85,13 @@ class InternalClient:
         peer timeout, so an unreachable cluster fails fast whatever the request size.
         """
         try:
-            kwargs: dict[str, Any] = {}
-            if timeout is not None:
-                kwargs["timeout"] = httpx.Timeout(timeout, connect=min(timeout, self._connect_timeout))
-            content = raw_body if raw_body is not None else json.dumps(body or {}).encode()
-            response = self._http.post(f"/internal/v1/{method}", content=content,
-                                       headers={"Content-Type": "application/json"}, **kwargs)
-        except httpx.HTTPError as exc:
+            content = raw_body if raw_body is not None else dumps_json(body or {})
+            response = self._pool.request(
+                "POST", f"/internal/v1/{method}", body=content, headers={"Content-Type": "application/json"},
+                timeout=timeout, connect_timeout=min(timeout, self._connect_timeout) if timeout else None)
+        except HttpTransportError as exc:
             raise UnavailableError(f"Cluster {self.conn.name} is unreachable at {self.conn.proxy_url}: "
-                                   f"{type(exc).__name__}: {exc}",
-                                   attributes={"cluster_name": self.conn.name}) from None
+                                   f"{exc}", attributes={"cluster_name": self.conn.name}) from None
         if response.status_code >= 400:
             try:
                 error = YtError.from_dict(response.json())
@@ -102,10 +99,10 @@ class InternalClient:
                 error = YtError(f"Cluster {self.conn.name} answered HTTP {response.status_code}")
             raise YtError(f"Request {method} to cluster {self.conn.name} failed: {error.message}",
                           code=error.code, attributes={"cluster_name": self.conn.name}, inner_errors=[error])
-        return response.json() if response.content else None
+        return loads_json(response.content) if response.content else None
 
     def close(self) -> None:
-        self._http.close()
+        self._pool.close()
 
 
 class Peers:

@@ -277,6 +277,7 @@ class Storage:
             event.listen(self.engine, "begin", _sqlite_on_begin)
         self.write_lock = threading.RLock()
         self._writer: sa.Connection | None = None
+        self._loop_reader: sa.Connection | None = None
         SYSTEM_METADATA.create_all(self.engine)
 
     @classmethod
@@ -307,6 +308,13 @@ class Storage:
                 if relaxed and self._writer is not None:
                     _raw_pragma(conn, "PRAGMA synchronous=FULL")
 
+    def write_busy(self) -> bool:
+        """Whether a write transaction holds the writer right now (a hint: it may change at once)."""
+        if self.write_lock.acquire(blocking=False):
+            self.write_lock.release()
+            return False
+        return True
+
     def _writer_connection(self) -> sa.Connection:
         """The one connection all writes use (held under ``write_lock``): no pool checkout per commit."""
         if self._writer is None or self._writer.closed:
@@ -315,9 +323,21 @@ class Storage:
 
     @contextmanager
     def read(self) -> Iterator[sa.Connection]:
-        with self.engine.connect() as conn:
-            with conn.begin():
-                yield conn
+        """A read-only transaction (a consistent snapshot) on a pooled connection.
+
+        The event-loop thread, which serves small reads itself, keeps one connection of its own:
+        a pool checkout and return cost more than a point lookup."""
+        conn = self._loop_reader if threading.current_thread() is threading.main_thread() else None
+        if conn is None or conn.closed or conn.in_transaction():
+            if conn is None and threading.current_thread() is threading.main_thread():
+                conn = self._loop_reader = self.engine.connect()
+            else:
+                with self.engine.connect() as conn:
+                    with conn.begin():
+                        yield conn
+                return
+        with conn.begin():
+            yield conn
 
     def get_meta(self, name: str) -> str | None:
         with self.read() as conn:
@@ -333,6 +353,9 @@ class Storage:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+        if self._loop_reader is not None:
+            self._loop_reader.close()
+            self._loop_reader = None
         self.engine.dispose()
 
 
@@ -351,4 +374,5 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(conn: sa.Connection) -> None:
-    conn.exec_driver_sql("BEGIN")
+    # straight on the driver: the same statement without SQLAlchemy's execution machinery
+    conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]

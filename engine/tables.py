@@ -23,6 +23,7 @@ import math
 import operator
 import random
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -54,7 +55,7 @@ _CHUNK = 500
 #: up to this many keys, a lookup runs one prepared point query per key
 _POINT_LOOKUPS = 8
 #: commits a table remembers for conflict checks: at most this many keys in all...
-_RECENT_KEYS = 100_000
+_RECENT_KEYS = 20_000
 #: ...and, within that, every commit of the last seconds, for transactions coordinated elsewhere
 #: (a sync replica's prepare carries a start timestamp of its meta-cluster)
 _RECENT_GRACE_S = 2
@@ -150,7 +151,8 @@ class DynamicTable:
     #: recent commits (timestamp, writes by key), complete for every commit with a timestamp above
     #: ``recent_floor``; a conflict check of a transaction that started earlier reads SQL instead.
     #: The owner sets the floor to a fresh timestamp when it makes the table (nothing known before)
-    recent: list[tuple[int, dict[Any, RowWrite]]] = field(default_factory=list)
+    #: in commit order: (timestamp, the largest timestamp so far, writes by key)
+    recent: deque[tuple[int, int, dict[Any, RowWrite]]] = field(default_factory=deque)
     recent_keys: int = 0
     recent_floor: int = 1 << 64
     #: the start timestamp of the oldest running transaction (commits after it must be remembered)
@@ -218,7 +220,10 @@ class DynamicTable:
         """First key whose write or lock conflicts with history after ``start_ts`` (seed 003)."""
         why = "a write with a timestamp greater than the transaction start timestamp"
         if start_ts >= self.recent_floor:
-            for ts, committed in self.recent:
+            # newest first, until every earlier commit is known to be older than the start
+            for ts, newest, committed in reversed(self.recent):
+                if newest <= start_ts:
+                    break
                 if ts <= start_ts:
                     continue
                 for key in committed.keys() & writes.keys():
@@ -260,23 +265,23 @@ class DynamicTable:
         """Keep a commit's writes for conflict checks; forget the ones no check can need any more."""
         if self.atomicity != "full":
             return  # atomicity=none commits are never checked
-        self.recent.append((commit_ts, writes))
+        recent = self.recent
+        # commits arrive in timestamp order, except replicated ones that keep their source's
+        # timestamps: each entry carries the largest timestamp so far, so a check can stop early
+        newest = max(commit_ts, recent[-1][1]) if recent else commit_ts
+        recent.append((commit_ts, newest, writes))
         self.recent_keys += len(writes)
-        pin = self.pinned_by() if self.pinned_by is not None else None
         cutoff = commit_ts - (_RECENT_GRACE_S << COUNTER_BITS)
+        if recent[0][0] > cutoff and self.recent_keys <= _RECENT_KEYS:
+            return
+        pin = self.pinned_by() if self.pinned_by is not None else None
         if pin is not None:
             cutoff = min(cutoff, pin)
-        if self.recent[0][0] > cutoff and self.recent_keys <= _RECENT_KEYS:
-            return
-        kept = []
         floor = self.recent_floor if self.recent_floor < (1 << 64) else 0
-        for ts, keyed in sorted(self.recent, key=lambda entry: entry[0]):
-            if ts <= cutoff or self.recent_keys > _RECENT_KEYS:
-                floor = max(floor, ts)
-                self.recent_keys -= len(keyed)
-            else:
-                kept.append((ts, keyed))
-        self.recent = kept
+        while recent and (recent[0][0] <= cutoff or self.recent_keys > _RECENT_KEYS):
+            ts, _, keyed = recent.popleft()
+            floor = max(floor, ts)
+            self.recent_keys -= len(keyed)
         self.recent_floor = floor
 
     # -- applying writes -------------------------------------------------------------------------
@@ -522,10 +527,16 @@ class DynamicTable:
         if len(keys) <= _POINT_LOOKUPS:
             # a few keys: a point query compiled once per table, run straight on the driver
             point = self.sql.bulk("point:data", conn)
-            for key in keys:
-                row = conn.exec_driver_sql(point.sql, point.params(key, names)).fetchone()
-                if row is not None:
-                    result[key] = dict(zip(colnames, row, strict=True))
+            # on the DBAPI cursor: SQLAlchemy's result machinery costs more than the query
+            cursor = conn.connection.cursor()
+            try:
+                for key in keys:
+                    cursor.execute(point.sql, point.params(key, names))
+                    row = cursor.fetchone()
+                    if row is not None:
+                        result[key] = dict(zip(colnames, row, strict=True))
+            finally:
+                cursor.close()
             return result
         cols = [data.c[c.name] for c in self.schema.columns]
         for chunk in _chunks(keys):

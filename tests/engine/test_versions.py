@@ -131,7 +131,8 @@ def test_conflict_checks_agree_with_and_without_remembered_commits(cluster: Clus
     remembered = conflicts()
     # key 1 was written in group_a only: a group_b write does not conflict (seed 003 lock groups)
     assert remembered == [(2,), (3,)]
-    table.recent, table.recent_keys, table.recent_floor = [], 0, 1 << 64
+    table.recent.clear()
+    table.recent_keys, table.recent_floor = 0, 1 << 64
     assert conflicts() == remembered
 
 
