@@ -12,9 +12,11 @@ What it measures, and why these figures (the targets come from the performance i
    client encoding + HTTP + engine decode/validate/commit.
 2. **Raw SQLite ceiling**: the same rows written with ``executemany`` straight into SQLite (WAL,
    ``synchronous=FULL``, one transaction per 10,000-row batch), in two shapes: ``minimal`` (one
-   table keyed by ``k`` - the physical ceiling), and ``engine layout`` (what the engine must write
-   as a minimum: the latest-image table with an upsert plus the MVCC versions table and its
-   timestamp index). The ratio engine/raw shows how much of the ceiling the engine reaches.
+   table keyed by ``k`` - the physical ceiling), and ``engine layout`` (what the engine must do
+   as a minimum: move the images a batch replaces into the versions table - ``INSERT ... SELECT``
+   by key lists, which finds nothing for new keys - and upsert the batch into the latest-image
+   table with its timestamp and lock mask). The ratio engine/raw shows how much of the ceiling the
+   engine reaches.
 3. **Single-row commit latency** (targets p50 <= 2 ms, p99 <= 10 ms): sequential ``insert_rows``
    of one row each, each a durable (fsynced) commit, over loopback, with our ``Client``.
 4. **Single-key lookup latency** (target p50 <= 1 ms): sequential ``lookup_rows`` of one random
@@ -28,7 +30,8 @@ Floors and breakdowns, so that a missed target can be attributed:
 * the engine's own mean time per request (from its ``/metrics`` histogram sum/count) beside each
   client-side figure: engine time versus client and HTTP time;
 * the same commits and lookups over a raw keep-alive socket (no client library), and ``GET
-  /healthz`` round trips with httpx and with the raw socket (the HTTP floor with no engine work);
+  /healthz`` round trips with the Client's own keep-alive connections and with the raw socket
+  (the HTTP floor with no engine work);
 * durable single-row commits straight into SQLite (the fsync floor of item 3);
 * the 1-minute load average at start and end: other work on the 2-core machine shows up in
   every figure, so compare runs only at a low load.
@@ -172,7 +175,7 @@ RETRIES = Retries()
 class RawHttp:
     """A minimal keep-alive HTTP/1.1 client over one socket: the same API with no client library.
 
-    It shows how much of a latency is the client library's (httpx) rather than the engine's.
+    It shows how much of a latency is the client library's rather than the engine's.
     """
 
     def __init__(self, port: int) -> None:
@@ -315,7 +318,8 @@ def bench_raw_sqlite(db_path: Path, rows: int, layout: str, deadline: float) -> 
             conn.execute("CREATE TABLE t (k BIGINT NOT NULL PRIMARY KEY, s TEXT, d DOUBLE)")
         else:
             # the shape of engine/storage.py's UserTables for a sorted table
-            conn.execute("CREATE TABLE t (k BIGINT NOT NULL PRIMARY KEY, s TEXT, d DOUBLE, _rt_ts BIGINT NOT NULL)")
+            conn.execute("CREATE TABLE t (k BIGINT NOT NULL PRIMARY KEY, s TEXT, d DOUBLE, _rt_ts BIGINT NOT NULL, "
+                         "_rt_lock_mask INTEGER NOT NULL)")
             conn.execute("CREATE TABLE t_versions (k BIGINT NOT NULL, s TEXT, d DOUBLE, _rt_ts BIGINT NOT NULL, "
                          "_rt_deleted BOOLEAN NOT NULL, _rt_lock_mask INTEGER NOT NULL, PRIMARY KEY (k, _rt_ts))")
             conn.execute("CREATE INDEX t_versions_ts ON t_versions (_rt_ts)")
@@ -329,9 +333,14 @@ def bench_raw_sqlite(db_path: Path, rows: int, layout: str, deadline: float) -> 
             if layout == "minimal":
                 conn.executemany("INSERT INTO t (k, s, d) VALUES (?, ?, ?)", [r[:3] for r in batch])
             else:
-                conn.executemany("INSERT INTO t (k, s, d, _rt_ts) VALUES (?, ?, ?, ?) ON CONFLICT (k) DO UPDATE "
-                                 "SET s = excluded.s, d = excluded.d, _rt_ts = excluded._rt_ts", batch)
-                conn.executemany("INSERT INTO t_versions VALUES (?, ?, ?, ?, 0, 1)", batch)
+                keys = [r[0] for r in batch]
+                for i in range(0, len(keys), 4000):
+                    chunk = keys[i:i + 4000]
+                    conn.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, 0, _rt_lock_mask FROM t "
+                                 f"WHERE k IN ({','.join('?' * len(chunk))})", chunk)
+                conn.executemany("INSERT INTO t (k, s, d, _rt_ts, _rt_lock_mask) VALUES (?, ?, ?, ?, 1) ON CONFLICT "
+                                 "(k) DO UPDATE SET s = excluded.s, d = excluded.d, _rt_ts = excluded._rt_ts, "
+                                 "_rt_lock_mask = excluded._rt_lock_mask", batch)
             conn.execute("COMMIT")
 
         return timed_batches(make, insert, rows, deadline)
@@ -541,10 +550,13 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
             # the HTTP floor: a round trip that does no work in the engine (GET /healthz)
             print(f"[3/8] {args.latency_samples:,} GET /healthz round trips (HTTP floor) ...", flush=True)
-            http = client._http  # the Client's own connection pool, so the floor matches its requests
+            pool = client._pool  # the Client's own connections, so the floor matches its requests
+            assert pool is not None
 
             def ping(_: int) -> None:
-                http.get("/healthz").raise_for_status()
+                answer = pool.request("GET", "/healthz")
+                if not answer.is_success:
+                    raise RuntimeError(f"GET /healthz answered HTTP {answer.status_code}")
 
             floor = measure_latency(engine, "-", ping, args.latency_samples, 20, deadline())
             details["http_floor_latency"] = asdict(floor)
@@ -635,7 +647,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     figures.append(Figure("raw SQLite executemany, minimal table", raw_min.rows_per_s, "rows/s", "ceiling",
                           note=f"{raw_min.rows:,} rows, one table keyed by k" + ("" if raw_min.complete else partial)))
     figures.append(Figure("raw SQLite executemany, engine layout", raw_layout.rows_per_s, "rows/s", "ceiling",
-                          note="upsert into data + insert into versions (+ ts index)"))
+                          note="move replaced images to versions (none: new keys) + upsert into data"))
     for label, t in (("Client", ours), ("yt.wrapper", wrapper)):
         if t is not None:
             figures.append(Figure(f"ratio {label} / raw minimal", t.rows_per_s / raw_min.rows_per_s * 100.0, "%"))
@@ -657,8 +669,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     figures.append(Figure("lookup one key p99", lookup.p99_ms, "ms", note=f"max {lookup.max_ms:.2f} ms"))
     figures.append(Figure("lookup one key p50, raw socket", raw_lookup_lat.p50_ms, "ms",
                           note=f"p99 {raw_lookup_lat.p99_ms:.2f} ms; no client library"))
-    figures.append(Figure("HTTP floor p50, httpx (GET /healthz)", floor.p50_ms, "ms",
-                          note=f"p99 {floor.p99_ms:.2f} ms; the Client's httpx pool, no engine work"))
+    figures.append(Figure("HTTP floor p50, Client (GET /healthz)", floor.p50_ms, "ms",
+                          note=f"p99 {floor.p99_ms:.2f} ms; the Client's connections, no engine work"))
     figures.append(Figure("HTTP floor p50, raw socket (GET /healthz)", raw_floor.p50_ms, "ms",
                           note=f"p99 {raw_floor.p99_ms:.2f} ms; keep-alive socket: server-side HTTP cost"))
     rss = details["rss_mib_after_load"].get("VmRSS")
