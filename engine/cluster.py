@@ -287,13 +287,15 @@ class Cluster:
         return node.table, node.path, node
 
     def is_plain_table(self, path: Any) -> bool:
-        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster (not a
-        replicated table, which forwards reads and runs sync replica commits elsewhere)."""
+        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster and wait
+        for nothing (not a replicated table, which forwards reads and runs sync replica commits
+        elsewhere; not a replica table while sync writes to it are in flight)."""
         try:
             table, _, _ = self._table(path)
         except YtError:
             return False
-        return not table.replicated
+        # a replica table with prepared writes in flight may make a read wait for them
+        return not table.replicated and not self.transactions.has_remote_prepared(table.table_id)
 
     def _save_table_state(self, conn: sa.Connection, node: Node) -> None:
         assert node.table is not None
@@ -1145,6 +1147,8 @@ class Cluster:
                     raise YtError(f"Column {name!r} is not found in the schema of table {table_path}",
                                   code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": table_path})
         ts = self._snapshot_timestamp(timestamp, transaction_id)
+        if ts is None and not table.replicated:
+            self.transactions.wait_prepared_writes(table.table_id)
         key_tuples = []
         key_rows = []
         for raw in keys:
@@ -1185,6 +1189,8 @@ class Cluster:
             rewritten = _retarget_query(query, parsed.table_path, replica.replica_path)
             return self._from_replica(replica, lambda c: c.select_rows(
                 rewritten, timestamp=ts, output_row_limit=output_row_limit))
+        if ts is None:
+            self.transactions.wait_prepared_writes(table.table_id)
         compiled = compile_query(parsed, table.query_source(ts))
         limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
         statement = compiled.statement

@@ -171,6 +171,10 @@ def _always(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
     return True
 
 
+#: cluster-to-cluster calls that never wait for another cluster (so may run on the event loop)
+_INLINE_INTERNAL = frozenset({"prepare", "commit", "abort", "push", "transaction_status"})
+
+
 @_command("create", None, "structured", True)
 def _create(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     kind = _required_str(p, "type")
@@ -553,7 +557,12 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             if not isinstance(body, dict):
                 raise YtError("Internal request body must be a JSON object", code=ErrorCode.PROTOCOL_ERROR)
             try:
-                result = await run_in_threadpool(handler, body)
+                # small prepares and commits of sync replica writes are on the latency path of every
+                # write to the meta-cluster: on the event loop, unless they would wait for the writer
+                if method in _INLINE_INTERNAL and len(raw) <= INLINE_BODY_BYTES and not cluster.storage.write_busy():
+                    result = handler(body)
+                else:
+                    result = await run_in_threadpool(handler, body)
             except KeyError as exc:
                 raise YtError(f"Internal request {method} misses field {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
             METRICS.requests.labels(command=f"internal:{method}", outcome="ok").inc()

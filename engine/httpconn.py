@@ -30,13 +30,34 @@ import orjson
 
 
 def has_non_finite(value: Any) -> bool:
-    """Whether a JSON-able value holds a NaN or an infinity (which orjson would write as null)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, Mapping):
-        return any(has_non_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(has_non_finite(v) for v in value)
+    """Whether a JSON-able value holds a NaN or an infinity (which orjson would write as null).
+
+    Called on whole batches of rows: builtin types are tested by ``type`` (an ABC check costs
+    more than the rest), and ``v - v`` is 0.0 for every finite double and NaN for the others."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is float:
+            if item - item != 0.0:
+                return True
+        elif kind is dict:
+            for v in item.values():
+                t = type(v)
+                if t is float:
+                    if v - v != 0.0:
+                        return True
+                elif t is not str and t is not int and t is not bool and v is not None:
+                    stack.append(v)
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
     return False
 
 

@@ -42,7 +42,7 @@ from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.remote import Peers
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.storage import replica_progress_table, replica_sink_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, tablet_id
+from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes, tablet_id
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from reptables.engine.cypress import Node
 
 log = logging.getLogger("reptables.engine.replication")
+_WRITE_KINDS = {kind.value: kind for kind in WriteKind}
 
 #: where a replica object keeps the id of its replicated table (hidden from users)
 TABLE_ID_ATTRIBUTE = "_rt_table_id"
@@ -366,7 +367,7 @@ class ReplicationManager:
                 "transaction_id": tx.id, "coordinator": self.cluster.name, "replica_id": rp.replica_id,
                 "replica_path": rp.replica_path, "tablet_index": rp.tablet_index,
                 "start_timestamp": tx.start_timestamp, "prepare_timestamp": prepare_ts,
-                "writes": [w.to_payload() for w in rp.writes]})
+                **encode_writes(rp.writes)})
 
         if len(remote) == 1:
             # one sync replica: no thread hand-off on the latency path
@@ -437,22 +438,25 @@ class ReplicationManager:
             self._save_progress(conn, replica.id, part.tablet_index, progress)
 
     def commit_remote(self, tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> None:
+        """Tell the sync replicas a durable decision, in the background.
+
+        The commit is acknowledged to the client as soon as the decision record is durable, as a
+        coordinator's commit is: the replicas hold the prepared rows (their reads wait for them, see
+        ``TransactionManager.wait_prepared_writes``) until the message arrives; one that does not
+        get it is sent it again by :meth:`deliver_decisions`, or asks (``resolve_in_doubt``)."""
         messages = commit_messages(tx_id, commit_ts, remote)
-        if len(messages) == 1:
-            ok = self._call_quietly(messages[0]["cluster"], "commit", messages[0])
-            if ok:
-                self.cluster.transactions.forget_decision(tx_id, [])
-            return
-        futures = [(m, self._pool.submit(self._call_quietly, m["cluster"], "commit", m)) for m in messages]
-        remaining = []
-        for message, future in futures:
+
+        def deliver() -> None:
+            remaining = [m for m in messages if not self._call_quietly(m["cluster"], "commit", m)]
             try:
-                ok = future.result(timeout=COMMIT_ACK_TIMEOUT)
-            except Exception:  # noqa: BLE001 - undelivered commits are retried in the background
-                ok = False
-            if not ok:
-                remaining.append(message)
-        self.cluster.transactions.forget_decision(tx_id, remaining)
+                self.cluster.transactions.forget_decision(tx_id, remaining)
+            except Exception:  # noqa: BLE001 - a decision not forgotten is only delivered again
+                log.exception("cannot record delivered commit", extra={"transaction_id": tx_id})
+
+        try:
+            self._pool.submit(deliver)
+        except RuntimeError:
+            pass  # shutting down: the decision record stays and is delivered after the restart
 
     def deliver_decisions(self) -> None:
         """Background: resend commits that sync replicas have not acknowledged yet."""
@@ -498,16 +502,20 @@ class ReplicationManager:
 
     def handle_prepare(self, body: dict[str, Any]) -> None:
         table, path = self._replica_table(body["replica_path"], body["replica_id"])
-        writes = [RowWrite.from_payload(w) for w in body["writes"]]
-        for w in writes:
-            if table.sorted:
-                w.mask = table.schema.lock_mask(list(w.row) if w.update else None) \
-                    if w.kind is WriteKind.WRITE else 1
+        writes = decode_writes(body)
+        if table.sorted:
+            # this table's lock groups, not the meta's
+            full_mask, write_kind = table.schema.full_lock_mask, WriteKind.WRITE
+            for w in writes:
+                w.mask = (table.schema.lock_mask(list(w.row)) if w.update else full_mask) \
+                    if w.kind is write_kind else 1
         self.cluster.transactions.prepare_participant(
             body["transaction_id"], body["coordinator"], table, path, writes, int(body["start_timestamp"]),
             int(body["prepare_timestamp"]), {"upstream_replica_id": body["replica_id"],
-                                             "tablet_index": None if table.sorted
-                                             else int(body["tablet_index"]) % table.tablet_count,
+                                             # (no null: a null in a record makes its encoding
+                                             # look for NaNs)
+                                             **({} if table.sorted else {
+                                                 "tablet_index": int(body["tablet_index"]) % table.tablet_count}),
                                              "meta_tablet_index": body["tablet_index"]},
             participant=f"{table.table_id}/{body['replica_id']}/{body['tablet_index']}")
 
@@ -551,21 +559,29 @@ class ReplicationManager:
         prev, end = int(body["prev_row_index"]), int(body["row_index"])
         groups: list[tuple[int, list[RowWrite]]] = []
         full_mask = table.schema.full_lock_mask if table.sorted else 1
+        kinds = _WRITE_KINDS
+        write_kind = WriteKind.WRITE
+        last_ts, group = None, None
         for entry in body["entries"]:
             payload = entry["payload"]
             if isinstance(payload, str):
                 payload = json.loads(payload)
-            kind = WriteKind(entry["kind"])
+            try:
+                kind = kinds[entry["kind"]]
+            except KeyError:
+                raise YtError(f"Unknown change kind {entry['kind']!r} in a replication batch",
+                              code=ErrorCode.PROTOCOL_ERROR) from None
             row = payload["row"]
-            update = bool(payload["update"])
-            mask = 1 if kind is not WriteKind.WRITE or not table.sorted else (
-                table.schema.lock_mask(list(row)) if update else full_mask)
-            write = RowWrite(kind, row, mask, update=update)
-            ts = int(entry["timestamp"])
-            if groups and groups[-1][0] == ts:
-                groups[-1][1].append(write)
+            update = payload["update"] is True
+            if kind is write_kind and table.sorted:
+                mask = table.schema.lock_mask(list(row)) if update else full_mask
             else:
-                groups.append((ts, [write]))
+                mask = 1
+            ts = entry["timestamp"]
+            if ts != last_ts or group is None:
+                last_ts, group = ts, []
+                groups.append((int(ts), group))
+            group.append(RowWrite(kind, row, mask, update))
         return self.cluster.transactions.apply_replicated(
             table, groups, preserve, tablet % table.tablet_count,
             check=lambda conn: self._read_sink(conn, replica_id, tablet),

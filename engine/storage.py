@@ -18,7 +18,7 @@ engine (one writer), reads run concurrently on other pooled connections.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -297,14 +297,20 @@ class Storage:
             relaxed = self.is_sqlite and not durable
             if relaxed:
                 _raw_pragma(conn, "PRAGMA synchronous=OFF")
+            undo: list[Callable[[], None]] = []
+            conn.info[_UNDO] = undo
             try:
                 with conn.begin():
                     yield conn
-            except sa.exc.DBAPIError as exc:
-                if exc.connection_invalidated:
+            except BaseException as exc:
+                # what the transaction changed in memory goes back with its rows
+                for fn in reversed(undo):
+                    fn()
+                if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
                     self._writer = None
                 raise
             finally:
+                conn.info.pop(_UNDO, None)
                 if relaxed and self._writer is not None:
                     _raw_pragma(conn, "PRAGMA synchronous=FULL")
 
@@ -357,6 +363,17 @@ class Storage:
             self._loop_reader.close()
             self._loop_reader = None
         self.engine.dispose()
+
+
+_UNDO = "reptables_undo"
+
+
+def on_rollback(conn: sa.Connection, undo: Callable[[], None]) -> None:
+    """Run ``undo`` if the write transaction of ``conn`` rolls back: in-memory state changed with
+    the transaction's rows (a queue's row count, say) must not outlive them."""
+    hooks = conn.info.get(_UNDO)
+    if hooks is not None:
+        hooks.append(undo)
 
 
 def _raw_pragma(conn: sa.Connection, pragma: str) -> None:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
@@ -45,6 +45,7 @@ from reptables.engine.storage import (
     TABLET_INDEX,
     TS,
     UserTables,
+    on_rollback,
     read_locks_table,
     tablets_table,
 )
@@ -101,14 +102,18 @@ class RowWrite:
                    update=bool(data["update"]), shared=bool(data["shared"]), strong=bool(data["strong"]))
 
 
-@dataclass(frozen=True)
-class QueueEntry:
-    """One change in a replication queue."""
+class QueueEntry(NamedTuple):
+    """One change in a replication queue (a tuple: made by the thousand for every replicator batch)."""
 
     row_index: int
     timestamp: int
     kind: str
     payload: str
+
+
+#: rows of each tablet's replication queue kept in memory after their append, so that replicators
+#: (one per replica) push fresh changes without reading them back from SQL
+QUEUE_TAIL_ROWS = 200_000
 
 
 TABLET_OBJECT_TYPE = 0x2BC
@@ -157,6 +162,8 @@ class DynamicTable:
     recent_floor: int = 1 << 64
     #: the start timestamp of the oldest running transaction (commits after it must be remembered)
     pinned_by: Callable[[], int | None] | None = None
+    #: replicated tables: per tablet, the newest queue rows (first row index, entries)
+    queue_tail: dict[int, tuple[int, list[QueueEntry]]] = field(default_factory=dict)
 
     @property
     def sorted(self) -> bool:
@@ -269,7 +276,8 @@ class DynamicTable:
         # commits arrive in timestamp order, except replicated ones that keep their source's
         # timestamps: each entry carries the largest timestamp so far, so a check can stop early
         newest = max(commit_ts, recent[-1][1]) if recent else commit_ts
-        recent.append((commit_ts, newest, writes))
+        entry = (commit_ts, newest, writes)
+        recent.append(entry)
         self.recent_keys += len(writes)
         cutoff = commit_ts - (_RECENT_GRACE_S << COUNTER_BITS)
         if recent[0][0] > cutoff and self.recent_keys <= _RECENT_KEYS:
@@ -283,6 +291,14 @@ class DynamicTable:
             floor = max(floor, ts)
             self.recent_keys -= len(keyed)
         self.recent_floor = floor
+
+    def _unremember(self, writes: dict[Any, RowWrite]) -> None:
+        """Forget a commit that rolled back (its entry, if still remembered)."""
+        for i in range(len(self.recent) - 1, -1, -1):
+            if self.recent[i][2] is writes:
+                del self.recent[i]
+                self.recent_keys -= len(writes)
+                return
 
     # -- applying writes -------------------------------------------------------------------------
 
@@ -304,25 +320,50 @@ class DynamicTable:
         """Append changes to the replication queue of one tablet, in commit order."""
         counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
         start = counts[0]
+        changes = [w for w in writes if w.kind is not WriteKind.LOCK]
+        if not changes:
+            return 0
         doubles = [c.name for c in self.schema.columns if c.type is ColumnType.DOUBLE]
-        rows = [(tablet_index, start + i, commit_ts, w.kind.value, _payload(w, doubles))
-                for i, w in enumerate(x for x in writes if x.kind is not WriteKind.LOCK)]
-        if rows:
-            self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
-            conn.execute(tablets_table.update().where(
-                tablets_table.c.table_id == self.table_id,
-                tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
-            counts[0] = start + len(rows)
-        return len(rows)
+        entries = [QueueEntry(start + i, commit_ts, w.kind.value, payload)
+                   for i, (w, payload) in enumerate(zip(changes, _payloads(changes, doubles), strict=True))]
+        self.sql.bulk("insert:data", conn).run(conn, [(tablet_index, *e) for e in entries],
+                                               [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
+        conn.execute(tablets_table.update().where(
+            tablets_table.c.table_id == self.table_id,
+            tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(entries)))
+        counts[0] = start + len(entries)
+        base, tail = self.queue_tail.get(tablet_index, (start, []))
+        if base + len(tail) != start:
+            base, tail = start, []
+        kept = len(tail)
+        tail.extend(entries)
+        if len(tail) > QUEUE_TAIL_ROWS:
+            drop = len(tail) - QUEUE_TAIL_ROWS // 2
+            del tail[:drop]
+            base += drop
+            kept = max(0, kept - drop)
+        self.queue_tail[tablet_index] = (base, tail)
+
+        def undo() -> None:
+            counts[0] = start
+            current = self.queue_tail.get(tablet_index)
+            if current is not None and current[1] is tail:
+                del tail[kept:]
+
+        on_rollback(conn, undo)
+        return len(entries)
 
     def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
+        base, tail = self.queue_tail.get(tablet_index, (0, []))
+        if tail and base <= from_row:
+            return tail[from_row - base:from_row - base + limit]
         data = self.sql.data
         stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
                 .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
                 .order_by(data.c[ROW_INDEX]).limit(limit))
         # a batch is up to 90,000 rows: plain tuples from the driver, no ORM-style row objects
         result = conn.execute(stmt)
-        return [QueueEntry(*r) for r in result.cursor.fetchall()] if result.cursor is not None else []
+        return list(map(QueueEntry._make, result.cursor.fetchall())) if result.cursor is not None else []
 
     def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
         """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
@@ -413,6 +454,7 @@ class DynamicTable:
             self._record_locks(conn, lock_rows)
             self.has_read_locks = True
         self.remember_commit(commit_ts, keyed)
+        on_rollback(conn, lambda: self._unremember(keyed))
         return len(upserts) + len(deletes)
 
     # -- SQL helpers of sorted tables ------------------------------------------------------------
@@ -628,6 +670,69 @@ class DynamicTable:
         rl = read_locks_table
         conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
         return int(removed or 0)
+
+
+_KINDS = {kind.value: kind for kind in WriteKind}
+
+
+def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
+    """Writes as JSON-able columns: the rows, and each other field once when all writes share it
+    (the usual case: a batch of whole-row writes) or as a list. A sync replica's prepare carries
+    up to 100,000 writes: a map per write would cost more than the rows themselves."""
+    out: dict[str, Any] = {"rows": [w.row for w in writes]}
+    for name, values in (("kind", [w.kind.value for w in writes]), ("mask", [w.mask for w in writes]),
+                         ("update", [w.update for w in writes]), ("shared", [w.shared for w in writes]),
+                         ("strong", [w.strong for w in writes])):
+        first = values[0] if values else None
+        out[name] = first if values.count(first) == len(values) else values
+    return out
+
+
+def decode_writes(data: dict[str, Any]) -> list[RowWrite]:
+    """The writes of :func:`encode_writes` (or of the older form, a list of per-write maps)."""
+    if "writes" in data:
+        return [RowWrite.from_payload(w) for w in data["writes"]]
+    rows = data["rows"]
+    n = len(rows)
+
+    def column(name: str, default: Any) -> list[Any]:
+        value = data.get(name, default)
+        if isinstance(value, list):
+            if len(value) != n:
+                raise YtError(f"Malformed writes: {len(value)} values of {name!r} for {n} rows",
+                              code=ErrorCode.PROTOCOL_ERROR)
+            return value
+        return [value] * n
+
+    try:
+        kinds = [_KINDS[k] for k in column("kind", "write")]
+    except KeyError as exc:
+        raise YtError(f"Malformed writes: unknown kind {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
+    return [RowWrite(kind, row, int(mask), bool(update), bool(shared), bool(strong))
+            for kind, row, mask, update, shared, strong in zip(
+                kinds, rows, column("mask", 1), column("update", False), column("shared", False),
+                column("strong", False), strict=True)]
+
+
+def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
+    """:func:`_payload` of every write, with one orjson call for all the rows.
+
+    orjson encodes a list of flat rows as ``[{...},{...}]``; split at the ``},{`` between rows
+    (safe when there are exactly as many as row boundaries, i.e. no value holds one) each row is
+    wrapped into its payload. A ``null`` in the output may be a NaN or an infinity, which only
+    :func:`_payload` keeps: then, and for anything orjson refuses, each row is encoded alone."""
+    try:
+        whole = orjson.dumps([w.row for w in writes])
+    except TypeError:
+        whole = b""
+    plain = whole.startswith(b"[{") and whole.count(b"},{") == len(writes) - 1 and not (
+        b"null" in whole and any(not math.isfinite(w.row[n]) for w in writes for n in doubles
+                                 if w.row.get(n) is not None))
+    if not plain:
+        return [_payload(w, doubles) for w in writes]
+    flags = (b'},"update":false}', b'},"update":true}')
+    return [(b'{"row":{' + part + flags[w.update]).decode()
+            for part, w in zip(whole[2:-2].split(b"},{"), writes, strict=True)]
 
 
 def _payload(write: RowWrite, doubles: list[str]) -> str:

@@ -29,24 +29,28 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
 from reptables.engine import faults
 from reptables.engine.errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
+from reptables.engine.httpconn import dumps_json, loads_json
 from reptables.engine.metrics import METRICS
 from reptables.engine.storage import Storage, commits_table, prepared_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind
+from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
 from reptables.engine.timestamps import COUNTER_BITS, TimestampProvider
 
 #: seed 003: "Transactions must be short (the default limit is 1 minute)"
 MAX_TRANSACTION_LIFETIME = 60.0
 #: seed 003: "Transactions must write a limited amount of data (the default limit is 100,000 rows)"
 MAX_ROWS_PER_TRANSACTION = 100_000
+#: how long a prepare waits for rows locked by a transaction prepared here by another coordinator
+#: (committed, most likely, its decision on the way) before it reports a conflict
+REMOTE_LOCK_WAIT = 1.0
 #: seed 003: client_timestamp_threshold, one minute by default
 CLIENT_TIMESTAMP_THRESHOLD = 60.0
 
@@ -230,8 +234,7 @@ def _merge(prev: RowWrite, new: RowWrite) -> RowWrite:
     return RowWrite(new.kind, new.row, mask, update=new.update)
 
 
-@dataclass
-class _LockHolder:
+class _LockHolder(NamedTuple):
     transaction_id: str
     mask: int
     shared: bool
@@ -242,13 +245,31 @@ class LockTable:
 
     def __init__(self) -> None:
         self._locks: dict[tuple[str, tuple[Any, ...]], list[_LockHolder]] = defaultdict(list)
+        #: the keys each transaction holds, so that a release touches only those
+        self._by_tx: dict[str, list[tuple[str, tuple[Any, ...]]]] = {}
+        #: locks are taken under the storage writer, but released outside it (after a commit)
+        self._mutex = threading.Lock()
 
     def __bool__(self) -> bool:
         """Whether any lock is held (most commits find none and skip the per-key checks)."""
         return bool(self._locks)
 
+    def holders(self, table_id: str, keys: Iterable[tuple[Any, ...]], tx_id: str) -> set[str]:
+        """The other transactions holding locks on any of ``keys``."""
+        found: set[str] = set()
+        if not self._locks:
+            return found
+        with self._mutex:
+            for key in keys:
+                for holder in self._locks.get((table_id, key), ()):
+                    if holder.transaction_id != tx_id:
+                        found.add(holder.transaction_id)
+        return found
+
     def conflict(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> str | None:
-        for holder in self._locks.get((table_id, key), ()):
+        with self._mutex:
+            holders = list(self._locks.get((table_id, key), ()))
+        for holder in holders:
             if holder.transaction_id == tx_id:
                 continue
             if holder.shared and write.kind is WriteKind.LOCK and write.shared:
@@ -259,15 +280,30 @@ class LockTable:
 
     def acquire(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> None:
         shared = write.kind is WriteKind.LOCK and write.shared
-        self._locks[(table_id, key)].append(_LockHolder(tx_id, write.mask, shared))
+        with self._mutex:
+            self._locks[(table_id, key)].append(_LockHolder(tx_id, write.mask, shared))
+            self._by_tx.setdefault(tx_id, []).append((table_id, key))
+
+    def acquire_many(self, table_id: str, keyed: dict[Any, RowWrite], tx_id: str) -> None:
+        locks = self._locks
+        with self._mutex:
+            held = self._by_tx.setdefault(tx_id, [])
+            for key, write in keyed.items():
+                lock_key = (table_id, key)
+                locks[lock_key].append(_LockHolder(tx_id, write.mask, write.kind is WriteKind.LOCK and write.shared))
+                held.append(lock_key)
 
     def release(self, tx_id: str) -> None:
-        for lock_key in list(self._locks):
-            holders = [h for h in self._locks[lock_key] if h.transaction_id != tx_id]
-            if holders:
-                self._locks[lock_key] = holders
-            else:
-                del self._locks[lock_key]
+        with self._mutex:
+            for lock_key in self._by_tx.pop(tx_id, ()):
+                holders = self._locks.get(lock_key)
+                if holders is None:
+                    continue
+                holders = [h for h in holders if h.transaction_id != tx_id]
+                if holders:
+                    self._locks[lock_key] = holders
+                else:
+                    del self._locks[lock_key]
 
 
 class TransactionManager:
@@ -285,6 +321,12 @@ class TransactionManager:
         self._remote_prepared: dict[str, int] = {}
         #: when each of them was prepared (or re-held after a restart), by this process' clock
         self._remote_held_since: dict[str, float] = {}
+        #: writes of remotely coordinated transactions prepared here: id -> participant ->
+        #: (table, writes, writes by key, extra); what their commit applies
+        self._prepared_writes: dict[str, dict[str, tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None,
+                                                         dict[str, Any]]]] = {}
+        #: the tables each of them wrote here
+        self._remote_tables: dict[str, set[str]] = {}
         #: remotely coordinated transactions aborted here recently: id -> when (monotonic)
         self._aborted_remote: dict[str, float] = {}
         self.replication: ReplicationHooks | None = None
@@ -315,6 +357,48 @@ class TransactionManager:
                 if remaining <= 0:
                     raise YtError(f"Timed out waiting for commits before timestamp {ts:x} to be applied",
                                   code=ErrorCode.TIMEOUT)
+                self._inflight_cond.wait(remaining)
+
+    def has_remote_prepared(self, table_id: str) -> bool:
+        """Whether a transaction coordinated elsewhere holds prepared writes to this table."""
+        tables = self._remote_tables
+        return bool(tables) and any(table_id in t for t in list(tables.values()))
+
+    def wait_prepared_writes(self, table_id: str, timeout: float = 10.0) -> None:
+        """Before a read of the latest data: wait for the transactions prepared here (by another
+        cluster's coordinator) that had written this table when the read began.
+
+        A coordinator acknowledges a commit once its decision is durable, and tells the participants
+        after; a sync replica must still show every acknowledged commit to a read (seed 002, "reading
+        without specifying a timestamp ... visibility of data from all committed transactions is
+        guaranteed"), so such a read waits for those few in flight, as YT's reads wait for rows
+        locked by a prepared transaction."""
+        if not self._remote_tables:
+            return
+        deadline = time.monotonic() + timeout
+        with self._inflight_cond:
+            pending = {tx for tx, tables in self._remote_tables.items() if table_id in tables}
+            while pending & self._remote_tables.keys():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise YtError(f"Timed out waiting for prepared transactions {sorted(pending)} to be "
+                                  "committed or aborted by their coordinator", code=ErrorCode.TIMEOUT)
+                self._inflight_cond.wait(remaining)
+
+    def _wait_remote_locks(self, table: DynamicTable, keys: Iterable[tuple[Any, ...]], tx_id: str,
+                           timeout: float) -> None:
+        """Let the transactions prepared here by other coordinators that lock these keys finish
+        (their decision is usually on its way) before a new prepare checks its conflicts."""
+        if not self._lock_table:
+            return
+        keys = list(keys)
+        deadline = time.monotonic() + timeout
+        with self._inflight_cond:
+            while True:
+                waiting = self._lock_table.holders(table.table_id, keys, tx_id) & self._remote_prepared.keys()
+                remaining = deadline - time.monotonic()
+                if not waiting or remaining <= 0:
+                    return  # the conflict check reports a holder still there
                 self._inflight_cond.wait(remaining)
 
     def oldest_active_start_timestamp(self) -> int | None:
@@ -510,8 +594,9 @@ class TransactionManager:
                 with self.storage.write() as conn:
                     self._check(conn, tx.id, tx.start_timestamp, part.table, part.path, part.writes, part.keyed)
                     if part.table.sorted and not part.table.replicated:
-                        for w in part.writes:
-                            self._lock_table.acquire(part.table.table_id, part.table.key_of(w.row), w, tx.id)
+                        keyed = part.keyed if part.keyed is not None else {
+                            part.table.key_of(w.row): w for w in part.writes}
+                        self._lock_table.acquire_many(part.table.table_id, keyed, tx.id)
             faults.crash_point("after_prepare")
         except BaseException:
             self._lock_table.release(tx.id)
@@ -557,6 +642,9 @@ class TransactionManager:
         of the same participant is a no-op.
         """
         participant = participant or table.table_id
+        keyed = {table.key_of(w.row): w for w in writes} if table.sorted else None
+        if keyed:
+            self._wait_remote_locks(table, keyed, tx_id, REMOTE_LOCK_WAIT)
         with self.storage.write() as conn:
             if tx_id in self._aborted_remote:
                 raise YtError(f"Transaction {tx_id} was already aborted by its coordinator {coordinator}",
@@ -565,49 +653,73 @@ class TransactionManager:
                     prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == participant)).first():
                 return
             table.check_writable(path)
-            self._check(conn, tx_id, start_ts, table, path, writes)
+            self._check(conn, tx_id, start_ts, table, path, writes, keyed)
             conn.execute(prepared_table.insert().values(
                 transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
                 prepare_timestamp=prepare_ts, coordinator=coordinator,
-                payload=json.dumps({"table_id": table.table_id, "path": path, "extra": extra,
-                                    "writes": [w.to_payload() for w in writes]})))
-            self._hold_remote(tx_id, table, writes, prepare_ts)
+                payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
+                                    **encode_writes(writes)}).decode()))
+            self._hold_remote(tx_id, table, writes, prepare_ts, keyed)
+            # the commit applies these (the durable record is for a restart in between)
+            self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
 
-    def _hold_remote(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int) -> None:
+    def _hold_remote(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int,
+                     keyed: dict[Any, RowWrite] | None = None) -> None:
         if table.sorted:
-            for w in writes:
-                self._lock_table.acquire(table.table_id, table.key_of(w.row), w, tx_id)
+            if keyed is None:
+                keyed = {table.key_of(w.row): w for w in writes}
+            self._lock_table.acquire_many(table.table_id, keyed, tx_id)
         with self._inflight_cond:
             self._remote_prepared[tx_id] = prepare_ts
             self._remote_held_since.setdefault(tx_id, time.monotonic())
+            self._remote_tables.setdefault(tx_id, set()).add(table.table_id)
 
     def _release_remote(self, tx_id: str) -> None:
         self._lock_table.release(tx_id)
+        self._prepared_writes.pop(tx_id, None)
         with self._inflight_cond:
             self._remote_prepared.pop(tx_id, None)
             self._remote_held_since.pop(tx_id, None)
+            self._remote_tables.pop(tx_id, None)
             self._inflight_cond.notify_all()
 
     def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
         """Apply a prepared remote transaction with the coordinator's commit timestamp."""
         rows = 0
         with self.storage.write() as conn:
-            records = conn.execute(sa.select(prepared_table).where(prepared_table.c.transaction_id == tx_id)).all()
-            for record in records:
-                payload = json.loads(record.payload)
-                resolved = self._resolve_table(payload["table_id"])
-                if resolved is None:
-                    continue
-                table, _ = resolved
-                self.timestamps.observe(commit_ts)
-                rows += table.apply(conn, [RowWrite.from_payload(w) for w in payload["writes"]], commit_ts,
-                                    payload["extra"].get("tablet_index"))
+            names = [r[0] for r in conn.execute(sa.select(prepared_table.c.participant).where(
+                prepared_table.c.transaction_id == tx_id))]
+            cached = self._prepared_writes.get(tx_id, {})
+            if set(cached) != set(names):
+                cached = self._load_prepared(conn, tx_id)
+            self.timestamps.observe(commit_ts)
+            for name in names:
+                if name not in cached:
+                    continue  # its table is gone
+                table, writes, keyed, extra = cached[name]
+                rows += table.apply(conn, writes, commit_ts, extra.get("tablet_index"), keyed)
                 if on_apply is not None:
-                    on_apply(conn, table, payload["extra"] | {"commit_timestamp": commit_ts})
+                    on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
+            records = names
             conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
         self._release_remote(tx_id)
         METRICS.rows_written.inc(rows)
         return bool(records)
+
+    def _load_prepared(self, conn: sa.Connection, tx_id: str) -> dict[str, tuple[DynamicTable, list[RowWrite],
+                                                                                   dict[Any, RowWrite] | None,
+                                                                                   dict[str, Any]]]:
+        """The prepared writes of a transaction, from their durable records (after a restart)."""
+        out = {}
+        for record in conn.execute(sa.select(prepared_table).where(prepared_table.c.transaction_id == tx_id)):
+            payload = loads_json(record.payload.encode())
+            resolved = self._resolve_table(payload["table_id"])
+            if resolved is None:
+                continue
+            table, _ = resolved
+            out[record.participant] = (table, decode_writes(payload), None,
+                                       payload["extra"])
+        return out
 
     def abort_participant(self, tx_id: str) -> None:
         with self.storage.write() as conn:
@@ -643,9 +755,12 @@ class TransactionManager:
         return {"state": "committed", "commit_timestamp": row.commit_timestamp,
                 "participants": json.loads(row.participants)}
 
-    def undelivered_decisions(self) -> list[tuple[str, int, list[dict[str, Any]]]]:
+    def undelivered_decisions(self, older_than: float = 2.0) -> list[tuple[str, int, list[dict[str, Any]]]]:
+        """Decisions not yet acknowledged by every participant, committed at least ``older_than``
+        seconds ago (younger ones are normally still being delivered)."""
+        before = self.timestamps.last - (int(older_than * 1000) << COUNTER_BITS) // 1000
         with self.storage.read() as conn:
-            rows = conn.execute(sa.select(commits_table)).all()
+            rows = conn.execute(sa.select(commits_table).where(commits_table.c.commit_timestamp <= before)).all()
         return [(r.transaction_id, r.commit_timestamp, json.loads(r.participants)) for r in rows]
 
     def forget_decision(self, tx_id: str, remaining: list[dict[str, Any]]) -> None:
@@ -673,14 +788,14 @@ class TransactionManager:
         with self.storage.write() as conn:
             aborted = conn.execute(prepared_table.delete().where(prepared_table.c.coordinator.is_(None))).rowcount
             for record in conn.execute(sa.select(prepared_table)).all():
-                payload = json.loads(record.payload)
+                payload = loads_json(record.payload.encode())
                 resolved = self._resolve_table(payload["table_id"])
                 if resolved is None:
                     continue
                 table, _ = resolved
                 self.timestamps.observe(record.prepare_timestamp)
                 self._hold_remote(record.transaction_id, table,
-                                  [RowWrite.from_payload(w) for w in payload["writes"]], record.prepare_timestamp)
+                                  decode_writes(payload), record.prepare_timestamp)
                 held += 1
         return held, aborted
 

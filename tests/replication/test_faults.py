@@ -292,7 +292,8 @@ def test_async_replica_outage_shows_replication_lag_then_recovers(clusters: Clus
                 time.sleep(0.5)
         assert max(samples) > 0, f"replication_lag_time stayed 0 during a 20 s outage: {samples}"
         assert max(samples) >= 10_000, f"replication_lag_time did not grow with the outage: {samples}"
-        wait_for(lambda: lag() == 0, 30, "replication_lag_time back to 0 under the load")
+        # under a load the newest row is often still on its way: caught up means well under a second
+        wait_for(lambda: lag() < 1_000, 30, "replication_lag_time back under 1 s under the load")
     assert not load.failures(), f"writes failed during the async outage: {load.failures()[0].error}"
     check_all_replicas(clusters, replicas, load)
     assert lag() == 0
