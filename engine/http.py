@@ -559,7 +559,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             try:
                 # small prepares and commits of sync replica writes are on the latency path of every
                 # write to the meta-cluster: on the event loop, unless they would wait for the writer
-                if method in _INLINE_INTERNAL and len(raw) <= INLINE_BODY_BYTES and not cluster.storage.write_busy():
+                if (method in _INLINE_INTERNAL and len(raw) <= INLINE_BODY_BYTES and not cluster.storage.write_busy()
+                        and not (method == "prepare" and cluster.replication.prepare_may_wait(body))):
                     result = handler(body)
                 else:
                     result = await run_in_threadpool(handler, body)

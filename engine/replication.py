@@ -500,6 +500,15 @@ class ReplicationManager:
                 "columns": [{"name": c.name, "type": c.type.value} for c in table.schema.columns],
                 "upstream_replica_id": table.upstream_replica_id, "tablet_state": table.state.value}
 
+    def prepare_may_wait(self, body: dict[str, Any]) -> bool:
+        """Whether a prepare may wait for the decision on an earlier transaction (which arrives as
+        another request: such a prepare must not hold the event loop)."""
+        try:
+            table, _, _ = self.cluster._table(body.get("replica_path"))
+        except YtError:
+            return False
+        return self.cluster.transactions.has_remote_prepared(table.table_id)
+
     def handle_prepare(self, body: dict[str, Any]) -> None:
         table, path = self._replica_table(body["replica_path"], body["replica_id"])
         writes = decode_writes(body)

@@ -220,7 +220,7 @@ def _coerce(value: Any, col: Column, path: str) -> Any:
         return value
     if vt is str and t is ColumnType.STRING:
         return value
-    if vt is float and t is ColumnType.DOUBLE and not (col.is_key and value != value):
+    if vt is float and t is ColumnType.DOUBLE and value == value:
         return value
     if t is ColumnType.INT64:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -242,8 +242,11 @@ def _coerce(value: Any, col: Column, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _type_error(value, col, path)
         value = float(value)
-        if math.isnan(value) and col.is_key:
-            raise SchemaViolation(f"NaN is not allowed in key column {col.name!r} of table {path}")
+        if math.isnan(value):
+            # SQL storage has no NaN (SQLite would store a null): refused, not silently changed
+            raise SchemaViolation(f"NaN is not allowed in column {col.name!r} of table {path}: reptables "
+                                  "stores doubles in SQL, which has no NaN (infinities are kept)",
+                                  attributes={"column": col.name, "path": path})
         return value
     if t is ColumnType.BOOLEAN:
         if not isinstance(value, bool):
@@ -301,7 +304,7 @@ def validate_row(schema: TableSchema, row: Any, path: str, *, update: bool = Fal
             continue
         vt = type(value)
         if vt is not _FAST_TYPES.get(col.type) or (vt is int and not _INT_RANGES[col.type][0] <= value
-                                                   <= _INT_RANGES[col.type][1]):
+                                                   <= _INT_RANGES[col.type][1]) or value != value:
             if vt not in _PLAIN:
                 value = yson_util.to_python(value)
             value = _coerce(value, col, path)
@@ -388,8 +391,8 @@ def _make_batch_validator(schema: TableSchema) -> Callable[[list[Any], Callable[
                 cond += f" or not {INT64_MIN} <= v <= {INT64_MAX}"
             elif col.type is ColumnType.UINT64:
                 cond += f" or not 0 <= v <= {UINT64_STORABLE_MAX}"
-            elif col.type is ColumnType.DOUBLE and col.is_key:
-                cond += " or v != v"
+            elif col.type is ColumnType.DOUBLE:
+                cond += " or v != v"  # NaN: refused by the slow path
             if not strict:
                 cond = f"v is not None and ({cond})"
         lines += [f"        if {cond}:", "            append(slow(row))", "            continue"]

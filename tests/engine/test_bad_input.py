@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yt.yson as yson
 
 from reptables.engine.errors import ErrorCode
 from reptables.engine.timestamps import COUNTER_BITS, MAX_TIMESTAMP
@@ -382,6 +383,16 @@ def test_insert_of_an_unknown_column_is_rejected(api, table):
     resp = api.send("insert_rows", {"path": table, "input_format": "json"},
                     json_lines([*GOOD_ROWS, {"k": 1000, "no_such_column": 1}]))
     assert_yt_error(resp, ErrorCode.COLUMN_NOT_FOUND, table, "'no_such_column'", "not found")
+    assert_unchanged(api, table)
+
+
+@pytest.mark.parametrize("input_format", ["json", "yson"])
+def test_insert_of_nan_is_rejected_not_stored_as_null(api, table, input_format):
+    """SQL storage has no NaN (SQLite would keep a null): the row is refused, naming the column."""
+    rows = [*GOOD_ROWS, {"k": 1000, "d": float("nan")}]
+    body = json_lines(rows) if input_format == "json" else yson.dumps(rows, yson_type="list_fragment")
+    resp = api.send("insert_rows", {"path": table, "input_format": input_format}, body)
+    assert_yt_error(resp, ErrorCode.SCHEMA_VIOLATION, table, "NaN is not allowed in column 'd'")
     assert_unchanged(api, table)
 
 

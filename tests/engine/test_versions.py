@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import sqlalchemy as sa
 
@@ -20,7 +21,7 @@ from reptables.engine import tables as tables_module
 from reptables.engine.cluster import Cluster
 from reptables.engine.errors import LockConflict, YtError
 from reptables.engine.storage import meta_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind
+from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
 
 SCHEMA = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},
@@ -195,3 +196,45 @@ def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
     c.close()
     with pytest.raises(YtError, match="storage format 1"):
         Cluster.open("local", tmp_path / "data")
+
+
+def test_a_rolled_back_commit_leaves_no_trace_in_memory(cluster: Cluster) -> None:
+    """Row counts, the replication queue's in-memory tail and the remembered commits change with a
+    commit's SQL transaction, and go back with it when it rolls back."""
+    cluster.create("replicated_table", "//tmp/rt", {"dynamic": True, "schema": SCHEMA})
+    cluster.mount_table("//tmp/rt")
+    queue, _, _ = cluster._table("//tmp/rt")
+    table = table_of(cluster)
+    cluster.insert_rows("//tmp/rt", [{"k": 1, "v": "kept"}], require_sync_replica=False)
+    remembered = len(table.recent)
+    writes = [RowWrite(WriteKind.WRITE, {"k": k, "v": "lost"}, table.schema.full_lock_mask) for k in (2, 3)]
+    with pytest.raises(RuntimeError), cluster.storage.write() as conn:
+        ts = cluster.generate_timestamp()
+        queue.apply(conn, writes, ts, 0)
+        table.apply(conn, writes, ts)
+        assert queue.tablet_rows[0][0] == 3
+        raise RuntimeError("the commit fails after the append")
+    assert queue.tablet_rows[0][0] == 1
+    assert len(table.recent) == remembered
+    with cluster.storage.read() as conn:
+        assert [e.row_index for e in queue.read_queue(conn, 0, 0, 10)] == [0]
+    cluster.insert_rows("//tmp/rt", [{"k": 4, "v": "next"}], require_sync_replica=False)
+    with cluster.storage.read() as conn:
+        entries = queue.read_queue(conn, 0, 0, 10)
+    assert [(e.row_index, orjson.loads(e.payload)["row"]["k"]) for e in entries] == [(0, 1), (1, 4)]
+    assert cluster.lookup_rows(PATH, [{"k": 2}]) == []
+
+
+def test_writes_travel_in_columns_and_come_back_the_same() -> None:
+    writes = [RowWrite(WriteKind.WRITE, {"k": 1, "v": "x"}, 7),
+              RowWrite(WriteKind.WRITE, {"k": 2, "a": 1}, 2, update=True),
+              RowWrite(WriteKind.DELETE, {"k": 3}, 1),
+              RowWrite(WriteKind.LOCK, {"k": 4}, 4, shared=True, strong=True)]
+    encoded = encode_writes(writes)
+    assert decode_writes(orjson.loads(orjson.dumps(encoded))) == writes
+    uniform = encode_writes(writes[:1] * 3)
+    assert uniform["kind"] == "write" and uniform["update"] is False  # one value, not a list per row
+    # the older form, one map per write (prepared records written before the columns)
+    assert decode_writes({"writes": [w.to_payload() for w in writes]}) == writes
+    with pytest.raises(YtError, match="unknown kind"):
+        decode_writes({"rows": [{"k": 1}], "kind": "upsert"})
