@@ -41,7 +41,7 @@ import yt.yson as yson
 from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.remote import Peers
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
-from reptables.engine.storage import replica_progress_table, replica_sink_table
+from reptables.engine.storage import FastStatement, replica_progress_table, replica_sink_table
 from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes, tablet_id
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
@@ -51,6 +51,24 @@ if TYPE_CHECKING:
     from reptables.engine.cypress import Node
 
 log = logging.getLogger("reptables.engine.replication")
+
+
+def _keyed_update(table: sa.Table, *keys: str) -> FastStatement:
+    return FastStatement(lambda: table.update().where(*[table.c[k] == sa.bindparam(f"p_{k}") for k in keys]).values(
+        {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns if c.name not in keys}))
+
+
+def _insert(table: sa.Table) -> FastStatement:
+    return FastStatement(lambda: table.insert().values({c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}))
+
+
+_UPDATE_PROGRESS = _keyed_update(replica_progress_table, "replica_id", "tablet_index")
+_INSERT_PROGRESS = _insert(replica_progress_table)
+_READ_SINK = FastStatement(lambda: sa.select(replica_sink_table.c.row_index, replica_sink_table.c.timestamp).where(
+    replica_sink_table.c.upstream_replica_id == sa.bindparam("p_upstream_replica_id"),
+    replica_sink_table.c.tablet_index == sa.bindparam("p_tablet_index")))
+_UPDATE_SINK = _keyed_update(replica_sink_table, "upstream_replica_id", "tablet_index")
+_INSERT_SINK = _insert(replica_sink_table)
 _WRITE_KINDS = {kind.value: kind for kind in WriteKind}
 
 #: where a replica object keeps the id of its replicated table (hidden from users)
@@ -169,12 +187,11 @@ class ReplicationManager:
 
     @staticmethod
     def _save_progress(conn: sa.Connection, replica_id: str, tablet: int, progress: TabletProgress) -> None:
-        t = replica_progress_table
-        updated = conn.execute(t.update().where(t.c.replica_id == replica_id, t.c.tablet_index == tablet)
-                               .values(row_index=progress.row_index, timestamp=progress.timestamp))
+        updated = _UPDATE_PROGRESS.run(conn, replica_id=replica_id, tablet_index=tablet,
+                                       row_index=progress.row_index, timestamp=progress.timestamp)
         if updated.rowcount == 0:
-            conn.execute(t.insert().values(replica_id=replica_id, tablet_index=tablet, row_index=progress.row_index,
-                                           timestamp=progress.timestamp))
+            _INSERT_PROGRESS.run(conn, replica_id=replica_id, tablet_index=tablet, row_index=progress.row_index,
+                                 timestamp=progress.timestamp)
 
     def replicas_of(self, table_id: str) -> list[Replica]:
         with self._lock:
@@ -544,20 +561,17 @@ class ReplicationManager:
 
     @staticmethod
     def _read_sink(conn: sa.Connection, replica_id: str, tablet: int) -> tuple[int, int] | None:
-        t = replica_sink_table
-        row = conn.execute(sa.select(t.c.row_index, t.c.timestamp).where(
-            t.c.upstream_replica_id == replica_id, t.c.tablet_index == tablet)).first()
+        row = _READ_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=tablet).fetchone()
         return None if row is None else (row[0], row[1])
 
     def _advance_sink(self, conn: sa.Connection, replica_id: str, tablet: int, row_index: int, ts: int) -> None:
-        t = replica_sink_table
         current = self._read_sink(conn, replica_id, tablet)
         if current is None:
-            conn.execute(t.insert().values(upstream_replica_id=replica_id, tablet_index=tablet,
-                                           row_index=row_index, timestamp=ts))
+            _INSERT_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=tablet, row_index=row_index,
+                             timestamp=ts)
         elif row_index > current[0] or ts > current[1]:
-            conn.execute(t.update().where(t.c.upstream_replica_id == replica_id, t.c.tablet_index == tablet)
-                         .values(row_index=max(row_index, current[0]), timestamp=max(ts, current[1])))
+            _UPDATE_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=tablet,
+                             row_index=max(row_index, current[0]), timestamp=max(ts, current[1]))
 
     def handle_push(self, body: dict[str, Any]) -> dict[str, Any]:
         """Apply one replicator batch exactly once; answer with the stored progress."""

@@ -44,6 +44,7 @@ from reptables.engine.storage import (
     ROW_INDEX,
     TABLET_INDEX,
     TS,
+    FastStatement,
     UserTables,
     on_rollback,
     read_locks_table,
@@ -110,6 +111,10 @@ class QueueEntry(NamedTuple):
     kind: str
     payload: str
 
+
+_SET_ROW_COUNT = FastStatement(lambda: tablets_table.update().where(
+    tablets_table.c.table_id == sa.bindparam("p_table_id"),
+    tablets_table.c.tablet_index == sa.bindparam("p_tablet_index")).values(row_count=sa.bindparam("p_row_count")))
 
 #: rows of each tablet's replication queue kept in memory after their append, so that replicators
 #: (one per replica) push fresh changes without reading them back from SQL
@@ -328,9 +333,7 @@ class DynamicTable:
                    for i, (w, payload) in enumerate(zip(changes, _payloads(changes, doubles), strict=True))]
         self.sql.bulk("insert:data", conn).run(conn, [(tablet_index, *e) for e in entries],
                                                [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
-        conn.execute(tablets_table.update().where(
-            tablets_table.c.table_id == self.table_id,
-            tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(entries)))
+        _SET_ROW_COUNT.run(conn, table_id=self.table_id, tablet_index=tablet_index, row_count=start + len(entries))
         counts[0] = start + len(entries)
         base, tail = self.queue_tail.get(tablet_index, (start, []))
         if base + len(tail) != start:

@@ -40,7 +40,7 @@ from reptables.engine import faults
 from reptables.engine.errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
 from reptables.engine.httpconn import dumps_json, loads_json
 from reptables.engine.metrics import METRICS
-from reptables.engine.storage import Storage, commits_table, prepared_table
+from reptables.engine.storage import FastStatement, Storage, commits_table, prepared_table
 from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
 from reptables.engine.timestamps import COUNTER_BITS, TimestampProvider
 
@@ -48,6 +48,21 @@ from reptables.engine.timestamps import COUNTER_BITS, TimestampProvider
 MAX_TRANSACTION_LIFETIME = 60.0
 #: seed 003: "Transactions must write a limited amount of data (the default limit is 100,000 rows)"
 MAX_ROWS_PER_TRANSACTION = 100_000
+# the statements on the latency path of every sync replica commit (storage.FastStatement)
+_INSERT_DECISION = FastStatement(lambda: commits_table.insert().values(
+    {c.name: sa.bindparam(f"p_{c.name}") for c in commits_table.columns}))
+_DELETE_DECISION = FastStatement(lambda: commits_table.delete().where(
+    commits_table.c.transaction_id == sa.bindparam("p_transaction_id")))
+_INSERT_PREPARED = FastStatement(lambda: prepared_table.insert().values(
+    {c.name: sa.bindparam(f"p_{c.name}") for c in prepared_table.columns}))
+_FIND_PREPARED = FastStatement(lambda: sa.select(prepared_table.c.transaction_id).where(
+    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id"),
+    prepared_table.c.participant == sa.bindparam("p_participant")))
+_PARTICIPANTS = FastStatement(lambda: sa.select(prepared_table.c.participant).where(
+    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id")))
+_DELETE_PREPARED = FastStatement(lambda: prepared_table.delete().where(
+    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id")))
+
 #: how long a prepare waits for rows locked by a transaction prepared here by another coordinator
 #: (committed, most likely, its decision on the way) before it reports a conflict
 REMOTE_LOCK_WAIT = 1.0
@@ -615,9 +630,8 @@ class TransactionManager:
                         assert self.replication is not None
                         self.replication.after_queue_append(conn, part, ts, remote)
                 if remote:
-                    conn.execute(commits_table.insert().values(
-                        transaction_id=tx.id, commit_timestamp=ts,
-                        participants=json.dumps(commit_messages(tx.id, ts, remote))))
+                    _INSERT_DECISION.run(conn, transaction_id=tx.id, commit_timestamp=ts,
+                                         participants=json.dumps(commit_messages(tx.id, ts, remote)))
             faults.crash_point("after_commit_decision")
         finally:
             self._lock_table.release(tx.id)
@@ -649,16 +663,14 @@ class TransactionManager:
             if tx_id in self._aborted_remote:
                 raise YtError(f"Transaction {tx_id} was already aborted by its coordinator {coordinator}",
                               code=ErrorCode.INVALID_TRANSACTION_STATE, attributes={"transaction_id": tx_id})
-            if conn.execute(sa.select(prepared_table.c.transaction_id).where(
-                    prepared_table.c.transaction_id == tx_id, prepared_table.c.participant == participant)).first():
+            if _FIND_PREPARED.run(conn, transaction_id=tx_id, participant=participant).fetchone():
                 return
             table.check_writable(path)
             self._check(conn, tx_id, start_ts, table, path, writes, keyed)
-            conn.execute(prepared_table.insert().values(
-                transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
-                prepare_timestamp=prepare_ts, coordinator=coordinator,
-                payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
-                                    **encode_writes(writes)}).decode()))
+            _INSERT_PREPARED.run(conn, transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
+                                 prepare_timestamp=prepare_ts, coordinator=coordinator,
+                                 payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
+                                                     **encode_writes(writes)}).decode())
             self._hold_remote(tx_id, table, writes, prepare_ts, keyed)
             # the commit applies these (the durable record is for a restart in between)
             self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
@@ -687,8 +699,7 @@ class TransactionManager:
         """Apply a prepared remote transaction with the coordinator's commit timestamp."""
         rows = 0
         with self.storage.write() as conn:
-            names = [r[0] for r in conn.execute(sa.select(prepared_table.c.participant).where(
-                prepared_table.c.transaction_id == tx_id))]
+            names = [r[0] for r in _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()]
             cached = self._prepared_writes.get(tx_id, {})
             if set(cached) != set(names):
                 cached = self._load_prepared(conn, tx_id)
@@ -701,7 +712,7 @@ class TransactionManager:
                 if on_apply is not None:
                     on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
             records = names
-            conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
+            _DELETE_PREPARED.run(conn, transaction_id=tx_id)
         self._release_remote(tx_id)
         METRICS.rows_written.inc(rows)
         return bool(records)
@@ -770,7 +781,7 @@ class TransactionManager:
                 conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
                              .values(participants=json.dumps(remaining)))
             else:
-                conn.execute(commits_table.delete().where(commits_table.c.transaction_id == tx_id))
+                _DELETE_DECISION.run(conn, transaction_id=tx_id)
 
     # -- recovery --------------------------------------------------------------------------------
 
