@@ -93,6 +93,12 @@ from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine
 from reptables.operator import tracker as tk
 from reptables.operator import tracking
+
+try:
+    from benchmarks._clusters import wait_until
+except ImportError:  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks._clusters import wait_until
 from reptables.operator.local import LocalRunner
 from reptables.operator.world import World
 
@@ -107,7 +113,6 @@ REPLICA_NAMES = {cluster: f"{TABLE}-{cluster}" for cluster in REMOTES}
 LOOKUP_CHUNK = 1_000
 MAX_WRITER_ATTEMPTS = 2_000_000
 MAX_RECONCILE_PASSES = 1_000_000
-POLL_S = 0.05
 
 
 # -- configuration and results ------------------------------------------------------------------------
@@ -369,24 +374,6 @@ class Writer(threading.Thread):
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = POLL_S) -> Any:
-    """Call ``predicate()`` until it returns something truthy; bounded in time and count."""
-    deadline = time.monotonic() + timeout
-    last: str = ""
-    for _ in range(int(timeout / interval) + 2):
-        try:
-            value = predicate()
-            if value:
-                return value
-        except YtError as exc:
-            last = exc.message.splitlines()[0]
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last})" if last
-                                                                                 else ""))
-
-
 def replicas_by_cluster(meta: Client) -> dict[str, dict[str, Any]]:
     """The meta engine's ``@replicas`` of the table, keyed by replica cluster (with ``id`` added)."""
     info: dict[str, Any] = meta.get(f"{PATH}/@replicas")
@@ -556,7 +543,7 @@ class Bench:
 
     def settle(self) -> tuple[str, float]:
         started = time.monotonic()
-        sync = wait_for(lambda: self.settled(started), self.cfg.settle_timeout_s,
+        sync = wait_until(lambda: self.settled(started), self.cfg.settle_timeout_s,
                         "both replicas enabled, caught up and a sync replica chosen")
         # writes need the sync replica in sync (not catching up): one probe write, retried
         self.write_probe()
@@ -570,7 +557,7 @@ class Bench:
             self.acked.append(key)
             return True
 
-        wait_for(attempt, self.cfg.settle_timeout_s, "a write with require_sync_replica", interval=0.1)
+        wait_until(attempt, self.cfg.settle_timeout_s, "a write with require_sync_replica", interval=0.1)
 
     # -- one trial
 
@@ -582,7 +569,7 @@ class Bench:
         self.writer = writer
         writer.start()
         try:
-            wait_for(lambda: writer.successes() > 0, 30, "a first successful commit before the kill")
+            wait_until(lambda: writer.successes() > 0, 30, "a first successful commit before the kill")
             time.sleep(self.cfg.warmup_s + self.rng.uniform(0, tracking.CHECK_PERIOD))
             proc = self.runner.processes[sync_cluster]
             kill_wall = time.time()
@@ -598,7 +585,7 @@ class Bench:
                 return ok_after and shown
 
             try:
-                wait_for(recovered, self.cfg.recovery_timeout_s, "a commit and the status after the kill")
+                wait_until(recovered, self.cfg.recovery_timeout_s, "a commit and the status after the kill")
                 time.sleep(self.cfg.after_s)
             except TimeoutError as exc:
                 result.problem = str(exc)

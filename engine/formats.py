@@ -99,7 +99,7 @@ def load_rows(data: bytes, fmt: Format) -> list[Any]:
             raise YtError(f"Malformed YSON in request body: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
         return rows
     body = data.strip()
-    if not body.startswith(b"[") and b"\n\n" not in body and not body.startswith(b"\xef\xbb\xbf"):
+    if not body.startswith(b"[") and b"\n\n" not in body:
         # JSON lines without blank lines: one parse of the whole body as a JSON list
         try:
             rows = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]") if body else []

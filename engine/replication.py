@@ -42,7 +42,15 @@ from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.remote import Peers
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.storage import FastStatement, replica_progress_table, replica_sink_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes, tablet_id
+from reptables.engine.tables import (
+    WRITE_KINDS,
+    DynamicTable,
+    RowWrite,
+    WriteKind,
+    decode_writes,
+    encode_writes,
+    tablet_id,
+)
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
 
@@ -53,23 +61,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("reptables.engine.replication")
 
 
-def _keyed_update(table: sa.Table, *keys: str) -> FastStatement:
-    return FastStatement(lambda: table.update().where(*[table.c[k] == sa.bindparam(f"p_{k}") for k in keys]).values(
-        {c.name: sa.bindparam(f"p_{c.name}") for c in table.columns if c.name not in keys}))
-
-
-def _insert(table: sa.Table) -> FastStatement:
-    return FastStatement(lambda: table.insert().values({c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}))
-
-
-_UPDATE_PROGRESS = _keyed_update(replica_progress_table, "replica_id", "tablet_index")
-_INSERT_PROGRESS = _insert(replica_progress_table)
-_READ_SINK = FastStatement(lambda: sa.select(replica_sink_table.c.row_index, replica_sink_table.c.timestamp).where(
-    replica_sink_table.c.upstream_replica_id == sa.bindparam("p_upstream_replica_id"),
-    replica_sink_table.c.tablet_index == sa.bindparam("p_tablet_index")))
-_UPDATE_SINK = _keyed_update(replica_sink_table, "upstream_replica_id", "tablet_index")
-_INSERT_SINK = _insert(replica_sink_table)
-_WRITE_KINDS = {kind.value: kind for kind in WriteKind}
+# the statements on the latency path of every sync replica commit (storage.FastStatement)
+_UPDATE_PROGRESS = FastStatement.update(replica_progress_table, "replica_id", "tablet_index")
+_INSERT_PROGRESS = FastStatement.insert(replica_progress_table)
+_READ_SINK = FastStatement.select(replica_sink_table, ("row_index", "timestamp"), "upstream_replica_id", "tablet_index")
+_UPDATE_SINK = FastStatement.update(replica_sink_table, "upstream_replica_id", "tablet_index")
+_INSERT_SINK = FastStatement.insert(replica_sink_table)
 
 #: where a replica object keeps the id of its replicated table (hidden from users)
 TABLE_ID_ATTRIBUTE = "_rt_table_id"
@@ -582,7 +579,7 @@ class ReplicationManager:
         prev, end = int(body["prev_row_index"]), int(body["row_index"])
         groups: list[tuple[int, list[RowWrite]]] = []
         full_mask = table.schema.full_lock_mask if table.sorted else 1
-        kinds = _WRITE_KINDS
+        kinds = WRITE_KINDS
         write_kind = WriteKind.WRITE
         last_ts, group = None, None
         for entry in body["entries"]:

@@ -170,6 +170,30 @@ class FastStatement:
         self._build = build
         self._compiled: dict[str, tuple[str, list[str] | None]] = {}
 
+    @staticmethod
+    def _keys_match(table: sa.Table, keys: tuple[str, ...]) -> list[sa.ColumnElement[bool]]:
+        return [table.c[k] == sa.bindparam(f"p_{k}") for k in keys]
+
+    @classmethod
+    def insert(cls, table: sa.Table) -> FastStatement:
+        """INSERT of one row (every column a parameter)."""
+        return cls(lambda: table.insert().values({c.name: sa.bindparam(f"p_{c.name}") for c in table.columns}))
+
+    @classmethod
+    def update(cls, table: sa.Table, *keys: str, columns: tuple[str, ...] | None = None) -> FastStatement:
+        """UPDATE of ``columns`` (default: every column but the keys) of the rows matching ``keys``."""
+        names = columns or tuple(c.name for c in table.columns if c.name not in keys)
+        return cls(lambda: table.update().where(*cls._keys_match(table, keys)).values(
+            {n: sa.bindparam(f"p_{n}") for n in names}))
+
+    @classmethod
+    def delete(cls, table: sa.Table, *keys: str) -> FastStatement:
+        return cls(lambda: table.delete().where(*cls._keys_match(table, keys)))
+
+    @classmethod
+    def select(cls, table: sa.Table, columns: tuple[str, ...], *keys: str) -> FastStatement:
+        return cls(lambda: sa.select(*[table.c[n] for n in columns]).where(*cls._keys_match(table, keys)))
+
     def run(self, conn: sa.Connection, **params: Any) -> Any:
         """Execute with ``params``; returns the DBAPI cursor (``fetchone``, ``rowcount``)."""
         entry = self._compiled.get(conn.dialect.name)
@@ -363,15 +387,16 @@ class Storage:
 
         The event-loop thread, which serves small reads itself, keeps one connection of its own:
         a pool checkout and return cost more than a point lookup."""
-        conn = self._loop_reader if threading.current_thread() is threading.main_thread() else None
-        if conn is None or conn.closed or conn.in_transaction():
-            if conn is None and threading.current_thread() is threading.main_thread():
-                conn = self._loop_reader = self.engine.connect()
-            else:
-                with self.engine.connect() as conn:
-                    with conn.begin():
-                        yield conn
-                return
+        conn = None
+        if threading.current_thread() is threading.main_thread():
+            if self._loop_reader is None or self._loop_reader.closed:
+                self._loop_reader = self.engine.connect()
+            if not self._loop_reader.in_transaction():  # not a read inside a read
+                conn = self._loop_reader
+        if conn is None:
+            with self.engine.connect() as pooled, pooled.begin():
+                yield pooled
+            return
         with conn.begin():
             yield conn
 

@@ -112,9 +112,7 @@ class QueueEntry(NamedTuple):
     payload: str
 
 
-_SET_ROW_COUNT = FastStatement(lambda: tablets_table.update().where(
-    tablets_table.c.table_id == sa.bindparam("p_table_id"),
-    tablets_table.c.tablet_index == sa.bindparam("p_tablet_index")).values(row_count=sa.bindparam("p_row_count")))
+_SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
 
 #: rows of each tablet's replication queue kept in memory after their append, so that replicators
 #: (one per replica) push fresh changes without reading them back from SQL
@@ -675,7 +673,8 @@ class DynamicTable:
         return int(removed or 0)
 
 
-_KINDS = {kind.value: kind for kind in WriteKind}
+#: a change's kind by its name on the wire
+WRITE_KINDS = {kind.value: kind for kind in WriteKind}
 
 
 def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
@@ -708,7 +707,7 @@ def decode_writes(data: dict[str, Any]) -> list[RowWrite]:
         return [value] * n
 
     try:
-        kinds = [_KINDS[k] for k in column("kind", "write")]
+        kinds = [WRITE_KINDS[k] for k in column("kind", "write")]
     except KeyError as exc:
         raise YtError(f"Malformed writes: unknown kind {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
     return [RowWrite(kind, row, int(mask), bool(update), bool(shared), bool(strong))

@@ -49,19 +49,12 @@ MAX_TRANSACTION_LIFETIME = 60.0
 #: seed 003: "Transactions must write a limited amount of data (the default limit is 100,000 rows)"
 MAX_ROWS_PER_TRANSACTION = 100_000
 # the statements on the latency path of every sync replica commit (storage.FastStatement)
-_INSERT_DECISION = FastStatement(lambda: commits_table.insert().values(
-    {c.name: sa.bindparam(f"p_{c.name}") for c in commits_table.columns}))
-_DELETE_DECISION = FastStatement(lambda: commits_table.delete().where(
-    commits_table.c.transaction_id == sa.bindparam("p_transaction_id")))
-_INSERT_PREPARED = FastStatement(lambda: prepared_table.insert().values(
-    {c.name: sa.bindparam(f"p_{c.name}") for c in prepared_table.columns}))
-_FIND_PREPARED = FastStatement(lambda: sa.select(prepared_table.c.transaction_id).where(
-    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id"),
-    prepared_table.c.participant == sa.bindparam("p_participant")))
-_PARTICIPANTS = FastStatement(lambda: sa.select(prepared_table.c.participant).where(
-    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id")))
-_DELETE_PREPARED = FastStatement(lambda: prepared_table.delete().where(
-    prepared_table.c.transaction_id == sa.bindparam("p_transaction_id")))
+_INSERT_DECISION = FastStatement.insert(commits_table)
+_DELETE_DECISION = FastStatement.delete(commits_table, "transaction_id")
+_INSERT_PREPARED = FastStatement.insert(prepared_table)
+_FIND_PREPARED = FastStatement.select(prepared_table, ("transaction_id",), "transaction_id", "participant")
+_PARTICIPANTS = FastStatement.select(prepared_table, ("participant",), "transaction_id")
+_DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
 
 #: how long a prepare waits for rows locked by a transaction prepared here by another coordinator
 #: (committed, most likely, its decision on the way) before it reports a conflict
@@ -711,11 +704,10 @@ class TransactionManager:
                 rows += table.apply(conn, writes, commit_ts, extra.get("tablet_index"), keyed)
                 if on_apply is not None:
                     on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
-            records = names
             _DELETE_PREPARED.run(conn, transaction_id=tx_id)
         self._release_remote(tx_id)
         METRICS.rows_written.inc(rows)
-        return bool(records)
+        return bool(names)
 
     def _load_prepared(self, conn: sa.Connection, tx_id: str) -> dict[str, tuple[DynamicTable, list[RowWrite],
                                                                                    dict[Any, RowWrite] | None,
