@@ -230,31 +230,30 @@ class ReplicationManager:
         atomicity = attrs.get("atomicity", "full")
         if atomicity not in ("full", "none"):
             raise YtError("Replica atomicity must be full or none", code=ErrorCode.INVALID_PARAMETER)
-        with self._lock:
+        with self.cluster.storage.write() as conn, self._lock:
             for other in self.replicas_of(table.table_id):
                 if other.cluster_name == cluster_name and other.replica_path == replica_path:
                     raise YtError(f"Replica {other.id} of {path} already points to {cluster_name}:{replica_path}",
                                   code=ErrorCode.ALREADY_EXISTS)
-            with self.cluster.storage.write() as conn:
-                node = Node(id=make_object_id(OBJECT_TYPES["table_replica"]), type="table_replica", name=None,
-                            parent=None, attributes={})
-                replica = Replica(
-                    id=node.id, node=node, table_id=table.table_id, cluster_name=cluster_name,
-                    replica_path=replica_path, mode=ReplicaMode(mode), state=ReplicaState.DISABLED,
-                    start_replication_timestamp=start_ts,
-                    preserve_timestamps=bool(attrs.get("preserve_timestamps", True)), atomicity=atomicity,
-                    tracker_enabled=bool(attrs.get("enable_replicated_table_tracker", True)), table_path=path)
-                for key, value in attrs.items():
-                    if key not in replica.attributes() and key not in ("table_path",):
-                        node.attributes[key] = value
-                for tablet in range(table.tablet_count):
-                    # a new replica starts at the oldest change still in the queue
-                    start = table.tablet_rows.get(tablet, [0, 0])[1]
-                    replica.progress[tablet] = TabletProgress(start, 0)
-                    self._save_progress(conn, node.id, tablet, replica.progress[tablet])
-                self.cluster.cypress.attach(node)
-                self._save(conn, replica)
-                self.replicas[node.id] = replica
+            node = Node(id=make_object_id(OBJECT_TYPES["table_replica"]), type="table_replica", name=None,
+                        parent=None, attributes={})
+            replica = Replica(
+                id=node.id, node=node, table_id=table.table_id, cluster_name=cluster_name,
+                replica_path=replica_path, mode=ReplicaMode(mode), state=ReplicaState.DISABLED,
+                start_replication_timestamp=start_ts,
+                preserve_timestamps=bool(attrs.get("preserve_timestamps", True)), atomicity=atomicity,
+                tracker_enabled=bool(attrs.get("enable_replicated_table_tracker", True)), table_path=path)
+            for key, value in attrs.items():
+                if key not in replica.attributes() and key not in ("table_path",):
+                    node.attributes[key] = value
+            for tablet in range(table.tablet_count):
+                # a new replica starts at the oldest change still in the queue
+                start = table.tablet_rows.get(tablet, [0, 0])[1]
+                replica.progress[tablet] = TabletProgress(start, 0)
+                self._save_progress(conn, node.id, tablet, replica.progress[tablet])
+            self.cluster.cypress.attach(node)
+            self._save(conn, replica)
+            self.replicas[node.id] = replica
         log.info("replica created", extra={"replica_id": node.id, "path": path, "cluster": cluster_name,
                                            "replica_path": replica_path})
         return node.id
@@ -301,7 +300,8 @@ class ReplicationManager:
             replica.phase = None
             self._set_state(replica, ReplicaState.DISABLED)
         if mode is not None and ReplicaMode(mode) is not replica.mode:
-            with self._lock, self.cluster.storage.write() as conn:
+            # lock order (docs/architecture.md): the storage writer lock, then the replica registry's
+            with self.cluster.storage.write() as conn, self._lock:
                 replica.mode = ReplicaMode(mode)
                 replica.phase = SyncPhase.CATCHING_UP if replica.mode is ReplicaMode.SYNC else None
                 self._save(conn, replica)
@@ -310,7 +310,7 @@ class ReplicationManager:
         self._wake.set()
 
     def _set_state(self, replica: Replica, state: ReplicaState) -> None:
-        with self._lock, self.cluster.storage.write() as conn:
+        with self.cluster.storage.write() as conn, self._lock:
             replica.state = state
             self._save(conn, replica)
 
