@@ -352,7 +352,9 @@ class Storage:
             if relaxed:
                 _raw_pragma(conn, "PRAGMA synchronous=OFF")
             undo: list[Callable[[], None]] = []
+            published: list[Callable[[], None]] = []
             conn.info[_UNDO] = undo
+            conn.info[_PUBLISH] = published
             try:
                 with conn.begin():
                     yield conn
@@ -365,8 +367,12 @@ class Storage:
                 raise
             finally:
                 conn.info.pop(_UNDO, None)
+                conn.info.pop(_PUBLISH, None)
                 if relaxed and self._writer is not None:
                     _raw_pragma(conn, "PRAGMA synchronous=FULL")
+            # committed: what readers outside the writer lock may see now (still under the lock)
+            for fn in published:
+                fn()
 
     def write_busy(self) -> bool:
         """Whether a write transaction holds the writer right now (a hint: it may change at once)."""
@@ -421,6 +427,7 @@ class Storage:
 
 
 _UNDO = "reptables_undo"
+_PUBLISH = "reptables_publish"
 
 
 def on_rollback(conn: sa.Connection, undo: Callable[[], None]) -> None:
@@ -429,6 +436,18 @@ def on_rollback(conn: sa.Connection, undo: Callable[[], None]) -> None:
     hooks = conn.info.get(_UNDO)
     if hooks is not None:
         hooks.append(undo)
+
+
+def on_commit(conn: sa.Connection, publish: Callable[[], None]) -> None:
+    """Run ``publish`` once the write transaction of ``conn`` has committed, before the writer lock
+    is released. State that threads read *without* the writer lock (the in-memory queue tail the
+    replicators push from) is changed here, never inside the transaction: a reader must not see
+    rows of a transaction that may still roll back. Outside a write transaction it runs at once."""
+    hooks = conn.info.get(_PUBLISH)
+    if hooks is None:
+        publish()
+    else:
+        hooks.append(publish)
 
 
 def _raw_pragma(conn: sa.Connection, pragma: str) -> None:

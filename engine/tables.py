@@ -46,6 +46,7 @@ from reptables.engine.storage import (
     TS,
     FastStatement,
     UserTables,
+    on_commit,
     on_rollback,
     read_locks_table,
     tablets_table,
@@ -333,25 +334,25 @@ class DynamicTable:
                                                [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
         _SET_ROW_COUNT.run(conn, table_id=self.table_id, tablet_index=tablet_index, row_count=start + len(entries))
         counts[0] = start + len(entries)
-        base, tail = self.queue_tail.get(tablet_index, (start, []))
-        if base + len(tail) != start:
-            base, tail = start, []
-        kept = len(tail)
-        tail.extend(entries)
-        if len(tail) > QUEUE_TAIL_ROWS:
-            drop = len(tail) - QUEUE_TAIL_ROWS // 2
-            del tail[:drop]
-            base += drop
-            kept = max(0, kept - drop)
-        self.queue_tail[tablet_index] = (base, tail)
 
         def undo() -> None:
             counts[0] = start
-            current = self.queue_tail.get(tablet_index)
-            if current is not None and current[1] is tail:
-                del tail[kept:]
+
+        def publish() -> None:
+            # replicators read the tail without the writer lock: it only ever holds committed rows
+            base, tail = self.queue_tail.get(tablet_index, (start, []))
+            if base + len(tail) != start:
+                base, tail = start, []
+            tail.extend(entries)
+            if len(tail) > QUEUE_TAIL_ROWS:
+                # a new list: a reader holding (base, tail) must never see indices shift under it
+                drop = len(tail) - QUEUE_TAIL_ROWS // 2
+                tail = tail[drop:]
+                base += drop
+            self.queue_tail[tablet_index] = (base, tail)
 
         on_rollback(conn, undo)
+        on_commit(conn, publish)
         return len(entries)
 
     def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
