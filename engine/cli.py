@@ -19,10 +19,10 @@ import typer
 import uvicorn
 import yt.yson as yson
 
-from reptables.engine import logs
-from reptables.engine.cluster import Cluster
-from reptables.engine.http import create_app
-from reptables.engine.remote import DEFAULT_SYNC_TIMEOUT
+from . import logs
+from .api import create_app
+from .node import Cluster
+from .peers import DEFAULT_SYNC_TIMEOUT
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")

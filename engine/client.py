@@ -56,7 +56,7 @@ from typing import Any, Protocol, Self
 import httpx
 import orjson
 
-from reptables.engine.errors import (
+from .errors import (
     AlreadyExistsError,
     AuthenticationError,
     ErrorCode,
@@ -69,7 +69,7 @@ from reptables.engine.errors import (
     UnavailableError,
     YtError,
 )
-from reptables.engine.httpconn import ConnectionPool, HttpTransportError, has_non_finite
+from .httpconn import ConnectionPool, HttpTransportError, has_non_finite
 
 __all__ = [
     "AlreadyExistsError",

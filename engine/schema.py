@@ -18,8 +18,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from reptables.engine import yson_util
-from reptables.engine.errors import ErrorCode, SchemaViolation, YtError
+from . import yson_util
+from .errors import ErrorCode, SchemaViolation, YtError
 
 #: YT's limit on the weight of one row
 MAX_ROW_WEIGHT = 16 * 1024 * 1024

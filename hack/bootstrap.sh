@@ -13,4 +13,6 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# strict editable mode links every file of the package folders under build/: mypy and lint-imports
+# then resolve reptables.* like any installed package (re-run after adding a module)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' --config-settings editable_mode=strict

@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from reptables.engine import transactions as tx_module
-from reptables.engine.cluster import Cluster
 from reptables.engine.errors import ErrorCode, LockConflict, YtError
+from reptables.engine.node import Cluster
 from reptables.engine.storage import commits_table, prepared_table
 from reptables.engine.timestamps import COUNTER_BITS
 

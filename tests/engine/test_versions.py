@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 from reptables.engine import tables as tables_module
-from reptables.engine.cluster import Cluster
 from reptables.engine.errors import LockConflict, YtError
+from reptables.engine.node import Cluster
 from reptables.engine.storage import meta_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
+from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
 
 SCHEMA = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 import yt.yson as yson
 
-from reptables.engine import yson_util
-from reptables.engine.errors import ErrorCode, YtError
+from .. import yson_util
+from ..errors import ErrorCode, YtError
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 import yt.yson as yson
 
-from reptables.engine.errors import ErrorCode, YtError
-from reptables.engine.remote import Peers
-from reptables.engine.replica_types import ReplicaMode, ReplicaState
-from reptables.engine.storage import FastStatement, replica_progress_table, replica_sink_table
-from reptables.engine.tables import (
+from ..errors import ErrorCode, YtError
+from ..peers import Peers
+from ..replica_types import ReplicaMode, ReplicaState
+from ..storage import FastStatement, replica_progress_table, replica_sink_table
+from ..tablets import (
     WRITE_KINDS,
     DynamicTable,
     RowWrite,
@@ -51,12 +51,12 @@ from reptables.engine.tables import (
     encode_writes,
     tablet_id,
 )
-from reptables.engine.timestamps import COUNTER_BITS
-from reptables.engine.transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
+from ..timestamps import COUNTER_BITS
+from ..transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
 
 if TYPE_CHECKING:
-    from reptables.engine.cluster import Cluster
-    from reptables.engine.cypress import Node
+    from ..cypress import Node
+    from ..node import Cluster
 
 log = logging.getLogger("reptables.engine.replication")
 
@@ -197,8 +197,8 @@ class ReplicationManager:
     # -- replica objects -------------------------------------------------------------------------------
 
     def create_replica(self, attrs: dict[str, Any]) -> str:
-        from reptables.engine.cypress import OBJECT_TYPES, Node
-        from reptables.engine.transactions import make_object_id
+        from ..cypress import OBJECT_TYPES, Node
+        from ..transactions import make_object_id
 
         table_path = attrs.get("table_path")
         if not isinstance(table_path, str):

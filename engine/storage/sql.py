@@ -26,7 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from reptables.engine.schema import ColumnType, TableSchema
+from ..schema import ColumnType, TableSchema
 
 SYSTEM_METADATA = sa.MetaData()
 

@@ -32,11 +32,11 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy as sa
 
-from reptables.engine import yson_util
-from reptables.engine.errors import ErrorCode, SchemaViolation, TabletStateError, YtError
-from reptables.engine.query import QuerySource
-from reptables.engine.schema import ColumnType, TableSchema
-from reptables.engine.storage import (
+from .. import yson_util
+from ..errors import ErrorCode, SchemaViolation, TabletStateError, YtError
+from ..query import QuerySource
+from ..schema import ColumnType, TableSchema
+from ..storage import (
     DELETED,
     KIND,
     LOCK_MASK,
@@ -51,7 +51,7 @@ from reptables.engine.storage import (
     read_locks_table,
     tablets_table,
 )
-from reptables.engine.timestamps import COUNTER_BITS
+from ..timestamps import COUNTER_BITS
 
 #: rows per SQL statement when we bind key lists
 _CHUNK = 500

@@ -33,10 +33,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reptables.engine import __version__, yson_util
-from reptables.engine.cluster import Cluster
-from reptables.engine.errors import AuthenticationError, ErrorCode, UnavailableError, YtError
-from reptables.engine.formats import (
+from .. import __version__, yson_util
+from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
+from ..metrics import METRICS
+from ..node import Cluster
+from .formats import (
     Format,
     dump_rows,
     dump_structured,
@@ -44,7 +45,6 @@ from reptables.engine.formats import (
     load_structured,
     parse_format,
 )
-from reptables.engine.metrics import METRICS
 
 log = logging.getLogger("reptables.engine.http")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reptables.engine import yson_util
-from reptables.engine.errors import ErrorCode, ResolveError, YtError
-from reptables.engine.storage import nodes_table
-from reptables.engine.tables import DynamicTable
+from .. import yson_util
+from ..errors import ErrorCode, ResolveError, YtError
+from ..storage import nodes_table
+from ..tablets import DynamicTable
 
 ROOT_ID = "0-0-12f-0"
 MAP_NODE = "map_node"

@@ -36,13 +36,13 @@ from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
-from reptables.engine import faults
-from reptables.engine.errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
-from reptables.engine.httpconn import dumps_json, loads_json
-from reptables.engine.metrics import METRICS
-from reptables.engine.storage import FastStatement, Storage, commits_table, prepared_table
-from reptables.engine.tables import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
-from reptables.engine.timestamps import COUNTER_BITS, TimestampProvider
+from .. import faults
+from ..errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
+from ..httpconn import dumps_json, loads_json
+from ..metrics import METRICS
+from ..storage import FastStatement, Storage, commits_table, prepared_table
+from ..tablets import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
+from ..timestamps import COUNTER_BITS, TimestampProvider
 
 #: seed 003: "Transactions must be short (the default limit is 1 minute)"
 MAX_TRANSACTION_LIFETIME = 60.0

@@ -64,7 +64,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.tree import Meta
 from sqlalchemy.types import NullType, TypeEngine
 
-from .errors import ErrorCode, QuerySyntaxError, YtError
+from ..errors import ErrorCode, QuerySyntaxError, YtError
 
 # ---------------------------------------------------------------------------------------------------
 # Public API

@@ -18,8 +18,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reptables.engine import yson_util
-from reptables.engine.cypress import (
+from .. import yson_util
+from ..cypress import (
     INTERNAL_PREFIX,
     MAP_NODE,
     OBJECT_TYPES,
@@ -29,18 +29,18 @@ from reptables.engine.cypress import (
     YPath,
     parse_ypath,
 )
-from reptables.engine.errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
-from reptables.engine.query import compile_query, parse_query
-from reptables.engine.remote import DEFAULT_SYNC_TIMEOUT, MASKED_TOKEN, Peers, mask_tokens, parse_directory
-from reptables.engine.replication import (
+from ..errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
+from ..peers import DEFAULT_SYNC_TIMEOUT, MASKED_TOKEN, Peers, mask_tokens, parse_directory
+from ..query import compile_query, parse_query
+from ..replication import (
     DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
     ReplicationManager,
     validate_replicated_table_options,
     validate_throttler,
 )
-from reptables.engine.schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row, validate_rows
-from reptables.engine.storage import Storage, UserTables, meta_table, read_locks_table, tablets_table
-from reptables.engine.tables import (
+from ..schema import MAX_ROW_WEIGHT, TableSchema, row_weight, validate_row, validate_rows
+from ..storage import Storage, UserTables, meta_table, read_locks_table, tablets_table
+from ..tablets import (
     DynamicTable,
     RowWrite,
     TabletState,
@@ -49,7 +49,7 @@ from reptables.engine.tables import (
     tablet_id,
     validate_key_not_null,
 )
-from reptables.engine.timestamps import (
+from ..timestamps import (
     ASYNC_LAST_COMMITTED_TIMESTAMP,
     COUNTER_BITS,
     MAX_TIMESTAMP,
@@ -58,7 +58,7 @@ from reptables.engine.timestamps import (
     TimestampProvider,
     unix_to_timestamp,
 )
-from reptables.engine.transactions import (
+from ..transactions import (
     Atomicity,
     Durability,
     TabletTransaction,

@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from reptables.engine.client import Client
-from reptables.engine.errors import ErrorCode, UnavailableError, YtError
-from reptables.engine.httpconn import ConnectionPool, HttpTransportError, dumps_json, loads_json
+from ..client import Client
+from ..errors import ErrorCode, UnavailableError, YtError
+from ..httpconn import ConnectionPool, HttpTransportError, dumps_json, loads_json
 
 #: how long a commit waits for a sync replica's prepare
 DEFAULT_SYNC_TIMEOUT = 1.0

@@ -1,0 +1,6 @@
+"""The HTTP API: routes, the command table, authentication, formats."""
+
+from .app import create_app
+from .formats import Format, dump_rows, dump_structured, load_rows, load_structured, parse_format
+
+__all__ = ["Format", "create_app", "dump_rows", "dump_structured", "load_rows", "load_structured", "parse_format"]
