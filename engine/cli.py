@@ -21,8 +21,8 @@ import yt.yson as yson
 
 from . import logs
 from .api import create_app
+from .config import DEFAULT_CONFIG, EngineConfig
 from .node import Cluster
-from .peers import DEFAULT_SYNC_TIMEOUT
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")
@@ -60,7 +60,7 @@ def serve(
     clusters_config: Annotated[Path | None, typer.Option(
         "--clusters-config", help="JSON or YSON map {name: {proxy_url; token}} merged into //sys/clusters")] = None,
     sync_replica_timeout: Annotated[float, typer.Option(
-        "--sync-replica-timeout", help="Seconds a commit waits for a sync replica")] = DEFAULT_SYNC_TIMEOUT,
+        "--sync-replica-timeout", help="Seconds a commit waits for a sync replica")] = DEFAULT_CONFIG.sync_timeout,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
@@ -69,7 +69,9 @@ def serve(
     # runs several full passes per batch (tens of ms); the engine creates few reference cycles
     gc.set_threshold(100_000, 50, 100)
     secret = resolve_token(data_dir, token)
-    cluster = Cluster.open(cluster_name, data_dir, sync_replica_timeout)
+    # the one place that reads the environment: the process' settings, handed down as one object
+    config = EngineConfig.from_env(sync_timeout=sync_replica_timeout)
+    cluster = Cluster.open(cluster_name, data_dir, config)
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
         cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"

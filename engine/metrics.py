@@ -1,7 +1,8 @@
 """Prometheus metrics of one engine process.
 
-Each engine has its own registry (not the global one) so that several engines can live in one test
-process without clashing, and so that ``/metrics`` shows exactly this engine's figures.
+Each engine has its own ``EngineMetrics`` (built by the composition root, handed to the layers that
+count) with its own registry, not the process-global one: several engines can live in one test
+process without sharing counters, and ``/metrics`` shows exactly this engine's figures.
 """
 
 from __future__ import annotations
@@ -24,6 +25,3 @@ class EngineMetrics:
         self.conflicts = Counter("reptables_conflicts", "Transactions aborted by a row lock conflict",
                                  registry=self.registry)
 
-
-#: the metrics of the engine running in this process
-METRICS = EngineMetrics()

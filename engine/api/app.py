@@ -35,7 +35,6 @@ from starlette.routing import Route
 
 from .. import __version__, yson_util
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
-from ..metrics import METRICS
 from ..node import Cluster
 from .formats import (
     Format,
@@ -393,20 +392,18 @@ def _error_response(error: YtError, request_id: str) -> Response:
                  "X-YT-Request-Id": request_id})
 
 
-_METRIC_CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
-
-
-def _metric(metric: Any, *labels: str) -> Any:
-    """``metric.labels(*labels)``, remembered: prometheus_client resolves labels on every call."""
-    key = (id(metric), labels)
-    child = _METRIC_CHILDREN.get(key)
-    if child is None:
-        child = _METRIC_CHILDREN[key] = metric.labels(*labels)
-    return child
-
-
 def create_app(cluster: Cluster, token: str) -> Starlette:
     """The ASGI app of one engine; ``token`` is required on every API command."""
+    engine_metrics = cluster.metrics
+    children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+    def _metric(metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: prometheus_client resolves labels on every call."""
+        key = (metric._name, labels)
+        child = children.get(key)
+        if child is None:
+            child = children[key] = metric.labels(*labels)
+        return child
 
     def authenticate(request: Request) -> None:
         header = request.headers.get("authorization", "")
@@ -439,7 +436,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         return JSONResponse({"status": "ready", "cluster_name": cluster.name})
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(METRICS.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(engine_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def command(request: Request) -> Response:
         name = request.path_params["command"]
@@ -466,8 +463,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return _error_response(YtError(f"Command {name!r} failed: {type(exc).__name__}: {exc}"), request_id)
         finally:
             counted = name if name in COMMANDS else "unknown"
-            _metric(METRICS.requests, counted, outcome).inc()
-            _metric(METRICS.latency, counted).observe(time.perf_counter() - started)
+            _metric(engine_metrics.requests, counted, outcome).inc()
+            _metric(engine_metrics.latency, counted).observe(time.perf_counter() - started)
 
     def _safe_inline(cmd: Command, params: dict[str, Any], body_bytes: int) -> bool:
         assert cmd.inline is not None
@@ -566,10 +563,10 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                     result = await run_in_threadpool(handler, body)
             except KeyError as exc:
                 raise YtError(f"Internal request {method} misses field {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
-            METRICS.requests.labels(command=f"internal:{method}", outcome="ok").inc()
+            engine_metrics.requests.labels(command=f"internal:{method}", outcome="ok").inc()
             return JSONResponse(result if result is not None else {})
         except YtError as error:
-            METRICS.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
             return _error_response(error, request_id)
         except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
             log.exception("internal call failed", extra={"method": method})

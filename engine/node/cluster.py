@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import yson_util
+from ..config import DEFAULT_CONFIG, EngineConfig
 from ..cypress import (
     INTERNAL_PREFIX,
     MAP_NODE,
@@ -30,7 +31,9 @@ from ..cypress import (
     parse_ypath,
 )
 from ..errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
-from ..peers import DEFAULT_SYNC_TIMEOUT, MASKED_TOKEN, Peers, mask_tokens, parse_directory
+from ..faults import Faults
+from ..metrics import EngineMetrics
+from ..peers import MASKED_TOKEN, Peers, mask_tokens, parse_directory
 from ..query import compile_query, parse_query
 from ..replication import (
     DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
@@ -110,15 +113,18 @@ def _flag(value: Any, default: bool = False) -> bool:
 class Cluster:
     """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
 
-    def __init__(self, name: str, storage: Storage, state_dir: Path,
-                 sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
+    def __init__(self, name: str, storage: Storage, state_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> None:
         self.name = name
+        self.config = config
+        self.metrics = EngineMetrics()
+        self.faults = Faults(config.crash_points)
         self.storage = storage
         self.cypress = Cypress()
         reservation = ReservationFile(state_dir / "timestamp.reservation")
         self.timestamps = TimestampProvider(reservation.read(), reservation.write)
-        self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id)
-        self.peers = Peers(timeout=sync_timeout)
+        self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id, self.metrics,
+                                               self.faults)
+        self.peers = Peers(timeout=config.sync_timeout)
         self.replication = ReplicationManager(self, self.peers)
         self.transactions.replication = self.replication
         self._stop = threading.Event()
@@ -126,8 +132,8 @@ class Cluster:
         self._load()
 
     @classmethod
-    def open(cls, name: str, data_dir: Path, sync_timeout: float = DEFAULT_SYNC_TIMEOUT) -> Cluster:
-        return cls(name, Storage.for_data_dir(data_dir), data_dir, sync_timeout)
+    def open(cls, name: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> Cluster:
+        return cls(name, Storage.for_data_dir(data_dir), data_dir, config)
 
     # -- start-up --------------------------------------------------------------------------------
 
@@ -219,8 +225,10 @@ class Cluster:
         for name, conn in directory.items():
             self.set(f"{CLUSTERS_PATH}/{name}", {"proxy_url": conn.proxy_url, "token": conn.token})
 
-    def start_background(self, period: float = 1.0) -> None:
+    def start_background(self) -> None:
         """Expire abandoned transactions and compact old versions, until ``close``."""
+        period = self.config.background_period
+
         def loop() -> None:
             last_compaction = 0.0
             while not self._stop.wait(period):

@@ -36,10 +36,10 @@ from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 
-from .. import faults
 from ..errors import ErrorCode, LockConflict, NoSuchTransaction, YtError
+from ..faults import NO_FAULTS, Faults
 from ..httpconn import dumps_json, loads_json
-from ..metrics import METRICS
+from ..metrics import EngineMetrics
 from ..storage import FastStatement, Storage, commits_table, prepared_table
 from ..tablets import DynamicTable, RowWrite, WriteKind, decode_writes, encode_writes
 from ..timestamps import COUNTER_BITS, TimestampProvider
@@ -316,8 +316,11 @@ class LockTable:
 
 class TransactionManager:
     def __init__(self, storage: Storage, timestamps: TimestampProvider,
-                 resolve_table: Callable[[str], tuple[DynamicTable, str] | None]) -> None:
+                 resolve_table: Callable[[str], tuple[DynamicTable, str] | None],
+                 metrics: EngineMetrics | None = None, faults: Faults = NO_FAULTS) -> None:
         self.storage = storage
+        self.metrics = metrics if metrics is not None else EngineMetrics()
+        self.faults = faults
         self.timestamps = timestamps
         self._resolve_table = resolve_table
         self._transactions: dict[str, TabletTransaction] = {}
@@ -541,9 +544,8 @@ class TransactionManager:
         if found is not None:
             raise self._conflict_error(tx_id, start_ts, path, found[0], found[1])
 
-    @staticmethod
-    def _conflict_error(tx_id: str, start_ts: int, path: str, key: tuple[Any, ...], why: str) -> LockConflict:
-        METRICS.conflicts.inc()
+    def _conflict_error(self, tx_id: str, start_ts: int, path: str, key: tuple[Any, ...], why: str) -> LockConflict:
+        self.metrics.conflicts.inc()
         return LockConflict(
             f"Row lock conflict due to concurrent write: transaction {tx_id} conflicts on key "
             f"{list(key)} of table {path} with {why}",
@@ -562,8 +564,8 @@ class TransactionManager:
         finally:
             if ts:
                 self._end_commit_timestamp(ts)
-        METRICS.rows_written.inc(rows)
-        METRICS.commits.labels(kind="one_phase").inc()
+        self.metrics.rows_written.inc(rows)
+        self.metrics.commits.labels(kind="one_phase").inc()
         return ts
 
     def _commit_non_atomic(self, tx: TabletTransaction, parts: list[Participant]) -> int:
@@ -583,8 +585,8 @@ class TransactionManager:
         finally:
             if ts:
                 self._end_commit_timestamp(ts)
-        METRICS.rows_written.inc(rows)
-        METRICS.commits.labels(kind="non_atomic").inc()
+        self.metrics.rows_written.inc(rows)
+        self.metrics.commits.labels(kind="non_atomic").inc()
         return ts
 
     def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant],
@@ -605,7 +607,7 @@ class TransactionManager:
                         keyed = part.keyed if part.keyed is not None else {
                             part.table.key_of(w.row): w for w in part.writes}
                         self._lock_table.acquire_many(part.table.table_id, keyed, tx.id)
-            faults.crash_point("after_prepare")
+            self.faults.crash_point("after_prepare")
         except BaseException:
             self._lock_table.release(tx.id)
             if prepared_remote:
@@ -625,7 +627,7 @@ class TransactionManager:
                 if remote:
                     _INSERT_DECISION.run(conn, transaction_id=tx.id, commit_timestamp=ts,
                                          participants=json.dumps(commit_messages(tx.id, ts, remote)))
-            faults.crash_point("after_commit_decision")
+            self.faults.crash_point("after_commit_decision")
         finally:
             self._lock_table.release(tx.id)
             if ts:
@@ -633,8 +635,8 @@ class TransactionManager:
         if remote:
             assert self.replication is not None
             self.replication.commit_remote(tx.id, ts, remote)
-        METRICS.rows_written.inc(rows)
-        METRICS.commits.labels(kind="two_phase").inc()
+        self.metrics.rows_written.inc(rows)
+        self.metrics.commits.labels(kind="two_phase").inc()
         return ts
 
     # -- the participant side of a transaction coordinated by another cluster ----------------------
@@ -706,7 +708,7 @@ class TransactionManager:
                     on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
             _DELETE_PREPARED.run(conn, transaction_id=tx_id)
         self._release_remote(tx_id)
-        METRICS.rows_written.inc(rows)
+        self.metrics.rows_written.inc(rows)
         return bool(names)
 
     def _load_prepared(self, conn: sa.Connection, tx_id: str) -> dict[str, tuple[DynamicTable, list[RowWrite],
@@ -836,5 +838,5 @@ class TransactionManager:
         finally:
             for ts in stamps:
                 self._end_commit_timestamp(ts)
-        METRICS.rows_written.inc(rows)
+        self.metrics.rows_written.inc(rows)
         return {"row_index": end, "applied": True}

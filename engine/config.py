@@ -1,0 +1,91 @@
+"""One ``EngineConfig``: every tunable of an engine, built once and handed down.
+
+The composition root (``reptables.engine.node``) receives an ``EngineConfig`` and gives each layer
+the object (or the fields) it needs. Nothing in the engine reads the environment at import time:
+``EngineConfig.from_env`` is called by the command line (``reptables engine serve``) only, so tests
+and benchmarks can run several engines with different settings in one process.
+
+The defaults are the figures of the seeds (YTsaurus' replicator batch cuts, transaction limits) and
+of this engine's own measurements (queue tail, conflict memory); ``docs/engine.md`` lists the
+user-visible ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # -- transactions (seed 003) ---------------------------------------------------------------------
+    #: a tablet transaction lives at most this long (seconds)
+    max_transaction_lifetime: float = 60.0
+    #: rows one transaction may write
+    max_rows_per_transaction: int = 100_000
+    #: how long a sync replica's prepare waits for row locks of an earlier remote transaction
+    remote_lock_wait: float = 1.0
+    #: a non-atomic commit's client timestamp may be off the server clock by this much (seconds)
+    client_timestamp_threshold: float = 60.0
+
+    # -- tablets ---------------------------------------------------------------------------------------
+    #: newest replication queue rows per tablet kept in memory for the replicators
+    queue_tail_rows: int = 200_000
+    #: commits a table remembers for conflict checks: at most this many keys in all...
+    recent_commit_keys: int = 20_000
+    #: ...and, within that, every commit of the last seconds (a sync replica's prepare carries a
+    #: start timestamp of its meta-cluster)
+    recent_commit_grace_seconds: float = 2.0
+
+    # -- replication (seed 002) -----------------------------------------------------------------------
+    #: replicator tick when idle (seconds)
+    replicator_tick: float = 0.1
+    #: a replicator batch is cut at this many rows, bytes or distinct commit timestamps
+    batch_rows: int = 90_000
+    batch_bytes: int = 128 * MiB
+    batch_timestamps: int = 10_000
+    #: backoff after a failed push (seconds), and after a replicator bug
+    soft_backoff: float = 3.0
+    hard_backoff: float = 60.0
+    #: a replica switching to sync stops catching up and starts draining at this many pending rows
+    drain_threshold_rows: int = 1_000
+    #: extra answer time a sync replica gets per row of a prepare (a 10,000-row batch: +2 s)
+    prepare_seconds_per_row: float = 0.0002
+    #: threads for calls to sync replicas (prepare fan-out, commit delivery, aborts)
+    replication_rpc_workers: int = 16
+    #: how long a push of one batch may take (seconds)
+    push_timeout: float = 60.0
+
+    # -- peers -----------------------------------------------------------------------------------------
+    #: a sync replica that does not answer a prepare within this many seconds fails the commit
+    sync_timeout: float = 1.0
+
+    # -- node ------------------------------------------------------------------------------------------
+    #: period of the background jobs: transaction expiry, compaction, replication maintenance
+    background_period: float = 1.0
+
+    # -- API -------------------------------------------------------------------------------------------
+    #: largest request body accepted
+    max_body_bytes: int = 512 * MiB
+    #: bodies up to this size of commands that cannot wait run on the event loop
+    inline_body_bytes: int = 64 * 1024
+
+    # -- fault tests -----------------------------------------------------------------------------------
+    #: named crash points at which the process SIGKILLs itself (``REPTABLES_CRASH_AT``)
+    crash_points: frozenset[str] = field(default_factory=frozenset)
+
+    def with_changes(self, **changes: object) -> EngineConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> EngineConfig:
+        """The settings of ``reptables engine serve``: defaults, the environment, then options."""
+        env = os.environ if environ is None else environ
+        points = frozenset(p for p in env.get("REPTABLES_CRASH_AT", "").split(",") if p)
+        return cls(crash_points=points).with_changes(**overrides)
+
+
+DEFAULT_CONFIG = EngineConfig()
