@@ -17,7 +17,7 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+        out: dict[str, object] = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
         # only plain fields: libraries (kopf) attach whole objects as extras
         out.update({k: v for k, v in vars(record).items()

@@ -399,4 +399,5 @@ def _make_batch_validator(schema: TableSchema) -> Callable[[list[Any], Callable[
     lines += ["        append(row.copy())", "    return out"]
     namespace: dict[str, Any] = {"NAMES": frozenset(c.name for c in schema.columns)}
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from the validated schema only
-    return namespace["validate"]  # type: ignore[no-any-return]
+    validate: Callable[[list[Any], Callable[[Any], dict[str, Any]]], list[dict[str, Any]]] = namespace["validate"]
+    return validate

@@ -21,10 +21,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from ..schema import ColumnType, TableSchema
 
@@ -109,14 +110,15 @@ PAYLOAD = "_rt_payload"
 
 
 def sql_type(col_type: ColumnType) -> sa.types.TypeEngine[Any]:
-    return {
+    types: dict[ColumnType, sa.types.TypeEngine[Any]] = {
         ColumnType.INT64: sa.BigInteger(),
         ColumnType.UINT64: sa.BigInteger(),
         ColumnType.DOUBLE: sa.Double(),
         ColumnType.BOOLEAN: sa.Boolean(),
         ColumnType.STRING: sa.Text(),
         ColumnType.ANY: sa.Text(),
-    }[col_type]
+    }
+    return types[col_type]
 
 
 class BulkStatement:
@@ -128,8 +130,8 @@ class BulkStatement:
     dialect compiles, so the path stays dialect-neutral.
     """
 
-    def __init__(self, stmt: sa.Executable, dialect: sa.Dialect) -> None:
-        compiled = stmt.compile(dialect=dialect)
+    def __init__(self, stmt: sa.ClauseElement, dialect: sa.Dialect) -> None:
+        compiled = cast(SQLCompiler, stmt.compile(dialect=dialect))
         self.sql = str(compiled)
         self.positional = bool(compiled.positional)
         self.names: list[str] = list(compiled.positiontup or []) if self.positional else list(compiled.params)
@@ -166,7 +168,7 @@ class FastStatement:
     named ``p_<name>`` (SQLAlchemy reserves column names in INSERT and UPDATE); ``run`` takes
     ``<name>=value``."""
 
-    def __init__(self, build: Callable[[], sa.Executable]) -> None:
+    def __init__(self, build: Callable[[], sa.ClauseElement]) -> None:
         self._build = build
         self._compiled: dict[str, tuple[str, list[str] | None]] = {}
 
@@ -198,7 +200,7 @@ class FastStatement:
         """Execute with ``params``; returns the DBAPI cursor (``fetchone``, ``rowcount``)."""
         entry = self._compiled.get(conn.dialect.name)
         if entry is None:
-            compiled = self._build().compile(dialect=conn.dialect)
+            compiled = cast(SQLCompiler, self._build().compile(dialect=conn.dialect))
             entry = self._compiled[conn.dialect.name] = (
                 str(compiled), list(compiled.positiontup or []) if compiled.positional else None)
         sql, order = entry
@@ -275,7 +277,7 @@ class UserTables:
             assert table is not None
             if kind == "point":
                 keys = [c for c in table.primary_key.columns]
-                statement: sa.Executable = sa.select(*[c for c in table.columns if c.name in self.schema.by_name]) \
+                statement: sa.ClauseElement = sa.select(*[c for c in table.columns if c.name in self.schema.by_name]) \
                     .where(*[c == sa.bindparam(c.name) for c in keys])
             elif kind == "upsert":
                 statement = _upsert(table, conn.dialect)
@@ -300,16 +302,20 @@ class UserTables:
         self.metadata.drop_all(conn)
 
 
-def _upsert(table: sa.Table, dialect: sa.Dialect) -> sa.Executable:
+def _upsert(table: sa.Table, dialect: sa.Dialect) -> sa.ClauseElement:
     """INSERT ... ON CONFLICT (primary key) DO UPDATE: valid SQL for SQLite and PostgreSQL alike."""
-    if dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    stmt = dialect_insert(table)
     keys = [c.name for c in table.primary_key.columns]
-    return stmt.on_conflict_do_update(index_elements=keys, set_={
-        c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys})
+    if dialect.name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        pg = postgresql.insert(table)
+        return pg.on_conflict_do_update(index_elements=keys, set_={
+            c.name: pg.excluded[c.name] for c in table.columns if c.name not in keys})
+    from sqlalchemy.dialects import sqlite
+
+    lite = sqlite.insert(table)
+    return lite.on_conflict_do_update(index_elements=keys, set_={
+        c.name: lite.excluded[c.name] for c in table.columns if c.name not in keys})
 
 
 class Storage:

@@ -1,0 +1,168 @@
+"""The asyncio client: the same requests and answers as the synchronous one, over ``httpx.AsyncClient``."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from ..errors import YtError
+from .protocol import TransportError, _Build, _Config, _Request, _result, _Row
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`: the same constructor and methods, as coroutines.
+
+    ``transport`` is an ``httpx.AsyncBaseTransport``; use as ``async with``, or ``await close()``;
+    ``transaction`` is an async context manager.
+    """
+
+    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._config = _Config(proxy_url, token, timeout)
+        self._http = httpx.AsyncClient(base_url=self._config.proxy_url, headers=self._config.headers,
+                                       timeout=self._config.timeout, transport=transport)
+
+    @property
+    def proxy_url(self) -> str:
+        return self._config.proxy_url
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def _send(self, req: _Request) -> Any:
+        try:
+            response = await self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+        except httpx.TransportError as exc:
+            raise TransportError(self.proxy_url + req.url, exc) from exc
+        return _result(req, response)
+
+    async def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
+        """Run any command. ``input`` is a list of rows or a value, as the command takes; the output
+        is returned as the proxy sent it (a structured result stays wrapped, e.g. ``{"value": ...}``).
+        """
+        if command not in self._config.specs:
+            self._config.specs.update(await self._send(_Build.descriptors()))
+        return await self._send(_Build.call(self._config.specs, command, params, input))
+
+    # -- Cypress --
+
+    async def create(self, type: str, path: str, attributes: dict[str, Any] | None = None, recursive: bool = False,
+                     ignore_existing: bool = False, force: bool = False) -> str:
+        """Create a node; returns its id."""
+        return await self._send(_Build.create(type, path, attributes, recursive, ignore_existing, force))
+
+    async def get(self, path: str, attributes: builtins.list[str] | None = None) -> Any:
+        """A node's value, or an attribute's (``path/@name``): attributed values come as-is, in the
+        ``{"$attributes", "$value"}`` form, except a ``@schema``, which comes as a :class:`Schema`.
+        """
+        return await self._send(_Build.get(path, attributes))
+
+    async def set(self, path: str, value: Any, recursive: bool = False, force: bool = False) -> None:
+        await self._send(_Build.set(path, value, recursive, force))
+
+    async def remove(self, path: str, recursive: bool = False, force: bool = False) -> None:
+        await self._send(_Build.remove(path, recursive, force))
+
+    async def exists(self, path: str) -> bool:
+        return await self._send(_Build.exists(path))
+
+    async def list(self, path: str, attributes: builtins.list[str] | None = None) -> builtins.list[Any]:
+        return await self._send(_Build.list(path, attributes))
+
+    # -- tablets --
+
+    async def mount_table(self, path: str, freeze: bool = False) -> None:
+        await self._send(_Build.mount_table(path, freeze))
+
+    async def unmount_table(self, path: str) -> None:
+        await self._send(_Build.by_path("unmount_table", path))
+
+    async def freeze_table(self, path: str) -> None:
+        await self._send(_Build.by_path("freeze_table", path))
+
+    async def unfreeze_table(self, path: str) -> None:
+        await self._send(_Build.by_path("unfreeze_table", path))
+
+    async def reshard_table(self, path: str, pivot_keys: builtins.list[builtins.list[Any]] | None = None,
+                            tablet_count: int | None = None) -> None:
+        await self._send(_Build.reshard_table(path, pivot_keys, tablet_count))
+
+    async def trim_rows(self, path: str, tablet_index: int, trimmed_row_count: int) -> None:
+        await self._send(_Build.trim_rows(path, tablet_index, trimmed_row_count))
+
+    # -- rows --
+
+    async def insert_rows(self, path: str, rows: Iterable[_Row], update: bool | None = None,
+                          transaction_id: str | None = None, atomicity: str | None = None,
+                          durability: str | None = None, require_sync_replica: bool | None = None) -> None:
+        await self._send(_Build.insert_rows(path, rows, update, transaction_id, atomicity, durability,
+                                            require_sync_replica))
+
+    async def delete_rows(self, path: str, keys: Iterable[_Row], transaction_id: str | None = None,
+                          atomicity: str | None = None, durability: str | None = None,
+                          require_sync_replica: bool | None = None) -> None:
+        await self._send(_Build.delete_rows(path, keys, transaction_id, atomicity, durability, require_sync_replica))
+
+    async def lock_rows(self, path: str, keys: Iterable[_Row], locks: builtins.list[str] | None = None,
+                        lock_type: str | None = None, transaction_id: str | None = None) -> None:
+        await self._send(_Build.lock_rows(path, keys, locks, lock_type, transaction_id))
+
+    async def lookup_rows(self, path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None = None,
+                          timestamp: int | None = None, keep_missing_rows: bool | None = None,
+                          transaction_id: str | None = None) -> builtins.list[dict[str, Any] | None]:
+        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``."""
+        return await self._send(_Build.lookup_rows(path, keys, column_names, timestamp, keep_missing_rows,
+                                                   transaction_id))
+
+    async def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
+                          output_row_limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        return await self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit))
+
+    # -- timestamps and transactions --
+
+    async def generate_timestamp(self) -> int:
+        return await self._send(_Build.generate_timestamp())
+
+    async def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
+                                durability: str | None = None, timeout: int | None = None) -> str:
+        """Start a transaction (``timeout`` in milliseconds); returns its id."""
+        return await self._send(_Build.start_transaction(type, atomicity, durability, timeout))
+
+    async def ping_transaction(self, transaction_id: str) -> None:
+        await self._send(_Build.by_transaction_id("ping_transaction", transaction_id))
+
+    async def commit_transaction(self, transaction_id: str) -> int:
+        """Commit a transaction; returns its commit timestamp."""
+        return await self._send(_Build.commit_transaction(transaction_id))
+
+    async def abort_transaction(self, transaction_id: str) -> None:
+        await self._send(_Build.by_transaction_id("abort_transaction", transaction_id))
+
+    @asynccontextmanager
+    async def transaction(self, atomicity: str | None = None, durability: str | None = None) -> AsyncIterator[str]:
+        """A tablet transaction: yields its id, commits if the block succeeds, aborts if it raises.
+
+        Should the abort fail too, the block's exception still propagates (with a note saying so).
+        """
+        transaction_id = await self.start_transaction(atomicity=atomicity, durability=durability)
+        try:
+            yield transaction_id
+        except BaseException as exc:
+            try:
+                await self.abort_transaction(transaction_id)
+            except YtError as abort_error:
+                exc.add_note(f"aborting transaction {transaction_id} failed too: {abort_error}")
+            raise
+        await self.commit_transaction(transaction_id)

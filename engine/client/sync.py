@@ -1,0 +1,189 @@
+"""The synchronous client: keep-alive connections of ``httpconn`` (or httpx with a transport)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from ..errors import YtError
+from ..httpconn import ConnectionPool, HttpTransportError
+from .protocol import TransportError, _Answer, _Build, _Config, _Request, _result, _Row
+
+
+class Client:
+    """A synchronous client of one YT HTTP proxy (one reptables engine).
+
+    ``proxy_url`` is e.g. ``http://127.0.0.1:9012`` (``http://`` is assumed when no scheme is given);
+    ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds; ``transport`` is
+    passed to ``httpx`` (tests, proxies, retries). Each method runs the YT command of the same name
+    and takes YT's parameter names as keyword arguments. Use as a context manager, or ``close()``.
+    """
+
+    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._config = _Config(proxy_url, token, timeout)
+        # keep-alive connections on http.client (engine/httpconn.py says why), or httpx with the
+        # caller's transport
+        self._pool: ConnectionPool | None = None
+        self._http: httpx.Client | None = None
+        if transport is None:
+            self._pool = ConnectionPool(self._config.proxy_url, self._config.headers, timeout=timeout)
+        else:
+            self._http = httpx.Client(base_url=self._config.proxy_url, headers=self._config.headers,
+                                      timeout=self._config.timeout, transport=transport)
+
+    @property
+    def proxy_url(self) -> str:
+        return self._config.proxy_url
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._http is not None:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _send(self, req: _Request) -> Any:
+        response: _Answer
+        if self._pool is not None:
+            try:
+                response = self._pool.request(req.method, req.url, headers=req.headers, body=req.body)
+            except HttpTransportError as exc:
+                raise TransportError(self.proxy_url + req.url, exc.cause) from exc.cause
+        else:
+            assert self._http is not None
+            try:
+                response = self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+            except httpx.TransportError as exc:
+                raise TransportError(self.proxy_url + req.url, exc) from exc
+        return _result(req, response)
+
+    def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
+        """Run any command. ``input`` is a list of rows or a value, as the command takes; the output
+        is returned as the proxy sent it (a structured result stays wrapped, e.g. ``{"value": ...}``).
+        """
+        if command not in self._config.specs:
+            self._config.specs.update(self._send(_Build.descriptors()))
+        return self._send(_Build.call(self._config.specs, command, params, input))
+
+    # -- Cypress --
+
+    def create(self, type: str, path: str, attributes: dict[str, Any] | None = None, recursive: bool = False,
+               ignore_existing: bool = False, force: bool = False) -> str:
+        """Create a node; returns its id."""
+        return self._send(_Build.create(type, path, attributes, recursive, ignore_existing, force))
+
+    def get(self, path: str, attributes: builtins.list[str] | None = None) -> Any:
+        """A node's value, or an attribute's (``path/@name``): attributed values come as-is, in the
+        ``{"$attributes", "$value"}`` form, except a ``@schema``, which comes as a :class:`Schema`.
+        """
+        return self._send(_Build.get(path, attributes))
+
+    def set(self, path: str, value: Any, recursive: bool = False, force: bool = False) -> None:
+        self._send(_Build.set(path, value, recursive, force))
+
+    def remove(self, path: str, recursive: bool = False, force: bool = False) -> None:
+        self._send(_Build.remove(path, recursive, force))
+
+    def exists(self, path: str) -> bool:
+        return self._send(_Build.exists(path))
+
+    def list(self, path: str, attributes: builtins.list[str] | None = None) -> builtins.list[Any]:
+        return self._send(_Build.list(path, attributes))
+
+    # -- tablets --
+
+    def mount_table(self, path: str, freeze: bool = False) -> None:
+        self._send(_Build.mount_table(path, freeze))
+
+    def unmount_table(self, path: str) -> None:
+        self._send(_Build.by_path("unmount_table", path))
+
+    def freeze_table(self, path: str) -> None:
+        self._send(_Build.by_path("freeze_table", path))
+
+    def unfreeze_table(self, path: str) -> None:
+        self._send(_Build.by_path("unfreeze_table", path))
+
+    def reshard_table(self, path: str, pivot_keys: builtins.list[builtins.list[Any]] | None = None,
+                      tablet_count: int | None = None) -> None:
+        self._send(_Build.reshard_table(path, pivot_keys, tablet_count))
+
+    def trim_rows(self, path: str, tablet_index: int, trimmed_row_count: int) -> None:
+        self._send(_Build.trim_rows(path, tablet_index, trimmed_row_count))
+
+    # -- rows --
+
+    def insert_rows(self, path: str, rows: Iterable[_Row], update: bool | None = None,
+                    transaction_id: str | None = None, atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool | None = None) -> None:
+        self._send(_Build.insert_rows(path, rows, update, transaction_id, atomicity, durability,
+                                      require_sync_replica))
+
+    def delete_rows(self, path: str, keys: Iterable[_Row], transaction_id: str | None = None,
+                    atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool | None = None) -> None:
+        self._send(_Build.delete_rows(path, keys, transaction_id, atomicity, durability, require_sync_replica))
+
+    def lock_rows(self, path: str, keys: Iterable[_Row], locks: builtins.list[str] | None = None,
+                  lock_type: str | None = None, transaction_id: str | None = None) -> None:
+        self._send(_Build.lock_rows(path, keys, locks, lock_type, transaction_id))
+
+    def lookup_rows(self, path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None = None,
+                    timestamp: int | None = None, keep_missing_rows: bool | None = None,
+                    transaction_id: str | None = None) -> builtins.list[dict[str, Any] | None]:
+        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``."""
+        return self._send(_Build.lookup_rows(path, keys, column_names, timestamp, keep_missing_rows,
+                                             transaction_id))
+
+    def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
+                    output_row_limit: int | None = None) -> builtins.list[dict[str, Any]]:
+        return self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit))
+
+    # -- timestamps and transactions --
+
+    def generate_timestamp(self) -> int:
+        return self._send(_Build.generate_timestamp())
+
+    def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
+                          durability: str | None = None, timeout: int | None = None) -> str:
+        """Start a transaction (``timeout`` in milliseconds); returns its id."""
+        return self._send(_Build.start_transaction(type, atomicity, durability, timeout))
+
+    def ping_transaction(self, transaction_id: str) -> None:
+        self._send(_Build.by_transaction_id("ping_transaction", transaction_id))
+
+    def commit_transaction(self, transaction_id: str) -> int:
+        """Commit a transaction; returns its commit timestamp."""
+        return self._send(_Build.commit_transaction(transaction_id))
+
+    def abort_transaction(self, transaction_id: str) -> None:
+        self._send(_Build.by_transaction_id("abort_transaction", transaction_id))
+
+    @contextmanager
+    def transaction(self, atomicity: str | None = None, durability: str | None = None) -> Iterator[str]:
+        """A tablet transaction: yields its id, commits if the block succeeds, aborts if it raises.
+
+        Should the abort fail too, the block's exception still propagates (with a note saying so).
+        """
+        transaction_id = self.start_transaction(atomicity=atomicity, durability=durability)
+        try:
+            yield transaction_id
+        except BaseException as exc:
+            try:
+                self.abort_transaction(transaction_id)
+            except YtError as abort_error:
+                exc.add_note(f"aborting transaction {transaction_id} failed too: {abort_error}")
+            raise
+        self.commit_transaction(transaction_id)
