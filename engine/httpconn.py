@@ -128,9 +128,10 @@ class ConnectionPool:
         self.timeout = timeout
         self.connect_timeout = connect_timeout if connect_timeout is not None else timeout
         self._max_idle = max_idle
-        self._idle: list[http.client.HTTPConnection] = []
+        #: guards _idle and _closed; a leaf lock, never held during a request
         self._lock = threading.Lock()
-        self._closed = False
+        self._idle: list[http.client.HTTPConnection] = []  # guarded by _lock
+        self._closed = False  # guarded by _lock
 
     def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None,
                 timeout: float | None = None, connect_timeout: float | None = None) -> HttpResponse:

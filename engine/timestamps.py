@@ -54,9 +54,11 @@ class TimestampProvider:
     """Hands out unique, monotonic timestamps; persists a reservation through ``persist``."""
 
     def __init__(self, reserved: int, persist: Callable[[int], None]) -> None:
+        #: guards _last and _reserved; a leaf lock, taken inside the commit path's locks (it may
+        #: fsync the reservation file once a second while held: no timestamp may pass an unsaved one)
         self._lock = threading.Lock()
-        self._last = reserved
-        self._reserved = reserved
+        self._last = reserved  # guarded by _lock (read without it: a monotonic int, a stale read is harmless)
+        self._reserved = reserved  # guarded by _lock
         self._persist = persist
 
     @property

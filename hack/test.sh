@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The README's test command: installs everything into .venv, checks ruff, runs the pytest suite.
+# The README's test command: installs everything into .venv, checks ruff, import contracts and mypy,
+# runs the pytest suite.
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/ruff check .
+# the architecture (pyproject.toml [tool.importlinter]; docs/architecture.md) and the types
+.venv/bin/lint-imports
+.venv/bin/mypy -p reptables.engine -p reptables.operator
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 exec .venv/bin/python -m pytest "$@"

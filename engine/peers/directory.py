@@ -110,10 +110,12 @@ class Peers:
 
     def __init__(self, timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
         self.timeout = timeout
+        #: guards the three maps below; a leaf lock (nothing is taken while holding it, no network I/O:
+        #: closing a connection only closes its sockets)
         self._lock = threading.Lock()
-        self._directory: dict[str, ClusterConnection] = {}
-        self._clients: dict[str, InternalClient] = {}
-        self._public: dict[str, Client] = {}
+        self._directory: dict[str, ClusterConnection] = {}  # guarded by _lock
+        self._clients: dict[str, InternalClient] = {}  # guarded by _lock
+        self._public: dict[str, Client] = {}  # guarded by _lock
 
     def update(self, directory: dict[str, ClusterConnection]) -> None:
         with self._lock:

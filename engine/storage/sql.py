@@ -335,8 +335,13 @@ class Storage:
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
+        #: THE writer lock: serializes every write transaction (one SQL writer) and guards every
+        #: in-memory state that changes with one (Cypress nodes, table counters, replica progress).
+        #: First in the engine's lock order (docs/architecture.md): it is never taken while holding
+        #: any other engine lock. Re-entrant: a write inside a write joins the open transaction.
         self.write_lock = threading.RLock()
-        self._writer: sa.Connection | None = None
+        self._writer: sa.Connection | None = None  # guarded by write_lock
+        #: the event-loop thread's own read connection: used only by that thread, so unlocked
         self._loop_reader: sa.Connection | None = None
         SYSTEM_METADATA.create_all(self.engine)
 
