@@ -1,0 +1,206 @@
+"""The syntax tree of a YT QL query: immutable node classes and the walks over them.
+
+Why this module exists: the tree is the contract between the two halves of the package. The parser
+(:mod:`.parser`) builds it from lark's parse tree and the compiler (:mod:`.compiler`) binds it to a
+table; this module depends on neither lark nor SQLAlchemy, so both import it and not each other.
+Names keep their leading underscore: they are private to the package, not part of its API.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..errors import QuerySyntaxError
+
+# ---------------------------------------------------------------------------------------------------
+# AST. Nodes compare structurally (``span`` is excluded), which is how an expression of the projection
+# is recognised as a GROUP BY key. ``text`` is the whitespace-normalised source, used in messages and
+# as the name of an unaliased output column; it is computed on demand, because normalising the text of
+# every node while parsing costs time quadratic in the length of a long ``a OR b OR ...`` chain.
+
+
+@dataclass(frozen=True)
+class _Span:
+    query: str
+    start: int
+    end: int
+
+    @property
+    def text(self) -> str:
+        return _normalize_whitespace(self.query[self.start : self.end])
+
+
+class _Node:
+    span: _Span
+
+    @property
+    def text(self) -> str:
+        return self.span.text
+
+
+@dataclass(frozen=True)
+class _Literal(_Node):
+    value: int | float | str | bool | None
+    kind: str  # "int", "uint", "double", "string", "boolean" or "null"
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Reference(_Node):
+    """A name as written: a column or an alias; replaced by :class:`_Column` at compile time."""
+
+    name: str
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Column(_Node):
+    name: str
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Tuple(_Node):
+    items: tuple[_Expr, ...]
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Unary(_Node):
+    op: str  # "-", "+" or "not"
+    operand: _Expr
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Binary(_Node):
+    op: str  # a comparison, "+", "-", "*", "/", "%" or "||"
+    left: _Expr
+    right: _Expr
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Logical(_Node):
+    """``a AND b AND ...`` or ``a OR b OR ...``, n-ary so that long generated chains stay shallow."""
+
+    op: str  # "and" or "or"
+    operands: tuple[_Expr, ...]
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _In(_Node):
+    operand: _Expr
+    rows: tuple[tuple[_Literal, ...], ...]
+    negated: bool
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Between(_Node):
+    operand: _Expr
+    lower: tuple[_Literal, ...]
+    upper: tuple[_Literal, ...]
+    negated: bool
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Call(_Node):
+    name: str  # lower case: function names are case-insensitive
+    args: tuple[_Expr, ...]
+    star: bool  # ``count(*)``
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Alias(_Node):
+    expr: _Expr
+    name: str
+    span: _Span = field(compare=False)
+
+
+_Expr = (
+    _Literal | _Reference | _Column | _Tuple | _Unary | _Binary | _Logical | _In | _Between | _Call | _Alias
+)
+
+
+@dataclass(frozen=True)
+class _SelectItem:
+    expr: _Expr
+    name: str
+
+
+@dataclass(frozen=True)
+class _OrderItem:
+    expr: _Expr
+    descending: bool
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """A parsed query: the table path and the AST of each clause (not yet bound to a schema)."""
+
+    table_path: str
+    text: str
+    projection: tuple[_SelectItem, ...] | None  # None stands for ``*``
+    where: _Expr | None
+    group_by: tuple[_Expr, ...]
+    having: _Expr | None
+    order_by: tuple[_OrderItem, ...]
+    offset: int | None
+    limit: int | None
+    aliases: tuple[tuple[str, _Expr], ...]  # every ``expr AS name`` of the query, by name
+
+
+def _children(node: _Expr) -> tuple[_Expr, ...]:
+    match node:
+        case _Tuple(items=items) | _Logical(operands=items):
+            return items
+        case _Unary(operand=operand) | _In(operand=operand) | _Between(operand=operand):
+            return (operand,)
+        case _Binary(left=left, right=right):
+            return (left, right)
+        case _Call(args=args):
+            return args
+        case _Alias(expr=expr):
+            return (expr,)
+    return ()
+
+
+def _walk(node: _Expr) -> Iterator[_Expr]:
+    """``node``, its descendants and the literals of its IN lists and BETWEEN bounds."""
+    yield node
+    match node:
+        case _In(rows=rows):
+            yield from (value for row in rows for value in row)
+        case _Between(lower=lower, upper=upper):
+            yield from lower + upper
+    for child in _children(node):
+        yield from _walk(child)
+
+
+def _items(node: _Expr) -> tuple[_Expr, ...]:
+    """The components of a tuple, or the expression itself as a one-element tuple."""
+    return node.items if isinstance(node, _Tuple) else (node,)
+
+
+# Whitespace is normalised by ``_Span.text``. The pattern is compiled once at import, read-only after.
+# Whitespace outside quoted tokens collapses to one space: ``sum( v )`` is named ``sum( v )``, but
+# ``a  +\n b`` becomes ``a + b`` while ``'x  y'`` keeps its two spaces.
+_WHITESPACE_OUTSIDE_QUOTES = re.compile(
+    r"(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\[[^\]]*\])|\s+", re.S
+)
+
+
+def _normalize_whitespace(text: str) -> str:
+    return _WHITESPACE_OUTSIDE_QUOTES.sub(lambda m: m.group(1) or " ", text).strip()
+
+
+# The parser and the tree builder are iterative, but the walks over the tree (here and in the compiler)
+# are recursive: parse_query and compile_query turn a RecursionError into this error.
+def _too_deep(text: str) -> QuerySyntaxError:
+    return QuerySyntaxError("Query is too deeply nested", attributes={"query": text})
