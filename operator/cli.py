@@ -1,17 +1,22 @@
-"""The ``reptables`` command: ``engine serve``, and ``up`` (run the product on this machine).
+"""The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``operator``.
 
 The operator depends on the engine (never the reverse), so the top-level command lives here and
-mounts the engine's own sub-command.
+mounts the engine's own sub-command. ``operator`` resolves its options and the environment into one
+:class:`~.settings.OperatorSettings` here, once, and hands it to the kopf front end; kopf and the
+handlers are imported only then, so ``reptables up`` and ``engine serve`` never load them.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from reptables.engine.cli import app as engine_app
+
+from . import settings
 
 app = typer.Typer(help="reptables: replicated tables on Kubernetes", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
@@ -26,57 +31,47 @@ def up(
     keep_running: Annotated[bool, typer.Option("--keep-running/--no-keep-running")] = False,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
-    from reptables.operator.local import run
+    from .local import run
 
     raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running))
 
 
 @app.command()
 def operator(
-    namespace: Annotated[list[str] | None, typer.Option("--namespace", "-n", help="Namespaces to watch")] = None,
+    namespace: Annotated[list[str] | None, typer.Option(
+        "--namespace", "-n", help="Namespaces to watch (default: $POD_NAMESPACE, else default); the operator "
+                                  "namespace is always added")] = None,
     all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A")] = False,
+    operator_namespace: Annotated[str | None, typer.Option(
+        "--operator-namespace", help="Where credential Secrets live (default: $REPTABLES_NAMESPACE, else "
+                                     f"$POD_NAMESPACE, else {settings.DEFAULT_OPERATOR_NAMESPACE})",
+        show_default=False)] = None,
+    status_refresh: Annotated[float | None, typer.Option(
+        "--status-refresh", help="Seconds between status refreshes (default: $REPTABLES_STATUS_REFRESH, else "
+                                 f"{settings.DEFAULT_STATUS_REFRESH:g})", show_default=False)] = None,
+    tracker_period: Annotated[float | None, typer.Option(
+        "--tracker-period", help="Seconds between tracker checks (default: $REPTABLES_TRACKER_PERIOD, else "
+                                 f"{settings.DEFAULT_TRACKER_PERIOD:g})", show_default=False)] = None,
     standalone: Annotated[bool, typer.Option("--standalone", help="No peering: this is the only operator")] = False,
     peering: Annotated[str | None, typer.Option("--peering", help="Peering object name for HA")] = None,
     priority: Annotated[int | None, typer.Option(
         "--priority", help="Peering priority (default with --peering: random, so peers never tie)")] = None,
-    liveness: Annotated[str, typer.Option("--liveness", help="Liveness endpoint")] = "http://0.0.0.0:8080/healthz",
-    metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus /metrics port (0: off)")] = 8081,
+    liveness: Annotated[str, typer.Option("--liveness", help="Liveness endpoint")] = settings.DEFAULT_LIVENESS,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", help="Prometheus /metrics port (0: off)")] = settings.DEFAULT_METRICS_PORT,
     verbose: Annotated[bool, typer.Option("--verbose")] = False,
 ) -> None:
     """Run the kopf operator (the container image's command)."""
-    import asyncio
-    import logging
-    import os
+    try:
+        resolved = settings.OperatorSettings.resolve(
+            os.environ, namespaces=namespace, all_namespaces=all_namespaces, operator_namespace=operator_namespace,
+            status_refresh=status_refresh, tracker_period=tracker_period, standalone=standalone, peering=peering,
+            priority=priority, liveness=liveness, metrics_port=metrics_port, verbose=verbose)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    from . import handlers  # imports kopf and registers the handlers
 
-    import kopf
-
-    from reptables.engine import logs
-
-    logs.configure("debug" if verbose else "info")
-    kopf_logger = logging.getLogger("kopf")
-    kopf_logger.handlers[:] = logging.getLogger("reptables").handlers
-    kopf_logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    kopf_logger.propagate = False
-    from reptables.operator import handlers
-
-    if metrics_port:
-        import prometheus_client
-
-        prometheus_client.start_http_server(metrics_port)
-
-    namespaces = None
-    if not all_namespaces:
-        namespaces = sorted({*(namespace or [os.environ.get("POD_NAMESPACE", "default")]),
-                             handlers.OPERATOR_NAMESPACE})
-    if peering and priority is None:
-        # kopf pauses every operator when the highest priority is shared: break ties at random
-        import secrets
-
-        priority = 1 + secrets.randbelow(1_000_000)
-    asyncio.run(kopf.operator(
-        standalone=standalone, peering_name=peering, priority=priority,
-        clusterwide=all_namespaces, namespaces=namespaces or (),
-        liveness_endpoint=liveness))
+    handlers.run(resolved)
 
 
 def main() -> None:

@@ -41,11 +41,13 @@ def merge(existing: list[dict[str, Any]] | None, updates: list[Cond], generation
     by_type = {c.get("type"): dict(c) for c in existing or []}
     for cond in updates:
         old = by_type.get(cond.type)
-        changed = old is None or old.get("status") != cond.status_text
-        entry = {
+        if old is None or old.get("status") != cond.status_text:
+            transition = now_text(now)
+        else:
+            transition = old.get("lastTransitionTime") or now_text(now)
+        entry: dict[str, Any] = {
             "type": cond.type, "status": cond.status_text, "reason": cond.reason,
-            "message": cond.message[:32768],
-            "lastTransitionTime": now_text(now) if changed else old.get("lastTransitionTime", now_text(now)),
+            "message": cond.message[:32768], "lastTransitionTime": transition,
         }
         if generation is not None:
             entry["observedGeneration"] = generation

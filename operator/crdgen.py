@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from reptables.operator.models import GROUP, RESOURCES, VERSION, Resource
+from .models import GROUP, RESOURCES, VERSION, Resource
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_DIRS = (Path("crds"), Path("charts/reptables/crds"))

@@ -1,64 +1,85 @@
 """kopf handlers: thin adapters from Kubernetes events to the reconcile core.
 
-Every handler parses the resource, asks the matching ``reconcile_*`` function for an Outcome and
-turns it into kopf terms: the status patch, Kubernetes Events, ``TemporaryError`` to come back
-soon while waiting for something, ``PermanentError`` for a spec that cannot work. Timers refresh
-status (and re-apply the spec, correcting drift) periodically.
+Every handler parses the resource, asks the kind's reconcile function (the table in
+``reconcile.py``) for an Outcome and turns it into kopf terms: the status patch, Kubernetes Events,
+``TemporaryError`` to come back soon while waiting for something, ``PermanentError`` for a spec that
+cannot work. Timers refresh status (and re-apply the spec, correcting drift) periodically.
 
 The tracker runs from a timer on every tracked ReplicatedTable but checks at most once per period
 operator-wide (``TrackerLoop.maybe_check``). kopf pauses handlers and timers of an operator that
 is not the active peer, so only the active operator ever runs the tracker.
+
+Nothing is built when this module is imported. Importing it registers the handlers with kopf (that
+is how kopf finds them) and that is all: :func:`run` starts kopf with the CLI's
+:class:`~.settings.OperatorSettings` in kopf's memo, and the startup handler builds the
+:class:`~.runtime.Runtime` (engine clients, registry, tracker) from them and keeps it in the memo,
+which kopf hands (shallow-copied per object) to every handler. The startup handler also registers
+the two timers, because their intervals are settings. Started by plain
+``kopf run -m reptables.operator.handlers`` instead of the CLI, the startup handler resolves the
+settings from the environment itself.
+
+This module and ``cli.py`` are the only ones that import kopf; the core runs without it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
-from reptables.operator import models
-from reptables.operator.conditions import Cond, merge
-from reptables.operator.reconcile_clusters import finalize_table_cluster, reconcile_table_cluster
-from reptables.operator.reconcile_collocations import finalize_table_collocation, reconcile_table_collocation
-from reptables.operator.reconcile_replicas import finalize_table_replica, reconcile_table_replica
-from reptables.operator.reconcile_tables import finalize_replicated_table, reconcile_replicated_table
-from reptables.operator.registry import Registry
-from reptables.operator.tracking import TrackerLoop
-from reptables.operator.world import Engines, Outcome, Resource, World
+from . import models
+from .conditions import Cond, merge
+from .reconcile import ORDER, RECONCILERS, finalize, is_ready, reconcile
+from .runtime import Runtime
+from .settings import OperatorSettings
+from .world import Outcome, Resource
 
 log = logging.getLogger("reptables.operator")
 
 GROUP, VERSION = models.GROUP, models.VERSION
 FINALIZER = "reptables.io/finalizer"
-OPERATOR_NAMESPACE = os.environ.get("REPTABLES_NAMESPACE", os.environ.get("POD_NAMESPACE", "reptables-system"))
-STATUS_REFRESH = float(os.environ.get("REPTABLES_STATUS_REFRESH", "5"))
-TRACKER_PERIOD = float(os.environ.get("REPTABLES_TRACKER_PERIOD", "1"))
-
-ENGINES = Engines()
-REGISTRY = Registry(ENGINES, OPERATOR_NAMESPACE)
+#: keys of kopf's operator memo
+SETTINGS_KEY, RUNTIME_KEY, TIMERS_KEY = "settings", "runtime", "timers_registered"
 
 
-def _publish_switch(table: Resource, replica_id: str, mode: str, reason: str) -> None:
-    _pending_events.append((table, "Normal", "ReplicaModeChanged", f"replica {replica_id} is now {mode}: {reason}"))
+def run(settings: OperatorSettings) -> None:
+    """Run the operator until it is stopped: logging, metrics, then kopf with the settings in its memo."""
+    from reptables.engine import logs
+
+    logs.configure("debug" if settings.verbose else "info")
+    kopf_logger = logging.getLogger("kopf")
+    kopf_logger.handlers[:] = logging.getLogger("reptables").handlers
+    kopf_logger.setLevel(logging.DEBUG if settings.verbose else logging.INFO)
+    kopf_logger.propagate = False
+    if settings.metrics_port:
+        import prometheus_client
+
+        prometheus_client.start_http_server(settings.metrics_port)
+    asyncio.run(kopf.operator(
+        standalone=settings.standalone, peering_name=settings.peering, priority=settings.priority,
+        clusterwide=settings.all_namespaces, namespaces=settings.namespaces,
+        liveness_endpoint=settings.liveness, memo=kopf.Memo({SETTINGS_KEY: settings})))
 
 
-_pending_events: list[tuple[Resource, str, str, str]] = []
-TRACKER = TrackerLoop(REGISTRY.world(), period=TRACKER_PERIOD, on_switch=_publish_switch)
-
-Reconciler = Callable[[Resource, World], Outcome]
-RECONCILERS: dict[str, tuple[Reconciler, Reconciler]] = {
-    "TableCluster": (reconcile_table_cluster, finalize_table_cluster),
-    "ReplicatedTable": (reconcile_replicated_table, finalize_replicated_table),
-    "TableReplica": (reconcile_table_replica, finalize_table_replica),
-    "TableCollocation": (reconcile_table_collocation, finalize_table_collocation),
-}
+def _runtime(memo: kopf.Memo) -> Runtime:
+    runtime = memo.get(RUNTIME_KEY)
+    if not isinstance(runtime, Runtime):
+        raise RuntimeError("the operator runtime is missing: kopf's startup handler has not run")
+    return runtime
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours = memo.get(SETTINGS_KEY)
+    if not isinstance(ours, OperatorSettings):  # started by `kopf run`, not by `reptables operator`
+        try:
+            ours = memo[SETTINGS_KEY] = OperatorSettings.resolve(os.environ)
+        except ValueError as exc:
+            raise kopf.PermanentError(str(exc)) from None  # retrying cannot fix the environment
     settings.persistence.finalizer = FINALIZER
     # handler progress and the last-handled spec live in annotations: status is ours, and the API
     # server prunes fields the CRD schema does not declare
@@ -71,12 +92,22 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 30
     settings.execution.max_workers = 8
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    if RUNTIME_KEY not in memo:
+        memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period)
+    if not memo.get(TIMERS_KEY):
+        _register_timers(ours)
+        memo[TIMERS_KEY] = True
+    log.info("operator started", extra={"operator_namespace": ours.operator_namespace,
+                                        "namespaces": ",".join(ours.namespaces) or "*",
+                                        "status_refresh": ours.status_refresh,
+                                        "tracker_period": ours.tracker_period})
 
 
 @kopf.on.cleanup()
-def cleanup(**_: Any) -> None:
-    TRACKER.close()
-    ENGINES.close()
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime = memo.get(RUNTIME_KEY)
+    if isinstance(runtime, Runtime):
+        runtime.close()
 
 
 def _apply(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:
@@ -91,8 +122,6 @@ def _apply(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:
 
 def _recent(timestamp: Any, seconds: float = 60.0) -> bool:
     """True for an RFC 3339 time less than ``seconds`` old (probe times are refreshed once a minute)."""
-    from datetime import UTC, datetime
-
     try:
         then = datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
@@ -100,10 +129,11 @@ def _recent(timestamp: Any, seconds: float = 60.0) -> bool:
     return (datetime.now(UTC) - then).total_seconds() < seconds
 
 
-def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, waiting_retries: bool) -> None:
-    REGISTRY.upsert(body)
+def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, waiting_retries: bool) -> None:
+    registry = _runtime(memo).registry
+    registry.upsert(body)
     try:
-        res = REGISTRY.resource(body)
+        res = registry.resource(body)
     except models.InvalidResourceError as exc:
         patch.status["conditions"] = merge((body.get("status") or {}).get("conditions"),
                                            [Cond("Ready", False, "InvalidSpec", str(exc))], body.meta.get("generation"))
@@ -112,59 +142,55 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, waiting_retries: b
     if res.deleting:
         return  # the deletion handler owns the object now
     if kind == "TableCluster":
-        problem = REGISTRY.refresh_cluster(res.name)
+        problem = registry.refresh_cluster(res.name)
         if problem is not None:
             patch.status["conditions"] = merge(res.status.get("conditions"),
                                                [Cond("Ready", False, "SecretNotFound", problem)], res.generation)
             raise kopf.TemporaryError(problem, delay=10)
-    outcome = RECONCILERS[kind][0](res, REGISTRY.world())
+    outcome = reconcile(res, registry.world())
     _apply(outcome, body, patch)
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in outcome.status.get("conditions", []))
-    if waiting_retries and not ready and outcome.retry_after is not None and outcome.retry_after <= 5:
+    if waiting_retries and not is_ready(outcome.status) and outcome.retry_after is not None \
+            and outcome.retry_after <= 5:
         raise kopf.TemporaryError("waiting: " + ", ".join(
             c.get("message", "") for c in outcome.status.get("conditions", []) if c.get("status") != "True"),
             delay=outcome.retry_after)
 
 
-def _finalize(kind: str, body: kopf.Body, patch: kopf.Patch) -> None:
+def _finalize(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    registry = _runtime(memo).registry
     try:
-        res = REGISTRY.resource(body)
+        res = registry.resource(body)
     except models.InvalidResourceError:
         return
-    outcome = RECONCILERS[kind][1](res, REGISTRY.world())
+    outcome = finalize(res, registry.world())
     _apply(outcome, body, patch)
     if not outcome.finished:
         raise kopf.TemporaryError("deletion waits: " + "; ".join(e.message for e in outcome.events),
                                   delay=outcome.retry_after or 10)
-    meta = body.get("metadata", {})
-    REGISTRY.remove(kind, meta.get("namespace"), meta.get("name"))
+    registry.remove(kind, body.meta.namespace, str(body.meta.name))
 
 
 def _register(kind: str) -> None:
+    """The handlers of one kind that need no settings (the refresh timer comes at startup)."""
     plural = models.PLURALS[kind]
 
     @kopf.on.event(GROUP, VERSION, plural)
-    def observe(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-        meta = body.get("metadata", {})
+    def observe(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        registry = _runtime(memo).registry
         if event.get("type") == "DELETED":
-            REGISTRY.remove(kind, meta.get("namespace"), meta.get("name"))
+            registry.remove(kind, body.meta.namespace, str(body.meta.name))
         else:
-            REGISTRY.upsert(body)
+            registry.upsert(body)
 
     @kopf.on.create(GROUP, VERSION, plural)
     @kopf.on.update(GROUP, VERSION, plural, field="spec")
     @kopf.on.resume(GROUP, VERSION, plural)
-    def apply(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        _reconcile(kind, body, patch, waiting_retries=True)
-
-    @kopf.timer(GROUP, VERSION, plural, interval=STATUS_REFRESH, initial_delay=STATUS_REFRESH, idle=1)
-    def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        _reconcile(kind, body, patch, waiting_retries=False)
+    def apply(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+        _reconcile(kind, body, patch, memo, waiting_retries=True)
 
     @kopf.on.delete(GROUP, VERSION, plural)
-    def delete(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        _finalize(kind, body, patch)
+    def delete(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+        _finalize(kind, body, patch, memo)
 
 
 for _kind in RECONCILERS:
@@ -172,31 +198,47 @@ for _kind in RECONCILERS:
 
 
 @kopf.on.event("v1", "secrets")
-def observe_secret(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-    meta = body.get("metadata", {})
+def observe_secret(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    registry = _runtime(memo).registry
     if event.get("type") == "DELETED":
-        REGISTRY.remove_secret(meta.get("namespace"), meta.get("name"))
+        registry.remove_secret(str(body.meta.namespace), str(body.meta.name))
     else:
-        REGISTRY.upsert_secret(body)
+        registry.upsert_secret(body)
 
 
-@kopf.timer(GROUP, VERSION, "replicatedtables", interval=TRACKER_PERIOD,
-            when=lambda spec, **_: bool((spec.get("replicatedTableOptions") or {}).get("enableReplicatedTableTracker")))
-def track(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+def _register_timers(settings: OperatorSettings) -> None:
+    """The timers, whose intervals are settings: each kind's status refresh, and the tracker."""
+    for kind in ORDER:
+        _register_refresh(kind, settings.status_refresh)
+    kopf.timer(GROUP, VERSION, "replicatedtables", interval=settings.tracker_period, when=_tracked)(track)
+
+
+def _register_refresh(kind: str, period: float) -> None:
+    @kopf.timer(GROUP, VERSION, models.PLURALS[kind], interval=period, initial_delay=period, idle=1)
+    def refresh(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+        _reconcile(kind, body, patch, memo, waiting_retries=False)
+
+
+def _tracked(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("replicatedTableOptions") or {}).get("enableReplicatedTableTracker"))
+
+
+def _reference(table: Resource) -> kopf.Body:
+    """Just enough of a ReplicatedTable for kopf to address an Event to it."""
+    return kopf.Body({"apiVersion": models.API_VERSION, "kind": table.kind,
+                      "metadata": {"name": table.name, "namespace": table.namespace or "", "uid": table.uid}})
+
+
+def track(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """Runs the operator-wide tracker check (at most once per period) and publishes this table's verdict."""
-    TRACKER.maybe_check()
-    while _pending_events:
-        table, type_, reason, message = _pending_events.pop()
-        kopf.event({"apiVersion": models.API_VERSION, "kind": "ReplicatedTable",
-                    "metadata": {"name": table.name, "namespace": table.namespace, "uid": table.uid}},
-                   type=type_, reason=reason, message=message)
-    meta = body.get("metadata", {})
-    verdict = TRACKER.verdicts.get((meta.get("namespace"), meta.get("name")))
+    runtime = _runtime(memo)
+    runtime.tracker.maybe_check()
+    for switch in runtime.pending_switches():
+        kopf.event(_reference(switch.table), type="Normal", reason="ReplicaModeChanged", message=switch.message)
+    verdict = runtime.tracker.verdicts.get((body.meta.namespace, str(body.meta.name)))
     if verdict is None:
         return
     current = (body.get("status") or {}).get("tracker") or {}
     if current.get("lastDecision") != verdict.decision or current.get("reason") != verdict.reason:
-        from datetime import UTC, datetime
-
         patch.status["tracker"] = {"lastDecision": verdict.decision, "reason": verdict.reason,
                                    "time": datetime.fromtimestamp(verdict.time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}

@@ -6,6 +6,11 @@ TableReplicas, TableCollocations), starts one engine per TableCluster on the loo
 reconcile core and tracker the operator runs — status is written back into the in-memory objects
 instead of the API server. Then it shows replication working with the official YTsaurus client:
 rows written to each replicated table through ``yt.wrapper`` appear on every replica.
+
+It shares the operator's core, not its Kubernetes front end: the reconcile functions come from the
+table in ``reconcile.py`` and the engines, registry and tracker from a :class:`~.runtime.Runtime`,
+so this module never imports ``handlers.py`` or the operator framework. Mode switches made by the
+tracker are printed like the reconcilers' events (the operator posts them as Kubernetes Events).
 """
 
 from __future__ import annotations
@@ -24,13 +29,14 @@ import yaml
 
 from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine
-from reptables.operator import models
-from reptables.operator.handlers import RECONCILERS
-from reptables.operator.registry import Registry
-from reptables.operator.tracking import TrackerLoop
-from reptables.operator.world import Engines, Resource
 
-ORDER = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation")
+from . import models
+from .reconcile import ORDER, is_ready, reconcile
+from .registry import Registry
+from .runtime import Runtime
+from .tracking import TrackerLoop
+from .world import Engines, Resource
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -46,16 +52,33 @@ def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 class LocalRunner:
+    """The manifests, the engines started for them, and the operator's runtime, in one process."""
+
     def __init__(self, manifests: list[dict[str, Any]], data_dir: Path, namespace: str = "default") -> None:
         self.data_dir = data_dir
         self.namespace = namespace
-        self.engines = Engines()
-        self.registry = Registry(self.engines, namespace)
-        self.tracker = TrackerLoop(self.registry.world())
+        self.runtime = Runtime.start(namespace)
         self.processes: dict[str, LocalEngine] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         for doc in manifests:
             self._add(doc)
+
+    @property
+    def engines(self) -> Engines:
+        return self.runtime.engines
+
+    @property
+    def registry(self) -> Registry:
+        return self.runtime.registry
+
+    @property
+    def tracker(self) -> TrackerLoop:
+        return self.runtime.tracker
+
+    @tracker.setter
+    def tracker(self, tracker: TrackerLoop) -> None:
+        """Swap the tracker loop (benchmarks put an instrumented one in)."""
+        self.runtime.tracker = tracker
 
     def _add(self, doc: dict[str, Any]) -> None:
         kind = doc.get("kind")
@@ -93,17 +116,18 @@ class LocalRunner:
     def reconcile_all(self) -> None:
         for kind in ORDER:
             for res in self.registry.of_kind(kind):
-                outcome = RECONCILERS[kind][0](res, self.registry.world())
+                outcome = reconcile(res, self.registry.world())
                 body = self.bodies[res.key]
                 body["status"] = {**body.get("status", {}), **outcome.status}
                 self.registry.upsert(body)
                 for event in outcome.events:
                     print(f"  {event.type:7} {res.display}: {event.reason}: {event.message}")
         self.tracker.maybe_check()
+        for switch in self.runtime.pending_switches():
+            print(f"  {'Normal':7} {switch.table.display}: ReplicaModeChanged: {switch.message}")
 
     def all_ready(self) -> bool:
-        return all(any(c.get("type") == "Ready" and c.get("status") == "True" for c in r.status.get("conditions", []))
-                   for kind in ORDER for r in self.registry.of_kind(kind))
+        return all(is_ready(r.status) for kind in ORDER for r in self.registry.of_kind(kind))
 
     def converge(self, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -117,7 +141,8 @@ class LocalRunner:
     def print_status(self) -> None:
         for kind in ORDER:
             for res in self.registry.of_kind(kind):
-                ready = next((c for c in res.status.get("conditions", []) if c.get("type") == "Ready"), {})
+                ready: dict[str, Any] = next(
+                    (c for c in res.status.get("conditions", []) if c.get("type") == "Ready"), {})
                 extra = _status_summary(res)
                 print(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
                       f"({ready.get('reason', '')}: {ready.get('message', '')})")
@@ -185,8 +210,7 @@ class LocalRunner:
 
     def stop(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self.tracker.close()
-        self.engines.close()
+        self.runtime.close()
         for engine in self.processes.values():
             engine.stop()
 

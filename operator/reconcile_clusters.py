@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 
 from reptables.engine.errors import YtError
-from reptables.operator import conditions
-from reptables.operator.conditions import Cond
-from reptables.operator.world import ClusterNotFound, Engines, Event, Outcome, Resource, World, describe_error
+
+from . import conditions
+from .conditions import Cond
+from .world import ClusterNotFound, Engines, Event, Outcome, Resource, World, describe_error
 
 PROBE_TIMEOUT = 2.0
 REFRESH_SECONDS = 10.0

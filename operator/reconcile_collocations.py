@@ -8,10 +8,11 @@ second one; tables added to the spec later join it with ``@replication_collocati
 from __future__ import annotations
 
 from reptables.engine.errors import YtError
-from reptables.operator import conditions
-from reptables.operator.conditions import Cond
-from reptables.operator.reconcile_tables import not_ready
-from reptables.operator.world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
+
+from . import conditions
+from .conditions import Cond
+from .reconcile_tables import not_ready
+from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
 
 
 def reconcile_table_collocation(res: Resource, world: World) -> Outcome:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from reptables.engine.errors import YtError
-from reptables.operator import conditions
-from reptables.operator.conditions import Cond
-from reptables.operator.reconcile_tables import not_ready, yt_schema
-from reptables.operator.world import (
+
+from . import conditions
+from .conditions import Cond
+from .reconcile_tables import not_ready, yt_schema
+from .world import (
     ClusterNotFound,
     Event,
     Outcome,

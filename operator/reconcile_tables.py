@@ -14,9 +14,10 @@ from datetime import timedelta
 from typing import Any
 
 from reptables.engine.errors import YtError
-from reptables.operator import conditions
-from reptables.operator.conditions import Cond
-from reptables.operator.world import (
+
+from . import conditions
+from .conditions import Cond
+from .world import (
     ClusterNotFound,
     Event,
     Outcome,

@@ -1,7 +1,7 @@
 """An in-memory view of the custom resources and Secrets, shared by handlers and the local runner.
 
 Reconcilers need to see other resources (a TableReplica needs its ReplicatedTable; two resources
-claiming one table must find each other; the tracker needs every tracked table). kopf feeds this
+claiming one table must find each other; the tracker needs every tracked table). The handlers feed this
 registry from watch events; the local runner feeds it from manifest files. Both then hand
 :meth:`Registry.world` to the reconcile core, which never talks to Kubernetes itself.
 """
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from reptables.operator.models import InvalidResourceError, parse_resource
-from reptables.operator.world import ClusterRef, Engines, Resource, World
+from .models import InvalidResourceError, parse_resource
+from .world import ClusterRef, Engines, Resource, World
 
 DEFAULT_SECRET_KEY = "token"
 

@@ -21,8 +21,9 @@ import httpx
 from prometheus_client import Counter
 
 from reptables.engine.errors import YtError
-from reptables.operator import tracker as tk
-from reptables.operator.world import Resource, World, describe_error
+
+from . import tracker as tk
+from .world import Resource, World, describe_error
 
 log = logging.getLogger("reptables.operator.tracker")
 

@@ -1,7 +1,7 @@
-"""What a reconciler sees and what it returns — independent of kopf and of Kubernetes.
+"""What a reconciler sees and what it returns — independent of the operator framework and of Kubernetes.
 
 The reconcile core is plain Python: desired state (the resources, as parsed models) plus observed
-state (the engines, reached through :class:`Engines`) gives actions and a status. kopf handlers and
+state (the engines, reached through :class:`Engines`) gives actions and a status. The handlers and
 the local runner (``reptables up``) both build a :class:`World` and call the same functions, so the
 product behaves identically with and without a Kubernetes API.
 

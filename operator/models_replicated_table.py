@@ -1,0 +1,245 @@
+"""ReplicatedTable: a replicated table on its meta-cluster, its schema and replication options.
+
+The column types are the engine's own :class:`~reptables.engine.schema.ColumnType`: a manifest may
+name exactly the types the engine stores, and a type added to the engine appears in the CRD's
+``enum`` the next time ``hack/gen-crds`` runs (the CRD test then says the files are stale).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+from reptables.engine.schema import ColumnType
+
+from .models_common import (
+    AGE_COLUMN,
+    MAX_COLUMNS,
+    MAX_TABLETS,
+    READY_COLUMN,
+    SET_LIST,
+    ApiModel,
+    BaseResource,
+    BaseStatus,
+    DeletionPolicy,
+    Duration,
+    IntOrString,
+    NameSet,
+    ObjectName,
+    PrinterColumn,
+    ResourceInfo,
+    Scope,
+    StatusModel,
+    YPath,
+    immutable,
+)
+
+__all__ = [
+    "Column", "ColumnType", "ReplicaSummary", "ReplicatedTable", "ReplicatedTableOptions", "ReplicatedTableSpec",
+    "ReplicatedTableStatus", "ReplicationThrottler", "SortOrder", "TrackerStatus",
+]
+
+
+class SortOrder(StrEnum):
+    ASCENDING = "ascending"
+
+
+class Column(ApiModel):
+    """A column of the table schema; columns with sortOrder are the key and come first."""
+
+    name: StrictStr = Field(min_length=1, max_length=256, pattern=r"^[^$]")
+    """Column name (names starting with $ are reserved for system columns)."""
+    type: ColumnType
+    """Column type."""
+    sort_order: SortOrder | None = None
+    """ascending for a key column; absent for a value column."""
+    required: StrictBool = False
+    """Refuse nulls in this column."""
+    lock: StrictStr | None = Field(default=None, min_length=1, max_length=256)
+    """Lock group: writes to columns of different lock groups do not conflict."""
+
+
+class ReplicatedTableOptions(ApiModel):
+    """Options of the replicated table tracker (YT's replicated_table_options)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.minSyncReplicaCount) || !has(self.maxSyncReplicaCount) || "
+                "self.minSyncReplicaCount <= self.maxSyncReplicaCount",
+        "message": "minSyncReplicaCount must not exceed maxSyncReplicaCount"}]})
+
+    enable_replicated_table_tracker: StrictBool = False
+    """Let the tracker choose the sync replicas automatically."""
+    min_sync_replica_count: StrictInt | None = Field(default=None, ge=0)
+    """The tracker keeps at least this many sync replicas, even bad ones (default: maxSyncReplicaCount,
+    or 1 when neither is set)."""
+    max_sync_replica_count: StrictInt | None = Field(default=None, ge=0)
+    """Maximum and desired number of sync replicas (default: the number of tracked replicas when only
+    minSyncReplicaCount is set, else 1)."""
+    preferred_sync_replica_clusters: NameSet | None = Field(default=None, json_schema_extra=SET_LIST)
+    """TableCluster names the tracker prefers for sync replicas."""
+    sync_replica_lag_threshold: Duration = Field(default="10m", validate_default=True)
+    """A replica lagging more than this is unhealthy for the tracker (e.g. 90s, 10m)."""
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> ReplicatedTableOptions:
+        low, high = self.min_sync_replica_count, self.max_sync_replica_count
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"minSyncReplicaCount ({low}) must not exceed maxSyncReplicaCount ({high})")
+        return self
+
+
+class ReplicationThrottler(ApiModel):
+    """Per-tablet replication bandwidth limit (YT's replication_throttler)."""
+
+    period: StrictInt = Field(default=1000, ge=1)
+    """Averaging window in milliseconds."""
+    limit: StrictInt = Field(ge=1)
+    """Bytes per period, per tablet."""
+
+
+_KEY_COLUMNS = "filter(c, has(c.sortOrder))"
+_IS_SORTED = "self.schema.exists(c, has(c.sortOrder))"
+
+
+class ReplicatedTableSpec(ApiModel):
+    """A replicated table on its meta-cluster, and the options of its replication."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": f"!has(self.pivotKeys) || {_IS_SORTED}",
+         "message": "pivotKeys apply to sorted tables (with key columns); use tabletCount for ordered tables"},
+        {"rule": f"!has(self.tabletCount) || !{_IS_SORTED}",
+         "message": "tabletCount applies to ordered tables (without key columns); use pivotKeys for sorted tables"},
+    ]})
+
+    cluster: ObjectName = Field(json_schema_extra=immutable("cluster"))
+    """The meta-cluster: name of the TableCluster that holds the replicated table; immutable."""
+    path: YPath = Field(json_schema_extra=immutable("path"))
+    """Path of the replicated table on the meta-cluster, e.g. //home/shop/orders; immutable."""
+    table_schema: list[Column] = Field(
+        alias="schema", min_length=1, max_length=MAX_COLUMNS,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [{
+                "rule": f"self.{_KEY_COLUMNS} == oldSelf.{_KEY_COLUMNS}",
+                "message": "key columns (the columns with sortOrder) are immutable"}]})
+    """Columns, key columns first; a table without key columns is ordered. Value columns may change,
+    key columns are immutable."""
+    pivot_keys: list[list[IntOrString]] | None = Field(default=None, min_length=1, max_length=MAX_TABLETS,
+                                                      json_schema_extra={"x-kubernetes-validations": [{
+                                                          "rule": "size(self[0]) == 0",
+                                                          "message": "the first pivot key must be []"}]})
+    """Sorted tables: tablet boundaries, starting with [] (e.g. [[], [1000], [2000]])."""
+    tablet_count: StrictInt | None = Field(default=None, ge=1, le=MAX_TABLETS)
+    """Ordered tables: number of tablets."""
+    replicated_table_options: ReplicatedTableOptions = Field(default_factory=ReplicatedTableOptions,
+                                                             json_schema_extra={"default": {}})
+    """Automatic sync replica switching."""
+    replication_throttler: ReplicationThrottler | None = None
+    """Limit the bandwidth replication uses, per tablet."""
+    min_replication_log_ttl: Duration = Field(default="5m", validate_default=True)
+    """Replicated rows stay in the replication log at least this long."""
+    frozen: StrictBool = False
+    """Freeze the table: writes are refused and every tablet is flushed."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    """Retain keeps the replicated table on the meta-cluster when the resource is deleted; Delete
+    removes it."""
+
+    @field_validator("table_schema")
+    @classmethod
+    def _keys_first(cls, columns: list[Column]) -> list[Column]:
+        names = [c.name for c in columns]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate column names: {', '.join(duplicates)}")
+        for before, after in zip(columns, columns[1:], strict=False):
+            if before.sort_order is None and after.sort_order is not None:
+                raise ValueError(f"key column {after.name!r} follows value column {before.name!r}; "
+                                 "key columns (with sortOrder) come first")
+        return columns
+
+    @property
+    def key_columns(self) -> list[Column]:
+        return [c for c in self.table_schema if c.sort_order is not None]
+
+    @property
+    def is_sorted(self) -> bool:
+        return bool(self.key_columns)
+
+    @model_validator(mode="after")
+    def _sharding_matches_kind(self) -> ReplicatedTableSpec:
+        if self.pivot_keys is not None:
+            if not self.is_sorted:
+                raise ValueError("pivotKeys apply to sorted tables (with key columns); "
+                                 "use tabletCount for ordered tables")
+            if self.pivot_keys[0]:
+                raise ValueError(f"pivotKeys: the first pivot key must be [], not {self.pivot_keys[0]}")
+            for pivot in self.pivot_keys[1:]:
+                if not pivot or len(pivot) > len(self.key_columns):
+                    raise ValueError(f"pivotKeys: {pivot} must be a non-empty prefix of the key columns "
+                                     f"{[c.name for c in self.key_columns]}")
+        if self.tablet_count is not None and self.is_sorted:
+            raise ValueError("tabletCount applies to ordered tables (without key columns); "
+                             "use pivotKeys for sorted tables")
+        return self
+
+
+class ReplicaSummary(StatusModel):
+    """One replica of the table, as the meta-cluster reports it."""
+
+    name: StrictStr
+    """Name of the TableReplica."""
+    cluster: StrictStr
+    """Replica cluster."""
+    mode: ReplicaMode | None = None
+    """Current mode."""
+    state: ReplicaState | None = None
+    """Current state."""
+    lag_seconds: StrictInt | None = Field(default=None, ge=0)
+    """Replication lag in seconds (0 for a sync replica)."""
+
+
+class TrackerStatus(StatusModel):
+    """The replicated table tracker's last change for this table."""
+
+    last_decision: StrictStr | None = None
+    """The mode changes made, e.g. "orders-remote-1: sync -> async; orders-remote-0: async -> sync"."""
+    reason: StrictStr | None = None
+    """Why, e.g. which replica turned bad."""
+    time: datetime | None = None
+    """When the decision was applied."""
+
+
+class ReplicatedTableStatus(BaseStatus):
+    """The replicated table as the meta-cluster reports it."""
+
+    table_id: StrictStr | None = None
+    """Object id of the replicated table on the meta-cluster."""
+    sync_replicas: list[StrictStr] = Field(default_factory=list, json_schema_extra=SET_LIST)
+    """Names of the TableReplicas currently in sync mode."""
+    replicas: list[ReplicaSummary] = Field(default_factory=list, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    """Every replica with its mode, state and lag."""
+    max_lag_seconds: StrictInt | None = Field(default=None, ge=0)
+    """The largest replication lag of the enabled replicas, in seconds."""
+    tracker: TrackerStatus | None = None
+    """The tracker's last decision."""
+
+
+class ReplicatedTable(BaseResource):
+    """A replicated table: written on its meta-cluster, replicated to its TableReplicas."""
+
+    info: ClassVar[ResourceInfo] = ResourceInfo("replicatedtables", Scope.NAMESPACED, ("rt",), (
+        PrinterColumn("Cluster", "string", ".spec.cluster", "The meta-cluster"),
+        PrinterColumn("Path", "string", ".spec.path", "Path on the meta-cluster"),
+        PrinterColumn("Sync", "string", ".status.syncReplicas", "TableReplicas in sync mode"),
+        PrinterColumn("Lag", "integer", ".status.maxLagSeconds", "Largest replica lag in seconds"),
+        READY_COLUMN, AGE_COLUMN))
+
+    kind: Literal["ReplicatedTable"]
+    spec: ReplicatedTableSpec
+    status: ReplicatedTableStatus = Field(default_factory=ReplicatedTableStatus)
+

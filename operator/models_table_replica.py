@@ -1,0 +1,177 @@
+"""TableReplica: one replica of a ReplicatedTable on a TableCluster, and its bootstrap copy.
+
+Replica mode and state are the engine's :mod:`reptables.engine.replica_types`, the words the engine
+stores and ``@replicas`` reports, so status copies them without translation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+
+from .models_common import (
+    AGE_COLUMN,
+    MAX_TIMESTAMP,
+    READY_COLUMN,
+    ApiModel,
+    BaseResource,
+    BaseStatus,
+    DeletionPolicy,
+    ObjectName,
+    PrinterColumn,
+    ResourceInfo,
+    Scope,
+    StatusModel,
+    YPath,
+    immutable,
+)
+
+__all__ = [
+    "Atomicity", "Bootstrap", "BootstrapPhase", "BootstrapStatus", "ReplicaError", "TableReplica", "TableReplicaSpec",
+    "TableReplicaStatus", "TabletsSummary",
+]
+
+
+class Atomicity(StrEnum):
+    FULL = "full"
+    NONE = "none"
+
+
+class Bootstrap(ApiModel):
+    """Copying the existing rows into a new replica before it is enabled."""
+
+    enabled: StrictBool = True
+    """Copy a snapshot with a Spark job when the table already holds data; when false the replica
+    starts empty and receives only new changes."""
+    parallelism: StrictInt = Field(default=2, ge=1, le=1024)
+    """Number of parallel Spark partitions (and executors) of the copy."""
+
+
+class TableReplicaSpec(ApiModel):
+    """A replica of a ReplicatedTable on a TableCluster (YT's table_replica)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self.preserveTimestamps || (self.mode == 'async' && !self.enableReplicatedTableTracker)",
+         "message": "a replica with preserveTimestamps: false can only be asynchronous: set mode: async and "
+                    "enableReplicatedTableTracker: false"},
+        {"rule": "has(self.startReplicationTimestamp) == has(oldSelf.startReplicationTimestamp) && "
+                 "(!has(self.startReplicationTimestamp) || "
+                 "self.startReplicationTimestamp == oldSelf.startReplicationTimestamp)",
+         "message": "startReplicationTimestamp is immutable"},
+    ]})
+
+    table: ObjectName = Field(json_schema_extra=immutable("table"))
+    """Name of the ReplicatedTable (same namespace); immutable."""
+    cluster: ObjectName = Field(json_schema_extra=immutable("cluster"))
+    """Name of the TableCluster holding the replica table; immutable."""
+    replica_path: YPath = Field(json_schema_extra=immutable("replicaPath"))
+    """Path of the replica table on that cluster; immutable."""
+    enabled: StrictBool = True
+    """Replicate to this replica (disabled replicas keep their position and catch up when enabled)."""
+    mode: ReplicaMode = ReplicaMode.ASYNC
+    """sync or async; applies when the tracker does not own the replica (tracking disabled on the table
+    or on this replica); otherwise only the initial mode."""
+    enable_replicated_table_tracker: StrictBool = True
+    """Let the tracker switch this replica's mode (when the table enables the tracker)."""
+    preserve_timestamps: StrictBool = Field(default=True, json_schema_extra=immutable("preserveTimestamps"))
+    """Write rows with the meta-cluster's commit timestamps; false writes with the replica cluster's own
+    timestamps into a table without upstream_replica_id (async only); immutable."""
+    atomicity: Atomicity = Atomicity.FULL
+    """full or none (the replica table's atomicity)."""
+    start_replication_timestamp: StrictInt | None = Field(default=None, ge=0, le=MAX_TIMESTAMP,
+                                                         json_schema_extra={"format": "int64"})
+    """Replicate only changes committed after this meta-cluster timestamp; immutable. Usually left unset:
+    the bootstrap chooses it."""
+    bootstrap: Bootstrap = Field(default_factory=Bootstrap, json_schema_extra={"default": {}})
+    """The initial copy of existing rows."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    """Retain keeps the replica table and its rows when the resource is deleted (the replica object on
+    the meta-cluster is always removed); Delete removes the replica table too."""
+
+    @model_validator(mode="after")
+    def _timestamps_preserved_or_async(self) -> TableReplicaSpec:
+        if not self.preserve_timestamps and (self.mode is not ReplicaMode.ASYNC or
+                                             self.enable_replicated_table_tracker):
+            raise ValueError("a replica with preserveTimestamps: false can only be asynchronous: "
+                             "set mode: async and enableReplicatedTableTracker: false")
+        return self
+
+
+class TabletsSummary(StatusModel):
+    """Per-tablet replication progress, summarised (the details are metrics)."""
+
+    count: StrictInt | None = Field(default=None, ge=0)
+    """Number of tablets."""
+    max_lag_seconds: StrictInt | None = Field(default=None, ge=0)
+    """Largest tablet lag in seconds."""
+    errors: StrictInt | None = Field(default=None, ge=0)
+    """Number of tablets with a replication error."""
+
+
+class ReplicaError(StatusModel):
+    """A replication error, as the engine reports it."""
+
+    code: StrictInt | None = None
+    """YT error code."""
+    message: StrictStr
+    """Error message."""
+
+
+class BootstrapPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+
+
+class BootstrapStatus(StatusModel):
+    """Progress of the initial copy."""
+
+    phase: BootstrapPhase | None = None
+    """Pending, Running, Succeeded, Failed, or Skipped (nothing to copy, or bootstrap disabled)."""
+    spark_application: StrictStr | None = None
+    """Name of the SparkApplication of the current attempt."""
+    snapshot_timestamp: StrictInt | None = Field(default=None, ge=0, le=MAX_TIMESTAMP,
+                                                json_schema_extra={"format": "int64"})
+    """The snapshot timestamp copied; the replica's start_replication_timestamp."""
+
+
+class TableReplicaStatus(BaseStatus):
+    """The replica as the meta-cluster reports it."""
+
+    replica_id: StrictStr | None = None
+    """Object id of the table_replica on the meta-cluster (the replica table's upstream_replica_id)."""
+    state: ReplicaState | None = None
+    """disabled, enabling, enabled or disabling."""
+    mode: ReplicaMode | None = None
+    """Current mode (the tracker may have changed it)."""
+    lag_seconds: StrictInt | None = Field(default=None, ge=0)
+    """Replication lag in seconds (YT's replication_lag_time, coarse)."""
+    tablets: TabletsSummary | None = None
+    """Tablet summary."""
+    errors: list[ReplicaError] = Field(default_factory=list, max_length=100)
+    """Current replication errors."""
+    bootstrap: BootstrapStatus | None = None
+    """The initial copy."""
+
+
+class TableReplica(BaseResource):
+    """A replica of a ReplicatedTable on a TableCluster."""
+
+    info: ClassVar[ResourceInfo] = ResourceInfo("tablereplicas", Scope.NAMESPACED, ("trep",), (
+        PrinterColumn("Table", "string", ".spec.table", "The ReplicatedTable"),
+        PrinterColumn("Cluster", "string", ".spec.cluster", "The replica cluster"),
+        PrinterColumn("Mode", "string", ".status.mode", "Current mode: sync or async"),
+        PrinterColumn("State", "string", ".status.state", "disabled, enabling, enabled or disabling"),
+        PrinterColumn("Lag", "integer", ".status.lagSeconds", "Replication lag in seconds"),
+        READY_COLUMN, AGE_COLUMN))
+
+    kind: Literal["TableReplica"]
+    spec: TableReplicaSpec
+    status: TableReplicaStatus = Field(default_factory=TableReplicaStatus)
+

@@ -1,0 +1,76 @@
+"""The operator's runtime pieces: engine clients, the resource registry, the tracker loop.
+
+They hold connections, a thread pool and caches, so they are built when an operator starts and
+closed when it stops — never at import. The kopf front end builds one :class:`Runtime` in its
+startup handler (from the :class:`~.settings.OperatorSettings`) and the local runner builds one
+for ``reptables up``; both then drive the same reconcile core with it.
+
+Mode switches made by the tracker are queued in :attr:`Runtime.switches` rather than published
+directly: the tracker runs in a worker thread with no Kubernetes context, and the front end decides
+how to announce them (kopf posts Events, the local runner prints them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .registry import Registry
+from .tracking import CHECK_PERIOD, TrackerLoop
+from .world import Engines, Resource, World
+
+#: switches not yet announced are dropped beyond this many (nobody may be draining the queue)
+MAX_PENDING_SWITCHES = 1000
+
+
+@dataclass(frozen=True)
+class ModeSwitch:
+    """A replica mode the tracker changed, waiting to be announced."""
+
+    table: Resource
+    replica_id: str
+    mode: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        return f"replica {self.replica_id} is now {self.mode}: {self.reason}"
+
+
+@dataclass
+class Runtime:
+    """What a running operator holds; build it with :meth:`start`, release it with :meth:`close`."""
+
+    engines: Engines
+    registry: Registry
+    tracker: TrackerLoop
+    switches: deque[ModeSwitch] = field(default_factory=lambda: deque(maxlen=MAX_PENDING_SWITCHES))
+
+    @classmethod
+    def start(cls, namespace: str, tracker_period: float = CHECK_PERIOD) -> Runtime:
+        """A runtime whose Secrets default to ``namespace`` and whose tracker checks every ``tracker_period`` s."""
+        engines = Engines()
+        registry = Registry(engines, namespace)
+        switches: deque[ModeSwitch] = deque(maxlen=MAX_PENDING_SWITCHES)
+
+        def queue_switch(table: Resource, replica_id: str, mode: str, reason: str) -> None:
+            switches.append(ModeSwitch(table, replica_id, mode, reason))
+
+        tracker = TrackerLoop(registry.world(), period=tracker_period, on_switch=queue_switch)
+        return cls(engines=engines, registry=registry, tracker=tracker, switches=switches)
+
+    def world(self) -> World:
+        return self.registry.world()
+
+    def pending_switches(self) -> list[ModeSwitch]:
+        """The queued switches, oldest first, removed from the queue (safe from any thread)."""
+        out = []
+        while True:
+            try:
+                out.append(self.switches.popleft())
+            except IndexError:
+                return out
+
+    def close(self) -> None:
+        self.tracker.close()
+        self.engines.close()

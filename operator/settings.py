@@ -1,0 +1,141 @@
+"""The operator's settings, resolved once when ``reptables operator`` starts.
+
+Why an object and not module constants: the operator used to read its namespace and periods from
+the environment when ``handlers.py`` was imported, so importing the module had side effects and a
+bad value (``REPTABLES_STATUS_REFRESH=soon``) broke imports. Now the CLI builds one
+:class:`OperatorSettings` from its options and the environment (here, in :meth:`resolve`: the only
+place that knows the variable names and defaults) and hands it to kopf; the startup handler builds
+the runtime from it. Nothing in the operator reads ``os.environ`` at import.
+
+Each value comes from the command line option, else the environment variable, else the default:
+
+=====================  ===========================  ==========================================
+setting                option                       environment (default)
+=====================  ===========================  ==========================================
+operator namespace     ``--operator-namespace``     ``REPTABLES_NAMESPACE``, else ``POD_NAMESPACE``
+                                                    (``reptables-system``)
+watched namespaces     ``--namespace`` (repeated)   ``POD_NAMESPACE`` (``default``); the operator
+                                                    namespace is always added
+status refresh         ``--status-refresh``         ``REPTABLES_STATUS_REFRESH`` (5 s)
+tracker period         ``--tracker-period``         ``REPTABLES_TRACKER_PERIOD`` (1 s)
+=====================  ===========================  ==========================================
+
+The chart sets the variables (the operator namespace is the release namespace, ``POD_NAMESPACE``
+comes from the downward API), so they stay the interface for deployments; the options exist for
+running the operator by hand.
+
+This module imports nothing of the operator: the ``reptables`` command loads it for every
+sub-command (``engine serve`` included), which must not pull in the tracker or kopf.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+ENV_OPERATOR_NAMESPACE = "REPTABLES_NAMESPACE"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_STATUS_REFRESH = "REPTABLES_STATUS_REFRESH"
+ENV_TRACKER_PERIOD = "REPTABLES_TRACKER_PERIOD"
+
+DEFAULT_OPERATOR_NAMESPACE = "reptables-system"
+DEFAULT_WATCHED_NAMESPACE = "default"
+DEFAULT_STATUS_REFRESH = 5.0
+DEFAULT_TRACKER_PERIOD = 1.0
+"""The tracker loop's own default (``tracking.CHECK_PERIOD``); a test keeps the two equal."""
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_METRICS_PORT = 8081
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Everything ``reptables operator`` was told, resolved (see the module docstring for the sources)."""
+
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    """Where the operator runs; TableCluster credential Secrets without a namespace are looked up here."""
+    namespaces: tuple[str, ...] = (DEFAULT_WATCHED_NAMESPACE, DEFAULT_OPERATOR_NAMESPACE)
+    """Namespaces watched (sorted, the operator namespace included); empty with ``all_namespaces``."""
+    all_namespaces: bool = False
+    """Watch every namespace (kopf's ``clusterwide``)."""
+    status_refresh: float = DEFAULT_STATUS_REFRESH
+    """Seconds between status refreshes (and drift corrections) of each resource."""
+    tracker_period: float = DEFAULT_TRACKER_PERIOD
+    """Seconds between two checks of the replicated table tracker (operator-wide)."""
+    standalone: bool = False
+    """Run without peering: this is the only operator."""
+    peering: str | None = None
+    """The kopf peering object shared by the operators of a highly available deployment."""
+    priority: int | None = None
+    """Peering priority (with ``peering`` always set: random unless given, so peers never tie)."""
+    liveness: str = DEFAULT_LIVENESS
+    """URL kopf serves its liveness probe on."""
+    metrics_port: int = DEFAULT_METRICS_PORT
+    """Port of the Prometheus ``/metrics`` endpoint; 0 turns it off."""
+    verbose: bool = False
+    """Debug logging."""
+
+    def __post_init__(self) -> None:
+        for name in ("status_refresh", "tracker_period"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a port number (0: off), got {self.metrics_port}")
+        if self.all_namespaces and self.namespaces:
+            raise ValueError("namespaces must be empty when all_namespaces is set")
+
+    @classmethod
+    def resolve(
+        cls,
+        environ: Mapping[str, str],
+        *,
+        namespaces: Iterable[str] | None = None,
+        all_namespaces: bool = False,
+        operator_namespace: str | None = None,
+        status_refresh: float | None = None,
+        tracker_period: float | None = None,
+        standalone: bool = False,
+        peering: str | None = None,
+        priority: int | None = None,
+        liveness: str = DEFAULT_LIVENESS,
+        metrics_port: int = DEFAULT_METRICS_PORT,
+        verbose: bool = False,
+    ) -> OperatorSettings:
+        """The settings from command line values (``None``: not given) and ``environ``.
+
+        Raises ValueError naming the option or variable when a value is not usable.
+        """
+        pod_namespace = environ.get(ENV_POD_NAMESPACE) or None
+        operator_namespace = (operator_namespace or environ.get(ENV_OPERATOR_NAMESPACE) or pod_namespace
+                              or DEFAULT_OPERATOR_NAMESPACE)
+        watched: tuple[str, ...] = ()
+        if not all_namespaces:
+            wanted = list(namespaces or ()) or [pod_namespace or DEFAULT_WATCHED_NAMESPACE]
+            watched = tuple(sorted({*wanted, operator_namespace}))
+        if peering and priority is None:
+            # kopf pauses every operator when the highest priority is shared: break ties at random
+            priority = 1 + secrets.randbelow(1_000_000)
+        return cls(
+            operator_namespace=operator_namespace, namespaces=watched, all_namespaces=all_namespaces,
+            status_refresh=_seconds(status_refresh, environ, ENV_STATUS_REFRESH, DEFAULT_STATUS_REFRESH),
+            tracker_period=_seconds(tracker_period, environ, ENV_TRACKER_PERIOD, DEFAULT_TRACKER_PERIOD),
+            standalone=standalone, peering=peering, priority=priority, liveness=liveness,
+            metrics_port=metrics_port, verbose=verbose)
+
+
+def _seconds(given: float | None, environ: Mapping[str, str], variable: str, default: float) -> float:
+    if given is not None:
+        value, source = given, "the command line"
+    elif environ.get(variable):
+        text = environ[variable]
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{variable}={text!r} is not a number of seconds") from None
+        source = variable
+    else:
+        return default
+    if not value > 0:
+        raise ValueError(f"{source} gives {value!r}; a period must be a positive number of seconds")
+    return value
