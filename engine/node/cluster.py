@@ -123,11 +123,11 @@ class Cluster:
         reservation = ReservationFile(state_dir / "timestamp.reservation")
         self.timestamps = TimestampProvider(reservation.read(), reservation.write)
         self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id, self.metrics,
-                                               self.faults)
+                                               self.faults, config)
         self.peers = Peers(timeout=config.sync_timeout)
-        self.replication = ReplicationManager(self, self.peers)
-        self.transactions.replication = self.replication
-        self._stop = threading.Event()
+        self.replication = ReplicationManager(self, self.peers, self.config)
+        self.transactions.register_commit_hooks(self.replication)
+        self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
         self._load()
 
@@ -187,6 +187,7 @@ class Cluster:
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
             atomicity=attrs.get("atomicity", "full"),
             pinned_by=self.transactions.oldest_active_start_timestamp,
+            config=self.config,
         )
         # every commit from now on is remembered for conflict checks; earlier ones are in SQL
         table.recent_floor = self.timestamps.generate()
@@ -293,6 +294,10 @@ class Cluster:
             raise YtError(f"Node {node.path} is a {node.type}, not a dynamic table",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
         return node.table, node.path, node
+
+    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        """The dynamic table at ``path``, its path and node (``ReplicationHost.resolve_table``)."""
+        return self._table(path)
 
     def is_plain_table(self, path: Any) -> bool:
         """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster and wait

@@ -1,13 +1,10 @@
 """Replicated tables (seed 002): replica registry, sync writes, replicators, the exactly-once sink."""
 
-from .manager import (
-    DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
-    ReplicationManager,
-    validate_replicated_table_options,
-    validate_throttler,
-)
+from .host import ReplicationHost
+from .manager import ReplicationManager
+from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS, validate_replicated_table_options, validate_throttler
 
 __all__ = [
-    "DEFAULT_MIN_REPLICATION_LOG_TTL_MS", "ReplicationManager", "validate_replicated_table_options",
+    "DEFAULT_MIN_REPLICATION_LOG_TTL_MS", "ReplicationHost", "ReplicationManager", "validate_replicated_table_options",
     "validate_throttler",
 ]

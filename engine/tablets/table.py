@@ -13,55 +13,58 @@ at SQL only for a transaction older than that memory (one started before a resta
 
 Ordered tables are one SQL table keyed by ``(tablet_index, row_index)``; a row's timestamp is its
 commit timestamp, and row indexes are assigned at commit so they follow commit order within a tablet.
+A replicated table's replication queue is such a table too; its appends, reads and trims are in
+``queue.py``, the row changes themselves in ``writes.py``, key and tablet helpers in ``keys.py``.
+
+Locking: a ``DynamicTable`` has no lock of its own. Everything in it - row counts, remembered
+commits, its state and layout - is changed only under ``Storage.write_lock``, inside a write
+transaction whose rollback undoes the in-memory changes too (``on_rollback``), or at start-up
+before any other thread runs. Readers without the writer lock (lookups, selects, replicators)
+read the fields as they stand (single assignments); what they must not see before the SQL commit,
+the queue tail, is published after it (``on_commit``). Under the writer lock the table calls out
+to one thing only: ``pinned_by``, which takes the transaction manager's session lock (a leaf).
 """
 
 from __future__ import annotations
 
 import bisect
-import json
-import math
 import operator
 import random
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any, cast
 
-import orjson
 import sqlalchemy as sa
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from .. import yson_util
+from ..config import DEFAULT_CONFIG, EngineConfig
 from ..errors import ErrorCode, SchemaViolation, TabletStateError, YtError
 from ..query import QuerySource
-from ..schema import ColumnType, TableSchema
+from ..schema import TableSchema
 from ..storage import (
     DELETED,
-    KIND,
     LOCK_MASK,
-    PAYLOAD,
     ROW_INDEX,
     TABLET_INDEX,
     TS,
-    FastStatement,
     UserTables,
-    on_commit,
     on_rollback,
     read_locks_table,
     tablets_table,
 )
 from ..timestamps import COUNTER_BITS
+from . import queue
+from .keys import key_sort_tuple
+from .queue import QueueEntry
+from .writes import RowWrite, WriteKind, masks_conflict
 
 #: rows per SQL statement when we bind key lists
 _CHUNK = 500
 #: up to this many keys, a lookup runs one prepared point query per key
 _POINT_LOOKUPS = 8
-#: commits a table remembers for conflict checks: at most this many keys in all...
-_RECENT_KEYS = 20_000
-#: ...and, within that, every commit of the last seconds, for transactions coordinated elsewhere
-#: (a sync replica's prepare carries a start timestamp of its meta-cluster)
-_RECENT_GRACE_S = 2
 
 
 class TabletState(StrEnum):
@@ -74,74 +77,13 @@ class TabletState(StrEnum):
     UNMOUNTING = "unmounting"
 
 
-class WriteKind(StrEnum):
-    WRITE = "write"
-    DELETE = "delete"
-    LOCK = "lock"
-
-
-@dataclass(slots=True)
-class RowWrite:
-    """One row change of a transaction, merged per key before commit."""
-
-    kind: WriteKind
-    row: dict[str, Any]
-    #: lock groups this write takes (bit 0 = primary lock)
-    mask: int
-    #: update mode: columns not in ``row`` keep their stored values
-    update: bool = False
-    #: for LOCK: True for shared (read) locks, False for exclusive
-    shared: bool = False
-    strong: bool = False
-
-    def to_payload(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "row": self.row, "mask": self.mask, "update": self.update,
-                "shared": self.shared, "strong": self.strong}
-
-    @classmethod
-    def from_payload(cls, data: dict[str, Any]) -> RowWrite:
-        return cls(kind=WriteKind(data["kind"]), row=data["row"], mask=int(data["mask"]),
-                   update=bool(data["update"]), shared=bool(data["shared"]), strong=bool(data["strong"]))
-
-
-class QueueEntry(NamedTuple):
-    """One change in a replication queue (a tuple: made by the thousand for every replicator batch)."""
-
-    row_index: int
-    timestamp: int
-    kind: str
-    payload: str
-
-
-_SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
-
-#: rows of each tablet's replication queue kept in memory after their append, so that replicators
-#: (one per replica) push fresh changes without reading them back from SQL
-QUEUE_TAIL_ROWS = 200_000
-
-
-TABLET_OBJECT_TYPE = 0x2BC
-
-
-def tablet_id(table_id: str, index: int) -> str:
-    """A stable, GUID-shaped object id for tablet ``index`` of a table (YT shows tablets by id)."""
-    digest = uuid.uuid5(uuid.NAMESPACE_OID, f"{table_id}/{index}").int
-    return f"{(digest >> 96) & 0xFFFFFFFF:x}-{(digest >> 64) & 0xFFFFFFFF:x}-{TABLET_OBJECT_TYPE:x}-" \
-           f"{digest & 0xFFFFFFFF:x}"
-
-
-def _null_first(value: Any) -> tuple[int, Any]:
-    return (0, 0) if value is None else (1, value)
-
-
-def key_sort_tuple(key: tuple[Any, ...]) -> tuple[tuple[int, Any], ...]:
-    return tuple(_null_first(v) for v in key)
-
 
 @dataclass
 class DynamicTable:
     """A mounted-or-not dynamic table and its tablets."""
 
+    # Every field below is changed only under Storage.write_lock (the node mounts, reshards and
+    # alters under it; commits apply under it) and read by lock-free readers as it stands.
     table_id: str
     schema: TableSchema
     sql: UserTables
@@ -149,7 +91,8 @@ class DynamicTable:
     tablet_count_ordered: int = 1
     state: TabletState = TabletState.UNMOUNTED
     atomicity: str = "full"
-    #: ordered tables: per tablet [row_count, trimmed_row_count]; kept in sync with _rt_tablets
+    #: ordered tables: per tablet [row_count, trimmed_row_count]; kept in sync with _rt_tablets.
+    #: Changed only under Storage.write_lock (a rolled-back append is undone with its transaction)
     tablet_rows: dict[int, list[int]] = field(default_factory=dict)
     #: a replicated table stores only its replication queue (seed 002)
     replicated: bool = False
@@ -160,14 +103,22 @@ class DynamicTable:
     #: recent commits (timestamp, writes by key), complete for every commit with a timestamp above
     #: ``recent_floor``; a conflict check of a transaction that started earlier reads SQL instead.
     #: The owner sets the floor to a fresh timestamp when it makes the table (nothing known before)
-    #: in commit order: (timestamp, the largest timestamp so far, writes by key)
+    #: in commit order: (timestamp, the largest timestamp so far, writes by key).
+    #: ``recent``, ``recent_keys`` and ``recent_floor`` are read and changed only under
+    #: Storage.write_lock (commits remember, conflict checks read, a rollback forgets)
     recent: deque[tuple[int, int, dict[Any, RowWrite]]] = field(default_factory=deque)
     recent_keys: int = 0
     recent_floor: int = 1 << 64
-    #: the start timestamp of the oldest running transaction (commits after it must be remembered)
+    #: the start timestamp of the oldest running transaction (commits after it must be remembered);
+    #: called under Storage.write_lock, it takes the transaction manager's session lock (a leaf)
     pinned_by: Callable[[], int | None] | None = None
-    #: replicated tables: per tablet, the newest queue rows (first row index, entries)
+    #: replicated tables: per tablet, the newest queue rows (first row index, entries). Replaced
+    #: only by an on_commit hook (after the SQL commit, under Storage.write_lock); replicators read
+    #: it without any lock (see ``queue.py``)
     queue_tail: dict[int, tuple[int, list[QueueEntry]]] = field(default_factory=dict)
+    #: the engine's tunables this table uses: ``queue_tail_rows``, ``recent_commit_keys``,
+    #: ``recent_commit_grace_seconds`` (the node passes its own; never changed after creation)
+    config: EngineConfig = DEFAULT_CONFIG
 
     @property
     def sorted(self) -> bool:
@@ -176,7 +127,6 @@ class DynamicTable:
     @property
     def tablet_count(self) -> int:
         return len(self.pivot_keys) if self.sorted else self.tablet_count_ordered
-
 
     def key_of(self, row: dict[str, Any]) -> tuple[Any, ...]:
         names = self.schema.key_names
@@ -239,11 +189,11 @@ class DynamicTable:
                     continue
                 for key in committed.keys() & writes.keys():
                     other = committed[key]
-                    if other.kind is not WriteKind.LOCK and _masks_conflict(other.mask, writes[key].mask):
+                    if other.kind is not WriteKind.LOCK and masks_conflict(other.mask, writes[key].mask):
                         return key, why
         else:
             for key, mask in self._writes_after(conn, list(writes), start_ts):
-                if _masks_conflict(mask, writes[key].mask):
+                if masks_conflict(mask, writes[key].mask):
                     return key, why
         if self.has_read_locks and any(not w.shared for w in writes.values()):
             rl = read_locks_table
@@ -252,7 +202,7 @@ class DynamicTable:
             for row_key, mask in conn.execute(stmt):
                 key = tuple(yson_util.loads_text(row_key))
                 w = writes.get(key)
-                if w is not None and not w.shared and _masks_conflict(mask, w.mask):
+                if w is not None and not w.shared and masks_conflict(mask, w.mask):
                     return key, "a lock taken after the transaction start timestamp"
         return None
 
@@ -263,7 +213,7 @@ class DynamicTable:
         for which, table in (("data", self.sql.data), ("versions", self.sql.versions)):
             assert table is not None
 
-            def build(key_in: sa.ColumnElement[bool], table: sa.Table = table) -> sa.Executable:
+            def build(key_in: sa.ColumnElement[bool], table: sa.Table = table) -> sa.ClauseElement:
                 return sa.select(*self._key_cols(table), table.c[LOCK_MASK]).where(
                     key_in, table.c[TS] > sa.bindparam("start_ts"))
 
@@ -283,14 +233,15 @@ class DynamicTable:
         entry = (commit_ts, newest, writes)
         recent.append(entry)
         self.recent_keys += len(writes)
-        cutoff = commit_ts - (_RECENT_GRACE_S << COUNTER_BITS)
-        if recent[0][0] > cutoff and self.recent_keys <= _RECENT_KEYS:
+        max_keys = self.config.recent_commit_keys
+        cutoff = commit_ts - int(self.config.recent_commit_grace_seconds * (1 << COUNTER_BITS))
+        if recent[0][0] > cutoff and self.recent_keys <= max_keys:
             return
         pin = self.pinned_by() if self.pinned_by is not None else None
         if pin is not None:
             cutoff = min(cutoff, pin)
         floor = self.recent_floor if self.recent_floor < (1 << 64) else 0
-        while recent and (recent[0][0] <= cutoff or self.recent_keys > _RECENT_KEYS):
+        while recent and (recent[0][0] <= cutoff or self.recent_keys > max_keys):
             ts, _, keyed = recent.popleft()
             floor = max(floor, ts)
             self.recent_keys -= len(keyed)
@@ -312,7 +263,7 @@ class DynamicTable:
 
         ``keyed`` is the same writes by key, when the caller has it (a sorted table needs it)."""
         if self.replicated:
-            return self._apply_queue(conn, writes, commit_ts, tablet_index or 0)
+            return queue.append(self, conn, writes, commit_ts, tablet_index or 0)
         if self.sorted:
             if keyed is None:
                 key_of = self.key_of
@@ -320,85 +271,17 @@ class DynamicTable:
             return self._apply_sorted(conn, writes, commit_ts, keyed)
         return self._apply_ordered(conn, writes, commit_ts, tablet_index or 0)
 
-    def _apply_queue(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int, tablet_index: int) -> int:
-        """Append changes to the replication queue of one tablet, in commit order."""
-        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
-        start = counts[0]
-        changes = [w for w in writes if w.kind is not WriteKind.LOCK]
-        if not changes:
-            return 0
-        doubles = [c.name for c in self.schema.columns if c.type is ColumnType.DOUBLE]
-        entries = [QueueEntry(start + i, commit_ts, w.kind.value, payload)
-                   for i, (w, payload) in enumerate(zip(changes, _payloads(changes, doubles), strict=True))]
-        self.sql.bulk("insert:data", conn).run(conn, [(tablet_index, *e) for e in entries],
-                                               [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
-        _SET_ROW_COUNT.run(conn, table_id=self.table_id, tablet_index=tablet_index, row_count=start + len(entries))
-        counts[0] = start + len(entries)
-
-        def undo() -> None:
-            counts[0] = start
-
-        def publish() -> None:
-            # replicators read the tail without the writer lock: it only ever holds committed rows
-            base, tail = self.queue_tail.get(tablet_index, (start, []))
-            if base + len(tail) != start:
-                base, tail = start, []
-            tail.extend(entries)
-            if len(tail) > QUEUE_TAIL_ROWS:
-                # a new list: a reader holding (base, tail) must never see indices shift under it
-                drop = len(tail) - QUEUE_TAIL_ROWS // 2
-                tail = tail[drop:]
-                base += drop
-            self.queue_tail[tablet_index] = (base, tail)
-
-        on_rollback(conn, undo)
-        on_commit(conn, publish)
-        return len(entries)
-
     def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
-        base, tail = self.queue_tail.get(tablet_index, (0, []))
-        if tail and base <= from_row:
-            return tail[from_row - base:from_row - base + limit]
-        data = self.sql.data
-        stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
-                .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
-                .order_by(data.c[ROW_INDEX]).limit(limit))
-        # a batch is up to 90,000 rows: plain tuples from the driver, no ORM-style row objects
-        result = conn.execute(stmt)
-        return list(map(QueueEntry._make, result.cursor.fetchall())) if result.cursor is not None else []
+        """Up to ``limit`` committed changes of a replication queue from ``from_row`` on (no writer lock)."""
+        return queue.read(self, conn, tablet_index, from_row, limit)
 
     def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
         """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
-        data = self.sql.data
-        return conn.execute(sa.select(data.c[TS]).where(
-            data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] == from_row)).scalar()
+        return queue.first_timestamp_from(self, conn, tablet_index, from_row)
 
     def trim_queue(self, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
         """Drop queue rows below ``below_row`` committed at or before ``not_after_ts``."""
-        data = self.sql.data
-        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
-        oldest = self.first_timestamp_from(conn, tablet_index, counts[1])
-        if oldest is None or oldest > not_after_ts:
-            return 0  # nothing old enough: no scan
-        # timestamps grow along the queue: binary search the last row old enough to go
-        low, high = counts[1], below_row - 1
-        while low < high:
-            middle = (low + high + 1) // 2
-            ts = self.first_timestamp_from(conn, tablet_index, middle)
-            if ts is not None and ts <= not_after_ts:
-                low = middle
-            else:
-                high = middle - 1
-        last = low
-        if last is None or last + 1 <= counts[1]:
-            return 0
-        removed = conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
-                                                   data.c[ROW_INDEX] <= last)).rowcount
-        conn.execute(tablets_table.update().where(
-            tablets_table.c.table_id == self.table_id,
-            tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=last + 1))
-        counts[1] = last + 1
-        return removed
+        return queue.trim(self, conn, tablet_index, below_row, not_after_ts)
 
     def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
                       keyed: dict[Any, RowWrite]) -> int:
@@ -470,13 +353,15 @@ class DynamicTable:
         return [table.c[k] for k in self.schema.key_names]
 
     def _run_with_keys(self, conn: sa.Connection, name: str, table: sa.Table,
-                       build: Callable[[sa.ColumnElement[bool]], sa.Executable], keys: list[tuple[Any, ...]],
+                       build: Callable[[sa.ColumnElement[bool]], sa.ClauseElement], keys: list[tuple[Any, ...]],
                        extra: dict[str, Any] | None = None) -> Iterator[sa.CursorResult[Any]]:
         """Run ``build(key IN (...))`` (the key columns of ``table``) once per chunk of ``keys``; yields
         each result.
 
         The statement is compiled once per chunk length and run straight on the driver: SQLAlchemy
         would otherwise render and process thousands of bound values on every execution."""
+        # compiled statements by (name, list length, dialect); filled only under Storage.write_lock
+        # (every caller is a commit or a conflict check)
         cache = self.__dict__.setdefault("_key_statements", {})
         nkeys = len(self.schema.key_names)
         extra = extra or {}
@@ -488,10 +373,11 @@ class DynamicTable:
             entry = cache.get((name, size, conn.dialect.name))
             if entry is None:
                 cols = self._key_cols(table)
-                binds = [[sa.bindparam(f"k{i}_{j}") for j in range(nkeys)] for i in range(size)]
+                binds: list[list[sa.BindParameter[Any]]] = [
+                    [sa.bindparam(f"k{i}_{j}") for j in range(nkeys)] for i in range(size)]
                 key_in = cols[0].in_([b[0] for b in binds]) if nkeys == 1 else \
                     sa.tuple_(*cols).in_([sa.tuple_(*b) for b in binds])
-                compiled = build(key_in).compile(dialect=conn.dialect)
+                compiled = cast(SQLCompiler, build(key_in).compile(dialect=conn.dialect))
                 order = list(compiled.positiontup or []) if compiled.positional else None
                 keys_first = order is not None and order[:size * nkeys] == [
                     f"k{i}_{j}" for i in range(size) for j in range(nkeys)]
@@ -509,7 +395,7 @@ class DynamicTable:
                 params = tuple(values[n] for n in order) if order is not None else values
             yield conn.exec_driver_sql(sql, params)
 
-    def _move_statement(self, key_in: sa.ColumnElement[bool]) -> sa.Executable:
+    def _move_statement(self, key_in: sa.ColumnElement[bool]) -> sa.ClauseElement:
         """INSERT INTO versions SELECT the current images of :keys (with their timestamps and masks)."""
         data, versions = self.sql.data, self.sql.versions
         assert versions is not None
@@ -674,123 +560,6 @@ class DynamicTable:
         return int(removed or 0)
 
 
-#: a change's kind by its name on the wire
-WRITE_KINDS = {kind.value: kind for kind in WriteKind}
-
-
-def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
-    """Writes as JSON-able columns: the rows, and each other field once when all writes share it
-    (the usual case: a batch of whole-row writes) or as a list. A sync replica's prepare carries
-    up to 100,000 writes: a map per write would cost more than the rows themselves."""
-    out: dict[str, Any] = {"rows": [w.row for w in writes]}
-    for name, values in (("kind", [w.kind.value for w in writes]), ("mask", [w.mask for w in writes]),
-                         ("update", [w.update for w in writes]), ("shared", [w.shared for w in writes]),
-                         ("strong", [w.strong for w in writes])):
-        first = values[0] if values else None
-        out[name] = first if values.count(first) == len(values) else values
-    return out
-
-
-def decode_writes(data: dict[str, Any]) -> list[RowWrite]:
-    """The writes of :func:`encode_writes` (or of the older form, a list of per-write maps)."""
-    if "writes" in data:
-        return [RowWrite.from_payload(w) for w in data["writes"]]
-    rows = data["rows"]
-    n = len(rows)
-
-    def column(name: str, default: Any) -> list[Any]:
-        value = data.get(name, default)
-        if isinstance(value, list):
-            if len(value) != n:
-                raise YtError(f"Malformed writes: {len(value)} values of {name!r} for {n} rows",
-                              code=ErrorCode.PROTOCOL_ERROR)
-            return value
-        return [value] * n
-
-    try:
-        kinds = [WRITE_KINDS[k] for k in column("kind", "write")]
-    except KeyError as exc:
-        raise YtError(f"Malformed writes: unknown kind {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
-    return [RowWrite(kind, row, int(mask), bool(update), bool(shared), bool(strong))
-            for kind, row, mask, update, shared, strong in zip(
-                kinds, rows, column("mask", 1), column("update", False), column("shared", False),
-                column("strong", False), strict=True)]
-
-
-def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
-    """:func:`_payload` of every write, with one orjson call for all the rows.
-
-    orjson encodes a list of flat rows as ``[{...},{...}]``; split at the ``},{`` between rows
-    (safe when there are exactly as many as row boundaries, i.e. no value holds one) each row is
-    wrapped into its payload. A ``null`` in the output may be a NaN or an infinity, which only
-    :func:`_payload` keeps: then, and for anything orjson refuses, each row is encoded alone."""
-    try:
-        whole = orjson.dumps([w.row for w in writes])
-    except TypeError:
-        whole = b""
-    plain = whole.startswith(b"[{") and whole.count(b"},{") == len(writes) - 1 and not (
-        b"null" in whole and any(not math.isfinite(w.row[n]) for w in writes for n in doubles
-                                 if w.row.get(n) is not None))
-    if not plain:
-        return [_payload(w, doubles) for w in writes]
-    flags = (b'},"update":false}', b'},"update":true}')
-    return [(b'{"row":{' + part + flags[w.update]).decode()
-            for part, w in zip(whole[2:-2].split(b"},{"), writes, strict=True)]
-
-
-def _payload(write: RowWrite, doubles: list[str]) -> str:
-    """A queue row's change as JSON text: orjson (fast) unless a double is NaN or infinite, which
-    JSON cannot carry and orjson would turn into null; the standard encoder keeps them."""
-    row = write.row
-    for name in doubles:
-        value = row.get(name)
-        if value is not None and not math.isfinite(value):
-            return json.dumps({"row": row, "update": write.update})
-    return orjson.dumps({"row": row, "update": write.update}).decode()
-
-
-def _masks_conflict(a: int, b: int) -> bool:
-    """Lock groups conflict on overlap; the primary lock (bit 0) conflicts with every group."""
-    if a & b:
-        return True
-    return bool((a & 1) and b) or bool((b & 1) and a)
-
 
 def _chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def validate_key_not_null(schema: TableSchema, row: dict[str, Any], path: str) -> None:
-    for col in schema.key_columns:
-        if row.get(col.name) is None:
-            raise SchemaViolation(f"Key column {col.name!r} of table {path} cannot be null "
-                                  "(reptables keys are SQL primary keys)",
-                                  attributes={"column": col.name, "path": path})
-
-
-def parse_pivot_keys(raw: Any, schema: TableSchema, path: str) -> list[list[Any]]:
-    pivots = yson_util.to_python(raw)
-    if not isinstance(pivots, list) or not pivots or any(not isinstance(p, list) for p in pivots):
-        raise YtError(f"Invalid pivot keys for table {path}: expected a list of key lists",
-                      code=ErrorCode.INVALID_PARAMETER)
-    if pivots[0] != []:
-        raise YtError(f"Invalid pivot keys for table {path}: the first pivot key must be []",
-                      code=ErrorCode.INVALID_PARAMETER)
-    keycols = schema.key_columns
-    for p in pivots[1:]:
-        if len(p) > len(keycols) or not p:
-            raise YtError(f"Invalid pivot key {p} for table {path}: it must be a non-empty prefix of "
-                          f"the key columns {[c.name for c in keycols]}", code=ErrorCode.INVALID_PARAMETER)
-        for value, col in zip(p, keycols, strict=False):
-            if value is not None and col.type in (ColumnType.INT64, ColumnType.UINT64) and (
-                    isinstance(value, bool) or not isinstance(value, int)):
-                raise YtError(f"Invalid pivot key {p} for table {path}: value {value!r} does not match "
-                              f"key column {col.name!r} of type {col.type.value}", code=ErrorCode.INVALID_PARAMETER)
-            if value is not None and col.type is ColumnType.STRING and not isinstance(value, str):
-                raise YtError(f"Invalid pivot key {p} for table {path}: value {value!r} does not match "
-                              f"key column {col.name!r} of type string", code=ErrorCode.INVALID_PARAMETER)
-    sort_keys = [key_sort_tuple(tuple(p)) for p in pivots[1:]]
-    if any(a >= b for a, b in zip(sort_keys, sort_keys[1:], strict=False)):
-        raise YtError(f"Invalid pivot keys for table {path}: pivot keys must be strictly increasing",
-                      code=ErrorCode.INVALID_PARAMETER)
-    return pivots

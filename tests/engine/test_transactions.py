@@ -8,13 +8,13 @@ short test. The HTTP path is covered by the yt CLI and client tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from reptables.engine import transactions as tx_module
+from reptables.engine.config import DEFAULT_CONFIG, EngineConfig
 from reptables.engine.errors import ErrorCode, LockConflict, YtError
 from reptables.engine.node import Cluster
 from reptables.engine.storage import commits_table, prepared_table
@@ -194,8 +194,25 @@ def test_conflict_in_one_participant_aborts_all(cluster: Cluster) -> None:
     assert lookup(cluster, 160)["v"] == "later"
 
 
-def test_row_limit_per_transaction(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tx_module, "MAX_ROWS_PER_TRANSACTION", 10)
+@pytest.fixture
+def open_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
+    """A cluster with //tmp/t mounted, built with the given engine config."""
+    opened: list[Cluster] = []
+
+    def make(config: EngineConfig) -> Cluster:
+        c = Cluster.open("local", tmp_path / "configured", config)
+        opened.append(c)
+        c.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
+        c.mount_table("//tmp/t")
+        return c
+
+    yield make
+    for c in opened:
+        c.close()
+
+
+def test_row_limit_per_transaction(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
+    cluster = open_cluster(EngineConfig(max_rows_per_transaction=10))
     tx = cluster.start_transaction()
     cluster.insert_rows("//tmp/t", [{"k": i} for i in range(10)], transaction_id=tx)
     with pytest.raises(YtError) as err:
@@ -204,12 +221,12 @@ def test_row_limit_per_transaction(cluster: Cluster, monkeypatch: pytest.MonkeyP
 
 
 def test_default_row_limit_is_100000() -> None:
-    assert tx_module.MAX_ROWS_PER_TRANSACTION == 100_000
-    assert tx_module.MAX_TRANSACTION_LIFETIME == 60.0
+    assert DEFAULT_CONFIG.max_rows_per_transaction == 100_000
+    assert DEFAULT_CONFIG.max_transaction_lifetime == 60.0
 
 
-def test_transaction_lifetime_limit(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tx_module, "MAX_TRANSACTION_LIFETIME", 0.2)
+def test_transaction_lifetime_limit(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
+    cluster = open_cluster(EngineConfig(max_transaction_lifetime=0.2))
     tx = cluster.start_transaction()
     cluster.insert_rows("//tmp/t", [{"k": 1, "v": "late"}], transaction_id=tx)
     time.sleep(0.3)

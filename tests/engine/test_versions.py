@@ -17,7 +17,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from reptables.engine import tables as tables_module
+from reptables.engine.config import EngineConfig
 from reptables.engine.errors import LockConflict, YtError
 from reptables.engine.node import Cluster
 from reptables.engine.storage import meta_table
@@ -158,18 +158,23 @@ def test_a_transaction_older_than_a_restart_still_sees_its_conflicts(tmp_path: P
         c.close()
 
 
-def test_remembered_commits_stay_within_their_budget(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tables_module, "_RECENT_KEYS", 50)
-    table = table_of(cluster)
-    pinned = cluster.start_transaction()  # an open transaction pins every later commit...
-    for n in range(20):
-        cluster.insert_rows(PATH, [{"k": n * 10 + i, "v": "x"} for i in range(10)])
-    assert table.recent_keys <= 50  # ...but never past the budget
-    assert table.recent_floor > 0
-    # a conflict the forgotten commits held is still found, from SQL
-    cluster.insert_rows(PATH, [{"k": 0, "v": "conflicting"}], transaction_id=pinned)
-    with pytest.raises(LockConflict):
-        cluster.commit_transaction(pinned)
+def test_remembered_commits_stay_within_their_budget(tmp_path: Path) -> None:
+    cluster = Cluster.open("local", tmp_path / "data", EngineConfig(recent_commit_keys=50))
+    try:
+        cluster.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
+        cluster.mount_table(PATH)
+        table = table_of(cluster)
+        pinned = cluster.start_transaction()  # an open transaction pins every later commit...
+        for n in range(20):
+            cluster.insert_rows(PATH, [{"k": n * 10 + i, "v": "x"} for i in range(10)])
+        assert table.recent_keys <= 50  # ...but never past the budget
+        assert table.recent_floor > 0
+        # a conflict the forgotten commits held is still found, from SQL
+        cluster.insert_rows(PATH, [{"k": 0, "v": "conflicting"}], transaction_id=pinned)
+        with pytest.raises(LockConflict):
+            cluster.commit_transaction(pinned)
+    finally:
+        cluster.close()
 
 
 def test_compaction_keeps_what_reads_after_its_horizon_see(cluster: Cluster) -> None:

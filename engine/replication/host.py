@@ -1,0 +1,48 @@
+"""What replication needs from the engine that hosts it: ``ReplicationHost``.
+
+Replication sits above transactions, Cypress and storage and below the node (``Cluster``), which
+builds it. It must not know ``Cluster``: a layer that reached up into the composition root could
+use anything there, and a reader could not tell what replication depends on. This protocol is the
+whole answer: the cluster's name (sent as the coordinator of sync writes), its storage, timestamp
+provider, transaction manager and Cypress tree, and one way to turn a path into a table.
+
+``Cluster`` satisfies it structurally; the unit tests (``tests/replication/test_units.py``) satisfy
+it with a few real parts over a temporary SQLite file, without HTTP or engine processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..cypress import Cypress, Node
+from ..storage import Storage
+from ..tablets import DynamicTable
+from ..timestamps import TimestampProvider
+from ..transactions import TransactionManager
+
+
+class ReplicationHost(Protocol):
+    """The engine as replication sees it (read-only members: replication never replaces them)."""
+
+    @property
+    def name(self) -> str:
+        """This cluster's name in the cluster directory (the coordinator named in sync prepares)."""
+        ...
+
+    @property
+    def storage(self) -> Storage: ...
+
+    @property
+    def timestamps(self) -> TimestampProvider: ...
+
+    @property
+    def transactions(self) -> TransactionManager: ...
+
+    @property
+    def cypress(self) -> Cypress:
+        """Replica objects are Cypress nodes; replicated tables are found by id in ``by_id``."""
+        ...
+
+    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        """The dynamic table at ``path``, its canonical path and its node; a ``YtError`` otherwise."""
+        ...

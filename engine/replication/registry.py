@@ -1,0 +1,541 @@
+"""The replica registry: every ``table_replica`` of this meta-cluster and its mutable state.
+
+A replica's state (mode, state, sync phase, per-tablet progress, errors, backoff) is changed from
+several threads: its replicator pushes batches and advances the sync phase, the commit path
+advances the progress of sync replicas under the storage writer lock, and ``alter_table_replica``
+flips mode and state. So each ``Replica`` owns its state behind its own lock and changes it only
+through the methods below; readers (status, ``get_in_sync_replicas``, queue trimming) take copies
+(``Replica.snapshot``, ``Replica.progress_of``) instead of iterating dictionaries another thread
+is changing.
+
+Locks, in the order they may be taken (never the reverse):
+
+1. ``Storage.write_lock`` (the storage writer): SQL writes, and every change of a replica's
+   ``row_index`` progress, so that the draining check of a sync replica and the commit path see
+   the same queue tail;
+2. ``ReplicaRegistry._lock``: which replicas exist (the ``_replicas`` map);
+3. ``Replica._lock``: one replica's mutable fields; a leaf.
+
+``ReplicatorPool._lock`` (which replicator objects exist) is a leaf of its own, never held with
+any of these. No replication lock is held during network I/O, while waiting for the storage
+writer, or while calling the transaction manager, whose locks (its session lock and the in-flight
+condition) are thus never taken under a replication lock. The transaction manager calls
+``after_queue_append`` with the storage writer held and none of its own locks; that hook takes
+the registry lock, then replica locks, in the order above.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..cypress import OBJECT_TYPES, Node
+from ..errors import ErrorCode, YtError
+from ..peers import Peers
+from ..replica_types import ReplicaMode, ReplicaState
+from ..storage import FastStatement, replica_progress_table
+from ..transactions import make_object_id
+from .host import ReplicationHost
+
+log = logging.getLogger("reptables.engine.replication")
+
+#: where a replica object keeps the id of its replicated table (hidden from users)
+TABLE_ID_ATTRIBUTE = "_rt_table_id"
+
+# the statements on the latency path of every sync replica commit (storage.FastStatement)
+_UPDATE_PROGRESS = FastStatement.update(replica_progress_table, "replica_id", "tablet_index")
+_INSERT_PROGRESS = FastStatement.insert(replica_progress_table)
+
+
+class SyncPhase(StrEnum):
+    """Where a sync replica is on its way from async feeding to being a commit participant."""
+
+    CATCHING_UP = "catching_up"
+    DRAINING = "draining"
+    IN_SYNC = "in_sync"
+
+
+@dataclass
+class TabletProgress:
+    """How far one replica has one tablet of the replication queue (and its last push error)."""
+
+    row_index: int = 0
+    timestamp: int = 0
+    error: dict[str, Any] | None = None
+
+    def copy(self) -> TabletProgress:
+        # the error dict is replaced, never changed in place: sharing it is safe
+        return replace(self)
+
+
+def sync_not_in_sync(replica: Replica | ReplicaSnapshot) -> YtError:
+    """The retriable 1732: a sync replica is catching up or draining."""
+    return YtError(f"Sync replica {replica.id} of table {replica.table_path} on cluster {replica.cluster_name} "
+                   "is not in sync yet; retry", code=ErrorCode.SYNC_REPLICA_NOT_IN_SYNC,
+                   attributes={"replica_id": replica.id, "path": replica.table_path, "retriable": True})
+
+
+def _writes_synchronously(state: ReplicaState, mode: ReplicaMode, phase: SyncPhase | None) -> bool:
+    return state is ReplicaState.ENABLED and mode is ReplicaMode.SYNC and phase is SyncPhase.IN_SYNC
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    """A consistent copy of one replica's state at one moment (what readers work from)."""
+
+    id: str
+    table_id: str
+    cluster_name: str
+    replica_path: str
+    table_path: str
+    start_replication_timestamp: int
+    preserve_timestamps: bool
+    atomicity: str
+    mode: ReplicaMode
+    state: ReplicaState
+    phase: SyncPhase | None
+    tracker_enabled: bool
+    progress: Mapping[int, TabletProgress] = field(default_factory=dict)
+    errors: tuple[dict[str, Any], ...] = ()
+    backoff_until: float = 0.0
+
+    @property
+    def writes_synchronously(self) -> bool:
+        return _writes_synchronously(self.state, self.mode, self.phase)
+
+    def progress_of(self, tablet: int) -> TabletProgress:
+        return self.progress.get(tablet) or TabletProgress()
+
+    def attributes(self) -> dict[str, Any]:
+        """The user-visible attributes stored on the replica's Cypress node."""
+        return {"table_path": self.table_path, "cluster_name": self.cluster_name, "replica_path": self.replica_path,
+                "mode": self.mode.value, "state": self.state.value,
+                "start_replication_timestamp": self.start_replication_timestamp,
+                "preserve_timestamps": self.preserve_timestamps, "atomicity": self.atomicity,
+                "enable_replicated_table_tracker": self.tracker_enabled}
+
+
+class Replica:
+    """One ``table_replica``: fixed identity, and mutable state changed only under ``_lock``."""
+
+    def __init__(self, *, id: str, node: Node, table_id: str, cluster_name: str, replica_path: str,
+                 mode: ReplicaMode, state: ReplicaState, start_replication_timestamp: int,
+                 preserve_timestamps: bool, atomicity: str, tracker_enabled: bool, table_path: str = "",
+                 phase: SyncPhase | None = None, progress: dict[int, TabletProgress] | None = None) -> None:
+        # identity: set once, read without a lock
+        self.id = id
+        self.node = node
+        self.table_id = table_id
+        self.cluster_name = cluster_name
+        self.replica_path = replica_path
+        self.start_replication_timestamp = start_replication_timestamp
+        self.preserve_timestamps = preserve_timestamps
+        self.atomicity = atomicity
+        self.table_path = table_path
+        #: guards every field below. A leaf: nothing is acquired and no I/O is done while holding it;
+        #: it may be taken while holding Storage.write_lock and/or the registry lock.
+        self._lock = threading.Lock()
+        self._mode = mode
+        self._state = state
+        self._phase = phase
+        self._tracker_enabled = tracker_enabled
+        #: tablet -> progress; the objects are replaced or changed only under _lock, and handed out
+        #: as copies. Their ``row_index`` changes only while Storage.write_lock is held, too.
+        self._progress: dict[int, TabletProgress] = dict(progress or {})
+        self._errors: list[dict[str, Any]] = []
+        self._backoff_until = 0.0
+
+    def __repr__(self) -> str:
+        return f"Replica({self.id} of {self.table_path} on {self.cluster_name}:{self.replica_path})"
+
+    # -- reads (consistent copies) ---------------------------------------------------------------------
+
+    def snapshot(self) -> ReplicaSnapshot:
+        with self._lock:
+            return ReplicaSnapshot(
+                id=self.id, table_id=self.table_id, cluster_name=self.cluster_name, replica_path=self.replica_path,
+                table_path=self.table_path, start_replication_timestamp=self.start_replication_timestamp,
+                preserve_timestamps=self.preserve_timestamps, atomicity=self.atomicity, mode=self._mode,
+                state=self._state, phase=self._phase, tracker_enabled=self._tracker_enabled,
+                progress={t: p.copy() for t, p in self._progress.items()}, errors=tuple(self._errors),
+                backoff_until=self._backoff_until)
+
+    def attributes(self) -> dict[str, Any]:
+        return self.snapshot().attributes()
+
+    def progress_of(self, tablet: int) -> TabletProgress:
+        with self._lock:
+            progress = self._progress.get(tablet)
+            return progress.copy() if progress is not None else TabletProgress()
+
+    def flags(self) -> tuple[ReplicaState, ReplicaMode, SyncPhase | None]:
+        """State, mode and phase, read together (the commit path's cheap look at a replica)."""
+        with self._lock:
+            return self._state, self._mode, self._phase
+
+    @property
+    def mode(self) -> ReplicaMode:
+        with self._lock:
+            return self._mode
+
+    @property
+    def state(self) -> ReplicaState:
+        with self._lock:
+            return self._state
+
+    @property
+    def phase(self) -> SyncPhase | None:
+        with self._lock:
+            return self._phase
+
+    @property
+    def writes_synchronously(self) -> bool:
+        """Enabled, sync and in sync: a participant of every commit to its table."""
+        with self._lock:
+            return _writes_synchronously(self._state, self._mode, self._phase)
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._errors)
+
+    @property
+    def backoff_until(self) -> float:
+        with self._lock:
+            return self._backoff_until
+
+    @property
+    def tracker_enabled(self) -> bool:
+        with self._lock:
+            return self._tracker_enabled
+
+    @tracker_enabled.setter
+    def tracker_enabled(self, value: bool) -> None:
+        with self._lock:
+            self._tracker_enabled = value
+
+    # -- state changes of alter_table_replica (callers hold the storage writer, then save) ------------
+
+    def set_state(self, state: ReplicaState) -> None:
+        with self._lock:
+            self._state = state
+
+    def set_mode(self, mode: ReplicaMode) -> None:
+        """A new mode; a sync replica starts over catching up, an async one has no phase."""
+        with self._lock:
+            self._mode = mode
+            self._phase = SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC else None
+
+    def enable(self) -> None:
+        """Enabled, with a clean slate: no errors, no backoff, a sync replica catching up."""
+        with self._lock:
+            self._errors = []
+            self._backoff_until = 0.0
+            self._phase = SyncPhase.CATCHING_UP if self._mode is ReplicaMode.SYNC else None
+            self._state = ReplicaState.ENABLED
+
+    def disable(self) -> None:
+        with self._lock:
+            self._phase = None
+            self._state = ReplicaState.DISABLED
+
+    # -- the replicator's changes ----------------------------------------------------------------------
+
+    def set_progress(self, tablet: int, progress: TabletProgress) -> None:
+        """After a push whose new progress is durable (call with the storage writer held)."""
+        with self._lock:
+            self._progress[tablet] = progress.copy()
+
+    def advance_timestamp(self, tablet: int, barrier: int, queue_end: int) -> None:
+        """An idle tablet's replication timestamp moves to ``barrier`` if it still has every row."""
+        with self._lock:
+            progress = self._progress.setdefault(tablet, TabletProgress())
+            if progress.row_index >= queue_end:
+                progress.timestamp = max(progress.timestamp, barrier)
+
+    def clear_tablet_error(self, tablet: int) -> None:
+        with self._lock:
+            progress = self._progress.get(tablet)
+            if progress is not None:
+                progress.error = None
+            else:
+                self._progress[tablet] = TabletProgress()
+
+    def record_error(self, tablet: int | None, entry: dict[str, Any], backoff_until: float) -> None:
+        with self._lock:
+            self._errors = [entry]
+            if tablet is not None:
+                self._progress.setdefault(tablet, TabletProgress()).error = entry
+            self._backoff_until = backoff_until
+
+    def clear_errors(self) -> None:
+        with self._lock:
+            self._errors = []
+
+    def reset_backoff_if_healthy(self) -> None:
+        with self._lock:
+            if not self._errors:
+                self._backoff_until = 0.0
+
+    def start_draining(self) -> bool:
+        """catching_up -> draining; False when the replica is no longer catching up."""
+        with self._lock:
+            if self._phase is not SyncPhase.CATCHING_UP:
+                return False
+            self._phase = SyncPhase.DRAINING
+            return True
+
+    def finish_draining(self, tablet_count: int, queue_end: Callable[[int], int]) -> bool:
+        """draining -> in_sync once every tablet has the whole queue. The caller holds the storage
+        writer lock, so no commit appends between this check and the flip."""
+        with self._lock:
+            if self._phase is not SyncPhase.DRAINING or self._mode is not ReplicaMode.SYNC or \
+                    self._state is not ReplicaState.ENABLED:
+                return False
+            if any(self._progress.get(t, TabletProgress()).row_index < queue_end(t) for t in range(tablet_count)):
+                return False
+            self._phase = SyncPhase.IN_SYNC
+            return True
+
+    # -- the commit path's changes (under the storage writer) ---------------------------------------
+
+    def commit_sync(self, tablet: int, start: int, end: int, commit_ts: int) -> tuple[int, int] | None:
+        """A commit appended queue rows ``start..end`` of ``tablet`` that this in-sync replica
+        received: its progress moves to ``end``. Returns the previous (row index, timestamp), or
+        None (nothing changed) if the replica is not in sync or does not stand at ``start``."""
+        with self._lock:
+            progress = self._progress.setdefault(tablet, TabletProgress())
+            if progress.row_index != start or not _writes_synchronously(self._state, self._mode, self._phase):
+                return None
+            previous = (progress.row_index, progress.timestamp)
+            progress.row_index = end
+            progress.timestamp = max(progress.timestamp, commit_ts)
+            return previous
+
+    def undo_commit_sync(self, tablet: int, previous: tuple[int, int], end: int) -> None:
+        """The commit's SQL transaction rolled back: back to where it stood (if still at ``end``)."""
+        with self._lock:
+            progress = self._progress.get(tablet)
+            if progress is not None and progress.row_index == end:
+                progress.row_index, progress.timestamp = previous
+
+
+def save_progress(conn: sa.Connection, replica_id: str, tablet: int, row_index: int, timestamp: int) -> None:
+    """Persist a replica's progress on one tablet (inside the caller's write transaction)."""
+    updated = _UPDATE_PROGRESS.run(conn, replica_id=replica_id, tablet_index=tablet, row_index=row_index,
+                                   timestamp=timestamp)
+    if updated.rowcount == 0:
+        _INSERT_PROGRESS.run(conn, replica_id=replica_id, tablet_index=tablet, row_index=row_index,
+                             timestamp=timestamp)
+
+
+class ReplicaRegistry:
+    """The replicas of this meta-cluster: loading, persistence, create/remove/alter."""
+
+    def __init__(self, host: ReplicationHost, peers: Peers) -> None:
+        self.host = host
+        self.peers = peers
+        #: guards _replicas (which replicas exist). Taken after Storage.write_lock, before a
+        #: Replica._lock; never held across network I/O or while waiting for the storage writer.
+        self._lock = threading.Lock()
+        self._replicas: dict[str, Replica] = {}
+
+    # -- loading and persistence -------------------------------------------------------------------
+
+    def load(self, conn: sa.Connection) -> None:
+        progress: dict[str, dict[int, TabletProgress]] = {}
+        for row in conn.execute(sa.select(replica_progress_table)):
+            progress.setdefault(row.replica_id, {})[row.tablet_index] = TabletProgress(row.row_index, row.timestamp)
+        loaded = {node.id: self._from_node(node, progress.get(node.id, {}))
+                  for node in list(self.host.cypress.by_id.values()) if node.type == "table_replica"}
+        with self._lock:
+            self._replicas.update(loaded)
+
+    def _from_node(self, node: Node, progress: dict[int, TabletProgress]) -> Replica:
+        a = node.attributes
+        table_node = self.host.cypress.by_id.get(a[TABLE_ID_ATTRIBUTE])
+        mode = ReplicaMode(a.get("mode", "async"))
+        state = ReplicaState(a.get("state", "disabled"))
+        return Replica(
+            id=node.id, node=node, table_id=a[TABLE_ID_ATTRIBUTE], cluster_name=a["cluster_name"],
+            replica_path=a["replica_path"], mode=mode, state=state,
+            start_replication_timestamp=int(a.get("start_replication_timestamp", 0)),
+            preserve_timestamps=bool(a.get("preserve_timestamps", True)), atomicity=a.get("atomicity", "full"),
+            tracker_enabled=bool(a.get("enable_replicated_table_tracker", True)),
+            phase=SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC and state is ReplicaState.ENABLED else None,
+            table_path=table_node.path if table_node is not None else a.get("table_path", ""), progress=progress)
+
+    def _save(self, conn: sa.Connection, replica: Replica) -> None:
+        replica.node.attributes.update(replica.attributes())
+        replica.node.attributes[TABLE_ID_ATTRIBUTE] = replica.table_id
+        self.host.cypress.save(conn, replica.node)
+
+    # -- lookups -----------------------------------------------------------------------------------
+
+    def replicas_of(self, table_id: str) -> list[Replica]:
+        with self._lock:
+            return [r for r in self._replicas.values() if r.table_id == table_id]
+
+    def all(self) -> list[Replica]:
+        with self._lock:
+            return list(self._replicas.values())
+
+    def find(self, replica_id: str) -> Replica | None:
+        with self._lock:
+            return self._replicas.get(replica_id.lstrip("#"))
+
+    def get(self, replica_id: str) -> Replica:
+        replica = self.find(replica_id)
+        if replica is None:
+            raise YtError(f"No such table replica {replica_id}", code=ErrorCode.RESOLVE_ERROR, http_status=404,
+                          attributes={"replica_id": replica_id})
+        return replica
+
+    # -- replica objects -------------------------------------------------------------------------------
+
+    def create(self, attrs: dict[str, Any]) -> str:
+        table_path = attrs.get("table_path")
+        if not isinstance(table_path, str):
+            raise YtError("Cannot create table_replica: attribute \"table_path\" is required",
+                          code=ErrorCode.INVALID_PARAMETER)
+        table, path, _ = self.host.resolve_table(table_path)
+        if not table.replicated:
+            raise YtError(f"Cannot create a replica of {path}: it is not a replicated_table",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
+        cluster_name = attrs.get("cluster_name")
+        if not isinstance(cluster_name, str) or not cluster_name:
+            raise YtError("Cannot create table_replica: attribute \"cluster_name\" is required",
+                          code=ErrorCode.INVALID_PARAMETER)
+        replica_path = attrs.get("replica_path")
+        if not isinstance(replica_path, str) or not replica_path.startswith("//"):
+            raise YtError("Cannot create table_replica: attribute \"replica_path\" must be a path like //tmp/replica",
+                          code=ErrorCode.INVALID_PARAMETER)
+        self.peers.connection(cluster_name)
+        mode = attrs.get("mode", "async")
+        if mode not in ("sync", "async"):
+            raise YtError(f"Invalid replica mode {mode!r}: expected sync or async", code=ErrorCode.INVALID_PARAMETER)
+        start_ts = attrs.get("start_replication_timestamp", 0)
+        if isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts < 0:
+            raise YtError("start_replication_timestamp must be a timestamp (non-negative integer)",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if mode == "sync" and not attrs.get("preserve_timestamps", True):
+            raise YtError("A replica with preserve_timestamps=%false can only be asynchronous",
+                          code=ErrorCode.INVALID_PARAMETER)
+        atomicity = attrs.get("atomicity", "full")
+        if atomicity not in ("full", "none"):
+            raise YtError("Replica atomicity must be full or none", code=ErrorCode.INVALID_PARAMETER)
+        # lock order: the storage writer, then the registry (the duplicate check and the insert are one step)
+        with self.host.storage.write() as conn, self._lock:
+            for other in self._replicas.values():
+                if other.table_id == table.table_id and other.cluster_name == cluster_name and \
+                        other.replica_path == replica_path:
+                    raise YtError(f"Replica {other.id} of {path} already points to {cluster_name}:{replica_path}",
+                                  code=ErrorCode.ALREADY_EXISTS)
+            node = Node(id=make_object_id(OBJECT_TYPES["table_replica"]), type="table_replica", name=None,
+                        parent=None, attributes={})
+            # a new replica starts at the oldest change still in the queue
+            progress = {tablet: TabletProgress(table.tablet_rows.get(tablet, [0, 0])[1], 0)
+                        for tablet in range(table.tablet_count)}
+            replica = Replica(
+                id=node.id, node=node, table_id=table.table_id, cluster_name=cluster_name,
+                replica_path=replica_path, mode=ReplicaMode(mode), state=ReplicaState.DISABLED,
+                start_replication_timestamp=start_ts,
+                preserve_timestamps=bool(attrs.get("preserve_timestamps", True)), atomicity=atomicity,
+                tracker_enabled=bool(attrs.get("enable_replicated_table_tracker", True)), table_path=path,
+                progress=progress)
+            known = replica.attributes()
+            for key, value in attrs.items():
+                if key not in known and key != "table_path":
+                    node.attributes[key] = value
+            for tablet, p in progress.items():
+                save_progress(conn, node.id, tablet, p.row_index, p.timestamp)
+            self.host.cypress.attach(node)
+            self._save(conn, replica)
+            self._replicas[node.id] = replica
+        log.info("replica created", extra={"replica_id": node.id, "path": path, "cluster": cluster_name,
+                                           "replica_path": replica_path})
+        return node.id
+
+    def remove(self, conn: sa.Connection, replica_id: str) -> None:
+        """Forget a replica (inside the caller's write transaction, which also deletes its node)."""
+        with self._lock:
+            replica = self._replicas.pop(replica_id, None)
+        if replica is None:
+            return
+        conn.execute(replica_progress_table.delete().where(replica_progress_table.c.replica_id == replica_id))
+
+    def alter(self, replica_id: str, enabled: bool | None, mode: str | None,
+              stop_replicator: Callable[[str], None]) -> None:
+        """``alter_table_replica``; ``stop_replicator`` waits for the replica's replicator to stop."""
+        replica = self.get(replica_id)
+        if mode is not None and mode not in ("sync", "async"):
+            raise YtError(f"Invalid replica mode {mode!r}: expected sync or async", code=ErrorCode.INVALID_PARAMETER)
+        if mode == "sync" and not replica.preserve_timestamps:
+            raise YtError(f"Replica {replica.id} has preserve_timestamps=%false and can only be asynchronous",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": replica.id})
+        if enabled is True and replica.state is not ReplicaState.ENABLED:
+            self._change(replica, lambda: replica.set_state(ReplicaState.ENABLING))
+            try:
+                self.check_replica_table(replica)  # network: no lock held
+            except YtError:
+                self._change(replica, lambda: replica.set_state(ReplicaState.DISABLED))
+                raise
+            self._change(replica, replica.enable)
+        elif enabled is False and replica.state is not ReplicaState.DISABLED:
+            self._change(replica, lambda: replica.set_state(ReplicaState.DISABLING))
+            # the replicator finishes its batch in flight and stops
+            stop_replicator(replica.id)
+            self._change(replica, replica.disable)
+        if mode is not None and ReplicaMode(mode) is not replica.mode:
+            new_mode = ReplicaMode(mode)
+            self._change(replica, lambda: replica.set_mode(new_mode))
+        snap = replica.snapshot()
+        log.info("replica altered", extra={"replica_id": replica.id, "path": replica.table_path,
+                                           "state": snap.state.value, "mode": snap.mode.value})
+
+    def _change(self, replica: Replica, change: Callable[[], None]) -> None:
+        """One state change, saved in one write transaction (the storage writer, then the replica)."""
+        with self.host.storage.write() as conn:
+            change()
+            self._save(conn, replica)
+
+    def check_replica_table(self, replica: Replica) -> None:
+        """Seed 002: a replica table must be at least as wide, with the same key, of the same kind."""
+        table_node = self.host.cypress.by_id[replica.table_id]
+        table = table_node.table
+        assert table is not None
+        try:
+            info = self.peers.client(replica.cluster_name).call("table_info", {"path": replica.replica_path},
+                                                                timeout=5.0)
+        except YtError as exc:
+            raise YtError(f"Cannot enable replica {replica.id}: replica table {replica.replica_path} on cluster "
+                          f"{replica.cluster_name} cannot be inspected: {exc.message}", code=exc.code,
+                          attributes={"replica_id": replica.id}) from None
+        where = f"replica table {replica.replica_path} on cluster {replica.cluster_name}"
+        if bool(info["sorted"]) != table.sorted:
+            kind = "sorted" if info["sorted"] else "ordered"
+            raise YtError(f"Cannot enable replica {replica.id}: {where} is {kind} but {table_node.path} is "
+                          f"{'sorted' if table.sorted else 'ordered'}", code=ErrorCode.INCOMPATIBLE_KEY_COLUMNS)
+        if list(info["key_columns"]) != table.schema.key_names:
+            raise YtError(f"Cannot enable replica {replica.id}: key columns of {where} {info['key_columns']} "
+                          f"differ from {table.schema.key_names} of {table_node.path}",
+                          code=ErrorCode.INCOMPATIBLE_KEY_COLUMNS)
+        columns = {c["name"]: c["type"] for c in info["columns"]}
+        for col in table.schema.columns:
+            if col.name not in columns:
+                raise YtError(f"Cannot enable replica {replica.id}: {where} has no column {col.name!r}; its schema "
+                              f"is narrower than that of {table_node.path}", code=ErrorCode.SCHEMA_VIOLATION)
+            if columns[col.name] != col.type.value:
+                raise YtError(f"Cannot enable replica {replica.id}: column {col.name!r} of {where} has type "
+                              f"{columns[col.name]}, expected {col.type.value}", code=ErrorCode.SCHEMA_VIOLATION)
+        expected = replica.id if replica.preserve_timestamps else None
+        if info.get("upstream_replica_id") != expected:
+            raise YtError(f"Cannot enable replica {replica.id}: {where} has upstream_replica_id "
+                          f"{info.get('upstream_replica_id')!r}, expected {expected!r}",
+                          code=ErrorCode.UPSTREAM_REPLICA_MISMATCH)

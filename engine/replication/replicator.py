@@ -1,0 +1,321 @@
+"""Async replication (meta-cluster side): one ``Replicator`` per enabled replica.
+
+A replicator reads, for each tablet, a batch from the replication queue at the replica's progress
+and pushes it with the row index it starts at; the replica applies it only if its own record
+agrees (``sink.py``) and answers with the index it stores. Progress moves only after such an
+answer, and only to what the replica says it has: a lost answer makes the same batch go again and
+be recognised; an error is recorded on the tablet and the replicator backs off.
+
+A replica switching to sync is also driven from here: it catches up while fed asynchronously,
+drains (writes fail with the retriable 1732) once few rows are missing, and turns in sync under
+the storage writer lock once the queue tail is fully replicated, so that no commit slips between.
+
+``ReplicatorPool`` starts a replicator thread per enabled replica and runs the maintenance jobs
+(decision delivery, in-doubt resolution, queue trimming) once a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ..config import EngineConfig
+from ..errors import YtError
+from ..peers import Peers
+from ..replica_types import ReplicaMode, ReplicaState
+from ..storage import on_commit
+from ..tablets import DynamicTable
+from ..timestamps import COUNTER_BITS
+from .host import ReplicationHost
+from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS
+from .registry import Replica, ReplicaRegistry, SyncPhase, TabletProgress, save_progress
+
+log = logging.getLogger("reptables.engine.replication")
+
+
+def queue_end(table: DynamicTable, tablet: int) -> int:
+    """The row index after the last change in a tablet's queue."""
+    return table.tablet_rows.get(tablet, [0, 0])[0]
+
+
+class Replicator:
+    """Feeds one replica: its thread, its pushes, its throttle, its way to in sync."""
+
+    def __init__(self, replica: Replica, host: ReplicationHost, peers: Peers, registry: ReplicaRegistry,
+                 config: EngineConfig, stop: threading.Event, wake: threading.Event) -> None:
+        self.replica = replica
+        self.host = host
+        self.peers = peers
+        self.registry = registry
+        self.config = config
+        self._stop = stop
+        self._wake = wake
+        #: tablet -> (monotonic time the next push may start, size of the last batch); only this
+        #: replicator's thread uses it
+        self._throttle: dict[int, tuple[float, float]] = {}
+        #: set by ``ensure_running`` (the supervisor's thread only), read by ``join``
+        self._thread: threading.Thread | None = None
+
+    # -- the thread --------------------------------------------------------------------------------
+
+    def ensure_running(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self.run, name=f"replicator-{self.replica.id}", daemon=True)
+            self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+
+    def run(self) -> None:
+        """Until the replica is disabled or removed, or the engine stops."""
+        while not self._stop.is_set():
+            if self.registry.find(self.replica.id) is not self.replica or \
+                    self.replica.state is not ReplicaState.ENABLED:
+                return
+            busy = False
+            if time.monotonic() >= self.replica.backoff_until:
+                try:
+                    busy = self.replicate_once()
+                except Exception as exc:  # noqa: BLE001 - any failure is recorded and backed off
+                    log.exception("replicator failed", extra={"replica_id": self.replica.id})
+                    self.record_error(None, YtError(f"Replicator failed: {exc}"), self.config.soft_backoff)
+            if not busy:
+                self._wake.wait(self.config.replicator_tick)
+                self._wake.clear()
+
+    # -- one pass ----------------------------------------------------------------------------------
+
+    def table(self) -> DynamicTable | None:
+        node = self.host.cypress.by_id.get(self.replica.table_id)
+        return node.table if node is not None else None
+
+    def replicate_once(self) -> bool:
+        """Push at most one batch per tablet; returns True when more work is waiting."""
+        table = self.table()
+        if table is None:
+            return False
+        if self.replica.writes_synchronously:
+            return False  # fed by the commits themselves
+        busy = False
+        for tablet in range(table.tablet_count):
+            busy |= self.push_tablet(table, tablet)
+        _, mode, phase = self.replica.flags()
+        if mode is ReplicaMode.SYNC and phase is not SyncPhase.IN_SYNC:
+            self.advance_sync_phase(table)
+        if not busy:
+            self.replica.reset_backoff_if_healthy()
+        return busy
+
+    def push_tablet(self, table: DynamicTable, tablet: int) -> bool:
+        """Push one batch of ``tablet``; True when more rows are waiting after it."""
+        replica, config = self.replica, self.config
+        progress = replica.progress_of(tablet)
+        if progress.row_index >= queue_end(table, tablet):
+            replica.clear_tablet_error(tablet)
+            self.barrier(table, tablet, progress)
+            return False
+        if not self.throttle_allows(tablet):
+            return False
+        with self.host.storage.read() as conn:
+            entries = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
+        # the batch is cut at batch_rows rows (the read), batch_bytes bytes or batch_timestamps commits
+        count, size = 0, 0
+        stamps: set[int] = set()
+        for entry in entries:
+            if count and (size + len(entry.payload) > config.batch_bytes or
+                          (entry.timestamp not in stamps and len(stamps) >= config.batch_timestamps)):
+                break
+            count += 1
+            size += len(entry.payload)
+            stamps.add(entry.timestamp)
+        batch = entries[:count]
+        if not batch:
+            return False
+        end = batch[-1].row_index + 1
+        header = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
+                             "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
+                             "preserve_timestamps": replica.preserve_timestamps})
+        # queue payloads are JSON already: splice them in instead of encoding JSON inside JSON
+        changes = ",".join(f'{{"timestamp":{e.timestamp},"kind":"{e.kind}","payload":{e.payload}}}'
+                           for e in batch if e.timestamp > replica.start_replication_timestamp)
+        body = f'{header[:-1]},"entries":[{changes}]}}'.encode()
+        try:
+            # network: no lock held
+            answer = self.peers.client(replica.cluster_name).call("push", raw_body=body, timeout=config.push_timeout)
+        except YtError as exc:
+            self.record_error(tablet, exc, config.soft_backoff)
+            return False
+        stored = int(answer["row_index"])
+        if stored < progress.row_index:
+            # the replica still misses sync commits in flight to it: wait for them
+            self.record_error(tablet, YtError(
+                f"Replica {replica.id} is behind: it has row {stored}, the batch starts at {progress.row_index}"),
+                config.replicator_tick * 5)
+            return False
+        new_progress = TabletProgress(stored, batch[-1].timestamp if stored == end else progress.timestamp)
+        if stored != end and stored > progress.row_index:
+            with self.host.storage.read() as conn:
+                ts = table.first_timestamp_from(conn, tablet, stored - 1)
+            new_progress.timestamp = max(progress.timestamp, ts or 0)
+        with self.host.storage.write() as conn:
+            save_progress(conn, replica.id, tablet, new_progress.row_index, new_progress.timestamp)
+            # in memory once durable (still under the storage writer, as every row index change)
+            on_commit(conn, lambda: replica.set_progress(tablet, new_progress))
+        self.account_throttle(table, tablet, size)
+        replica.clear_errors()
+        return new_progress.row_index < queue_end(table, tablet)
+
+    def barrier(self, table: DynamicTable, tablet: int, progress: TabletProgress) -> None:
+        """An idle, caught-up tablet's replication timestamp moves on with time (at most once a second).
+
+        Without it a replica whose tablet saw no writes for an hour would look an hour behind the
+        moment a new row arrives. The barrier is a fresh timestamp below which every commit is
+        applied, taken only while the replica has every queued row.
+        """
+        if time.time() - (progress.timestamp >> COUNTER_BITS) < 1.0:
+            return
+        barrier = self.host.timestamps.generate()
+        self.host.transactions.wait_visible(barrier)  # no replication lock held while waiting
+        self.replica.advance_timestamp(tablet, barrier, queue_end(table, tablet))
+
+    def throttle_allows(self, tablet: int) -> bool:
+        budget = self._throttle.get(tablet)
+        return budget is None or time.monotonic() >= budget[0]
+
+    def account_throttle(self, table: DynamicTable, tablet: int, size: int) -> None:
+        node = self.host.cypress.by_id.get(table.table_id)
+        options = (node.attributes.get("replication_throttler") if node is not None else None) or {}
+        limit, period = options.get("limit"), options.get("period", 1000)
+        if not limit:
+            return
+        # the batch used size bytes of a budget of `limit` bytes per `period` ms: wait accordingly
+        delay = size / float(limit) * (float(period) / 1000.0)
+        self._throttle[tablet] = (time.monotonic() + delay, float(size))
+
+    def advance_sync_phase(self, table: DynamicTable) -> None:
+        """catching_up -> draining when few rows are missing; draining -> in_sync when none are."""
+        replica = self.replica
+        pending = sum(max(0, queue_end(table, t) - replica.progress_of(t).row_index)
+                      for t in range(table.tablet_count))
+        if pending <= self.config.drain_threshold_rows:
+            replica.start_draining()
+        if replica.phase is SyncPhase.DRAINING:
+            # lock order: the storage writer, then the replica; no commit appends while we check
+            with self.host.storage.write_lock:
+                flipped = replica.finish_draining(table.tablet_count, lambda t: queue_end(table, t))
+            if flipped:
+                log.info("sync replica in sync", extra={"replica_id": replica.id, "path": replica.table_path})
+
+    def record_error(self, tablet: int | None, error: YtError, backoff: float) -> None:
+        entry = {"code": error.code, "message": error.message, "attributes": error.attributes}
+        self.replica.record_error(tablet, entry, time.monotonic() + backoff)
+        log.warning("replication error", extra={"replica_id": self.replica.id, "path": self.replica.table_path,
+                                                "cluster": self.replica.cluster_name, "tablet": tablet,
+                                                "error": error.message})
+
+
+def trim_queues(host: ReplicationHost, registry: ReplicaRegistry) -> None:
+    """Drop queue rows every replica has, once older than min_replication_log_ttl.
+
+    The floor (the least progress of the table's replicas) is taken again under the storage
+    writer, so a replica created meanwhile (it starts at the oldest row still queued) is counted.
+    """
+    for node in list(host.cypress.by_id.values()):
+        table = node.table
+        if table is None or not table.replicated:
+            continue
+        ttl_ms = int(node.attributes.get("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS))
+        horizon = host.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
+
+        def floor(tablet: int, table: DynamicTable = table) -> tuple[int, int]:
+            rows, trimmed = table.tablet_rows.get(tablet, [0, 0])
+            low = min((r.progress_of(tablet).row_index for r in registry.replicas_of(table.table_id)), default=rows)
+            return low, trimmed
+
+        for tablet in range(table.tablet_count):
+            low, trimmed = floor(tablet)
+            if low <= trimmed:
+                continue
+            with host.storage.write() as conn:
+                low, trimmed = floor(tablet)
+                if low > trimmed:
+                    table.trim_queue(conn, tablet, low, horizon)
+
+
+class ReplicatorPool:
+    """A replicator thread per enabled replica, and the periodic maintenance jobs."""
+
+    def __init__(self, host: ReplicationHost, peers: Peers, registry: ReplicaRegistry, config: EngineConfig,
+                 maintenance: Sequence[Callable[[], None]] = ()) -> None:
+        self.host = host
+        self.peers = peers
+        self.registry = registry
+        self.config = config
+        self.maintenance = list(maintenance)
+        self._stop = threading.Event()
+        #: set to cut a replicator's idle tick short (after alter_table_replica)
+        self._wake = threading.Event()
+        #: guards _replicators; a leaf (nothing is acquired, no thread is joined under it)
+        self._lock = threading.Lock()
+        self._replicators: dict[str, Replicator] = {}
+        self._supervisor: threading.Thread | None = None
+
+    def replicator(self, replica: Replica) -> Replicator:
+        """The one replicator of ``replica`` (made on first use)."""
+        with self._lock:
+            current = self._replicators.get(replica.id)
+            if current is None or current.replica is not replica:
+                current = self._replicators[replica.id] = Replicator(
+                    replica, self.host, self.peers, self.registry, self.config, self._stop, self._wake)
+            return current
+
+    def start(self) -> None:
+        self._supervisor = threading.Thread(target=self._supervise, name="replication-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop_replicator(self, replica_id: str, timeout: float = 30.0) -> None:
+        """Wait for a replica's replicator to finish its batch in flight and stop (it stops by
+        itself once the replica is no longer enabled)."""
+        with self._lock:
+            replicator = self._replicators.get(replica_id)
+        if replicator is not None:
+            replicator.join(timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+        with self._lock:
+            replicators = list(self._replicators.values())
+        for replicator in replicators:
+            replicator.join(timeout=5)
+
+    def _supervise(self) -> None:
+        last_maintenance = 0.0
+        while not self._stop.is_set():
+            replicas = self.registry.all()
+            for replica in replicas:
+                if replica.state is ReplicaState.ENABLED:
+                    self.replicator(replica).ensure_running()
+            present = {r.id for r in replicas}
+            with self._lock:
+                for gone in [i for i in self._replicators if i not in present]:
+                    del self._replicators[gone]  # its thread notices the removal and ends
+            if time.monotonic() - last_maintenance > 1.0:
+                last_maintenance = time.monotonic()
+                for job in self.maintenance:
+                    try:
+                        job()
+                    except Exception:  # noqa: BLE001 - maintenance must keep running
+                        log.exception("replication maintenance failed",
+                                      extra={"job": getattr(job, "__name__", repr(job))})
+            self._stop.wait(0.5)

@@ -1,0 +1,164 @@
+"""The replication queue of a replicated table: per tablet, its changes in commit order.
+
+A replicated table stores no rows of its own (seed 002): every commit appends its changes to the
+queue of each tablet it wrote (one SQL table keyed by ``(tablet_index, row_index)``), replicators
+(one per replica) push them from there, and rows every replica has are trimmed. The newest rows of
+each tablet are also kept in memory (``DynamicTable.queue_tail``) so that replicators keeping up
+with the writes never read them back from SQL.
+
+These are functions of a ``DynamicTable`` rather than methods so that ``table.py`` reads as "how
+sorted and ordered tables are stored and read", the queue's own concerns (the in-memory tail, the
+payload encoding, trimming) being here; the table keeps thin methods for its callers.
+
+Locking: :func:`append` and :func:`trim` run inside a write transaction, under
+``Storage.write_lock``; :func:`read` runs in replicator threads *without* it, and sees committed
+rows only: the tail is extended by an ``on_commit`` hook after the SQL commit (still under the
+writer lock), and replaced by a new list, never shifted in place, when it outgrows its bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import orjson
+import sqlalchemy as sa
+
+from ..schema import ColumnType
+from ..storage import KIND, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, FastStatement, on_commit, on_rollback, tablets_table
+from .writes import RowWrite, WriteKind
+
+if TYPE_CHECKING:
+    from .table import DynamicTable
+
+
+class QueueEntry(NamedTuple):
+    """One change in a replication queue (a tuple: made by the thousand for every replicator batch)."""
+
+    row_index: int
+    timestamp: int
+    kind: str
+    payload: str
+
+
+_SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
+
+
+def append(table: DynamicTable, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
+           tablet_index: int) -> int:
+    """Append changes to the replication queue of one tablet, in commit order (under the writer lock)."""
+    counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
+    start = counts[0]
+    changes = [w for w in writes if w.kind is not WriteKind.LOCK]
+    if not changes:
+        return 0
+    doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
+    entries = [QueueEntry(start + i, commit_ts, w.kind.value, payload)
+               for i, (w, payload) in enumerate(zip(changes, _payloads(changes, doubles), strict=True))]
+    table.sql.bulk("insert:data", conn).run(conn, [(tablet_index, *e) for e in entries],
+                                            [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
+    _SET_ROW_COUNT.run(conn, table_id=table.table_id, tablet_index=tablet_index, row_count=start + len(entries))
+    counts[0] = start + len(entries)
+    tail_rows = table.config.queue_tail_rows
+
+    def undo() -> None:
+        counts[0] = start
+
+    def publish() -> None:
+        # replicators read the tail without the writer lock: it only ever holds committed rows
+        base, tail = table.queue_tail.get(tablet_index, (start, []))
+        if base + len(tail) != start:
+            base, tail = start, []
+        tail.extend(entries)
+        if len(tail) > tail_rows:
+            # a new list: a reader holding (base, tail) must never see indices shift under it
+            drop = len(tail) - tail_rows // 2
+            tail = tail[drop:]
+            base += drop
+        table.queue_tail[tablet_index] = (base, tail)
+
+    on_rollback(conn, undo)
+    on_commit(conn, publish)
+    return len(entries)
+
+
+def read(table: DynamicTable, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
+    """Up to ``limit`` committed changes from ``from_row`` on: from the in-memory tail, else from SQL."""
+    base, tail = table.queue_tail.get(tablet_index, (0, []))
+    if tail and base <= from_row:
+        return tail[from_row - base:from_row - base + limit]
+    data = table.sql.data
+    stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
+            .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
+            .order_by(data.c[ROW_INDEX]).limit(limit))
+    # a batch is up to 90,000 rows: plain tuples from the driver, no ORM-style row objects
+    result = conn.execute(stmt)
+    return list(map(QueueEntry._make, result.cursor.fetchall())) if result.cursor is not None else []
+
+
+def first_timestamp_from(table: DynamicTable, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
+    """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
+    data = table.sql.data
+    return conn.execute(sa.select(data.c[TS]).where(
+        data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] == from_row)).scalar()
+
+
+def trim(table: DynamicTable, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
+    """Drop queue rows below ``below_row`` committed at or before ``not_after_ts`` (under the writer lock)."""
+    data = table.sql.data
+    counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
+    oldest = first_timestamp_from(table, conn, tablet_index, counts[1])
+    if oldest is None or oldest > not_after_ts:
+        return 0  # nothing old enough: no scan
+    # timestamps grow along the queue: binary search the last row old enough to go
+    low, high = counts[1], below_row - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        ts = first_timestamp_from(table, conn, tablet_index, middle)
+        if ts is not None and ts <= not_after_ts:
+            low = middle
+        else:
+            high = middle - 1
+    last = low
+    if last is None or last + 1 <= counts[1]:
+        return 0
+    removed = conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
+                                               data.c[ROW_INDEX] <= last)).rowcount
+    conn.execute(tablets_table.update().where(
+        tablets_table.c.table_id == table.table_id,
+        tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=last + 1))
+    counts[1] = last + 1
+    return removed
+
+
+def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
+    """:func:`_payload` of every write, with one orjson call for all the rows.
+
+    orjson encodes a list of flat rows as ``[{...},{...}]``; split at the ``},{`` between rows
+    (safe when there are exactly as many as row boundaries, i.e. no value holds one) each row is
+    wrapped into its payload. A ``null`` in the output may be a NaN or an infinity, which only
+    :func:`_payload` keeps: then, and for anything orjson refuses, each row is encoded alone."""
+    try:
+        whole = orjson.dumps([w.row for w in writes])
+    except TypeError:
+        whole = b""
+    plain = whole.startswith(b"[{") and whole.count(b"},{") == len(writes) - 1 and not (
+        b"null" in whole and any(not math.isfinite(w.row[n]) for w in writes for n in doubles
+                                 if w.row.get(n) is not None))
+    if not plain:
+        return [_payload(w, doubles) for w in writes]
+    flags = (b'},"update":false}', b'},"update":true}')
+    return [(b'{"row":{' + part + flags[w.update]).decode()
+            for part, w in zip(whole[2:-2].split(b"},{"), writes, strict=True)]
+
+
+def _payload(write: RowWrite, doubles: list[str]) -> str:
+    """A queue row's change as JSON text: orjson (fast) unless a double is NaN or infinite, which
+    JSON cannot carry and orjson would turn into null; the standard encoder keeps them."""
+    row = write.row
+    for name in doubles:
+        value = row.get(name)
+        if value is not None and not math.isfinite(value):
+            return json.dumps({"row": row, "update": write.update})
+    return orjson.dumps({"row": row, "update": write.update}).decode()

@@ -1,0 +1,236 @@
+"""The participant side: transactions coordinated by another cluster, and replicator batches.
+
+A sync replica is a participant of its meta-cluster's two-phase commit: it *prepares* (checks
+conflicts with the meta-cluster's start timestamp, takes row locks, writes a durable prepare
+record with the write set), then *commits* with the coordinator's commit timestamp or *aborts*.
+Between the two, the transaction is in doubt here: reads wait for it (``InFlight``), a restart
+re-holds it from its record (:meth:`ParticipantSide.recover`) and the replication layer asks the
+coordinator about the old ones (:meth:`ParticipantSide.pending`). A replica also applies the
+asynchronous replicator's batches (:meth:`ParticipantSide.apply_replicated`), exactly once.
+
+This is the half of the transaction layer that never coordinates anything, so it is its own
+object, owned by the ``TransactionManager`` (which keeps the public ``*_participant`` methods and
+delegates them here). It shares two things with the coordinator, handed to it explicitly: the
+``LockTable`` (a remote prepare's locks conflict with local commits and the reverse) and the
+``InFlight`` condition (reads wait for remote prepares as for local commits).
+
+Locking: every prepare, commit, abort, recovery and batch runs in one write transaction, under
+``Storage.write_lock``; inside it this takes ``InFlight.cond`` and ``LockTable._mutex`` (never
+the other way round), and calls the caller's apply hook (``ApplyHook``). Locks and in-flight
+registrations are released after the SQL transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..config import EngineConfig
+from ..errors import ErrorCode, YtError
+from ..httpconn import dumps_json, loads_json
+from ..metrics import EngineMetrics
+from ..storage import FastStatement, Storage, prepared_table
+from ..tablets import DynamicTable, RowWrite, decode_writes, encode_writes
+from ..timestamps import TimestampProvider
+from .locks import LockTable, check_conflicts
+from .model import ApplyHook
+from .visibility import InFlight
+
+# the statements on the latency path of every sync replica commit (storage.FastStatement)
+_INSERT_PREPARED = FastStatement.insert(prepared_table)
+_FIND_PREPARED = FastStatement.select(prepared_table, ("transaction_id",), "transaction_id", "participant")
+_PARTICIPANTS = FastStatement.select(prepared_table, ("participant",), "transaction_id")
+_DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
+
+#: a participant's prepared writes: (table, writes, writes by key, extra)
+PreparedWrites = tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None, dict[str, Any]]
+
+
+class ParticipantSide:
+    """Prepare, commit and abort of remotely coordinated transactions; recovery; replicator batches."""
+
+    def __init__(self, storage: Storage, timestamps: TimestampProvider,
+                 resolve_table: Callable[[str], tuple[DynamicTable, str] | None], lock_table: LockTable,
+                 inflight: InFlight, metrics: EngineMetrics, config: EngineConfig) -> None:
+        self.storage = storage
+        self.timestamps = timestamps
+        self.metrics = metrics
+        self.config = config
+        self._resolve_table = resolve_table
+        #: shared with the coordinator (guarded by its own mutex)
+        self._lock_table = lock_table
+        #: shared with the coordinator (guarded by ``InFlight.cond``)
+        self._inflight = inflight
+        #: writes of remotely coordinated transactions prepared here: id -> participant -> prepared
+        #: writes; what their commit applies. Added to and read under Storage.write_lock; a whole
+        #: entry is dropped after the commit's or abort's SQL transaction (one dict operation)
+        self._prepared_writes: dict[str, dict[str, PreparedWrites]] = {}
+        #: remotely coordinated transactions aborted here recently: id -> when (monotonic).
+        #: Read and changed only under Storage.write_lock
+        self._aborted_remote: dict[str, float] = {}
+
+    # -- prepare, commit, abort --------------------------------------------------------------------
+
+    def prepare(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
+                writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
+                participant: str | None = None) -> None:
+        """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write).
+
+        ``participant`` names this part of the transaction (one replica table may receive the rows
+        of several tablets of the replicated table, each its own participant); a repeated prepare
+        of the same participant is a no-op.
+        """
+        participant = participant or table.table_id
+        keyed = {table.key_of(w.row): w for w in writes} if table.sorted else None
+        if keyed:
+            self._inflight.wait_remote_locks(self._lock_table, table.table_id, keyed, tx_id,
+                                             self.config.remote_lock_wait)
+        with self.storage.write() as conn:
+            if tx_id in self._aborted_remote:
+                raise YtError(f"Transaction {tx_id} was already aborted by its coordinator {coordinator}",
+                              code=ErrorCode.INVALID_TRANSACTION_STATE, attributes={"transaction_id": tx_id})
+            if _FIND_PREPARED.run(conn, transaction_id=tx_id, participant=participant).fetchone():
+                return
+            table.check_writable(path)
+            check_conflicts(conn, self._lock_table, self.metrics, tx_id, start_ts, table, path, writes, keyed)
+            _INSERT_PREPARED.run(conn, transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
+                                 prepare_timestamp=prepare_ts, coordinator=coordinator,
+                                 payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
+                                                     **encode_writes(writes)}).decode())
+            self._hold(tx_id, table, writes, prepare_ts, keyed)
+            # the commit applies these (the durable record is for a restart in between)
+            self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
+
+    def _hold(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int,
+              keyed: dict[Any, RowWrite] | None = None) -> None:
+        """Take the row locks of a prepared participant and make reads wait for it (writer lock held)."""
+        if table.sorted:
+            if keyed is None:
+                keyed = {table.key_of(w.row): w for w in writes}
+            self._lock_table.acquire_many(table.table_id, keyed, tx_id)
+        self._inflight.hold_remote(tx_id, table.table_id, prepare_ts)
+
+    def _release(self, tx_id: str) -> None:
+        """Drop what :meth:`_hold` took, after the commit's or abort's SQL transaction."""
+        self._lock_table.release(tx_id)
+        self._prepared_writes.pop(tx_id, None)
+        self._inflight.release_remote(tx_id)
+
+    def commit(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
+        """Apply a prepared remote transaction with the coordinator's commit timestamp."""
+        rows = 0
+        with self.storage.write() as conn:
+            names = [r[0] for r in _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()]
+            cached = self._prepared_writes.get(tx_id, {})
+            if set(cached) != set(names):
+                cached = self._load_prepared(conn, tx_id)
+            self.timestamps.observe(commit_ts)
+            for name in names:
+                if name not in cached:
+                    continue  # its table is gone
+                table, writes, keyed, extra = cached[name]
+                rows += table.apply(conn, writes, commit_ts, extra.get("tablet_index"), keyed)
+                if on_apply is not None:
+                    on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
+            _DELETE_PREPARED.run(conn, transaction_id=tx_id)
+        self._release(tx_id)
+        self.metrics.rows_written.inc(rows)
+        return bool(names)
+
+    def _load_prepared(self, conn: sa.Connection, tx_id: str) -> dict[str, PreparedWrites]:
+        """The prepared writes of a transaction, from their durable records (after a restart)."""
+        out: dict[str, PreparedWrites] = {}
+        for record in conn.execute(sa.select(prepared_table).where(prepared_table.c.transaction_id == tx_id)):
+            payload = loads_json(record.payload.encode())
+            resolved = self._resolve_table(payload["table_id"])
+            if resolved is None:
+                continue
+            table, _ = resolved
+            out[record.participant] = (table, decode_writes(payload), None,
+                                       payload["extra"])
+        return out
+
+    def abort(self, tx_id: str) -> None:
+        with self.storage.write() as conn:
+            # remembered so that a prepare arriving after its abort (a slow network) is refused
+            self._aborted_remote[tx_id] = time.monotonic()
+            cutoff = time.monotonic() - 2 * self.config.max_transaction_lifetime
+            for old in [t for t, at in self._aborted_remote.items() if at < cutoff]:
+                del self._aborted_remote[old]
+            conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
+        self._release(tx_id)
+
+    def pending(self, older_than: float) -> list[tuple[str, str]]:
+        """Remotely coordinated transactions prepared here for at least ``older_than`` seconds
+        (by this process' clock): (transaction id, coordinator)."""
+        now = time.monotonic()
+        with self.storage.read() as conn:
+            rows = conn.execute(sa.select(prepared_table.c.transaction_id, prepared_table.c.coordinator)
+                                .where(prepared_table.c.coordinator.is_not(None))).all()
+        old = self._inflight.held_longer_than([r[0] for r in rows], older_than, now)
+        return [(r[0], r[1]) for r in rows if r[0] in old]
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self) -> tuple[int, int]:
+        """After a restart: abort local prepares (never in doubt), re-hold remote ones.
+
+        Participants on this cluster commit in the same SQL transaction as the coordinator's
+        decision record, so a prepare of a locally coordinated transaction that survived a crash
+        was never decided: it is aborted. Prepares of transactions coordinated by *another*
+        cluster are in doubt until that coordinator answers; they keep their locks meanwhile and
+        are resolved by :meth:`pending` and the replication layer.
+        Returns (re-held, aborted).
+        """
+        held = aborted = 0
+        with self.storage.write() as conn:
+            aborted = conn.execute(prepared_table.delete().where(prepared_table.c.coordinator.is_(None))).rowcount
+            for record in conn.execute(sa.select(prepared_table)).all():
+                payload = loads_json(record.payload.encode())
+                resolved = self._resolve_table(payload["table_id"])
+                if resolved is None:
+                    continue
+                table, _ = resolved
+                self.timestamps.observe(record.prepare_timestamp)
+                self._hold(record.transaction_id, table, decode_writes(payload), record.prepare_timestamp)
+                held += 1
+        return held, aborted
+
+    # -- replicator batches (replica side) ---------------------------------------------------------
+
+    def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
+                         tablet_index: int, check: Callable[[sa.Connection], tuple[int, int] | None],
+                         expected: int, record: Callable[[sa.Connection, int], None], end: int) -> dict[str, Any]:
+        """Apply a replicator batch if the stored progress is ``expected``, and record ``end``.
+
+        Both happen in one SQL transaction: a batch is applied and acknowledged exactly once.
+        With ``preserve`` the rows keep the meta-cluster's commit timestamps; without it each
+        source commit gets a fresh timestamp of this cluster.
+        """
+        stamps: list[int] = []
+        try:
+            with self.storage.write() as conn:
+                stored = check(conn)
+                if stored is not None and stored[0] != expected:
+                    return {"row_index": stored[0], "applied": False}
+                last_ts = 0
+                rows = 0
+                for source_ts, writes in groups:
+                    if preserve:
+                        self.timestamps.observe(source_ts)
+                        self._inflight.adopt(source_ts)
+                        ts = source_ts
+                    else:
+                        ts = self._inflight.begin_commit()
+                    stamps.append(ts)
+                    rows += table.apply(conn, writes, ts, tablet_index)
+                    last_ts = ts
+                record(conn, last_ts)
+        finally:
+            for ts in stamps:
+                self._inflight.end_commit(ts)
+        self.metrics.rows_written.inc(rows)
+        return {"row_index": end, "applied": True}
