@@ -1,0 +1,222 @@
+"""The node's shared state and helpers: what every group of commands stands on.
+
+A table node is one object (:class:`~reptables.engine.node.Cluster`), but its commands fall into
+groups that each live in a module of their own, layered inside this package from the bottom up:
+``base`` (state, resolution of paths and tables) < ``reads`` (get/list/exists and the attribute
+handlers per object type) < ``cypress_commands`` (create/set/remove, collocations) <
+``tablet_commands`` (mount, freeze, reshard, replica commands) < ``rows`` (transactions, writes,
+lookups, selects) < ``cluster`` (the composition root). Each group is a class that extends the one
+below, so a command may call down, never up; ``Cluster`` is the last of them and builds the pieces.
+
+Every public method is one YT command (``create``, ``insert_rows``, ``select_rows``...), takes
+already-decoded parameters and returns plain Python values; nothing here knows about HTTP. Each
+mutating command validates everything first and then changes state in one SQL transaction, so a
+failed command leaves nothing behind. Cypress nodes and table objects change only under the
+storage writer lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..config import EngineConfig
+from ..cypress import (
+    INTERNAL_PREFIX,
+    OBJECT_TYPES,
+    Cypress,
+    Node,
+    YPath,
+    parse_ypath,
+)
+from ..errors import ErrorCode, YtError
+from ..faults import Faults
+from ..metrics import EngineMetrics
+from ..peers import Peers
+from ..replication import (
+    ReplicationManager,
+)
+from ..schema import TableSchema
+from ..storage import Storage, UserTables
+from ..tablets import (
+    DynamicTable,
+    TabletState,
+)
+from ..timestamps import (
+    ASYNC_LAST_COMMITTED_TIMESTAMP,
+    COUNTER_BITS,
+    MAX_TIMESTAMP,
+    SYNC_LAST_COMMITTED_TIMESTAMP,
+    TimestampProvider,
+    unix_to_timestamp,
+)
+from ..transactions import (
+    TransactionManager,
+    make_object_id,
+)
+
+log = logging.getLogger("reptables.engine")
+
+#: the SQL layout of user tables (2: older versions only in <table>_versions, the latest in the table)
+STORAGE_FORMAT = "2"
+#: YT's default min_data_ttl: versions younger than this are kept for reads at a timestamp
+DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
+#: a read timestamp may run ahead of this cluster's clock by at most this much
+MAX_FUTURE_READ_SECONDS = 60
+DEFAULT_OUTPUT_ROW_LIMIT = 1_000_000
+DEFAULT_INPUT_ROW_LIMIT = 1_000_000
+TABLE_TYPES = ("table", "replicated_table")
+CLUSTERS_PATH = "//sys/clusters"
+SCALAR_TYPES = {bool: "boolean_node", int: "int64_node", float: "double_node", str: "string_node",
+                list: "list_node"}
+READ_ONLY_ATTRIBUTES = {"id", "type", "path", "key", "parent_id", "dynamic", "sorted", "key_columns",
+                        "tablet_state", "tablet_count", "pivot_keys", "tablets", "count", "schema",
+                        "expected_tablet_state"}
+
+
+def _retarget_query(query: str, path: str, new_path: str) -> str:
+    for old, new in ((f"[{path}]", f"[{new_path}]"), (f"`{path}`", f"`{new_path}`")):
+        if old in query:
+            return query.replace(old, new, 1)
+    raise YtError(f"Cannot redirect query to a replica: table {path} is not written as [path]",
+                  code=ErrorCode.INVALID_PARAMETER)
+
+
+def _is_storage_outage(exc: sa.exc.DBAPIError) -> bool:
+    """Errors that mean "the database is busy or gone", as opposed to "this query is invalid"."""
+    text = str(exc.orig).lower()
+    return any(s in text for s in ("database is locked", "disk i/o error", "unable to open", "connection"))
+
+
+def _flag(value: Any, default: bool = False) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+
+
+class NodeBase:
+    """State and helpers shared by every group of commands (see the module docstring)."""
+
+    # built by Cluster.__init__ (the composition root)
+    name: str
+    config: EngineConfig
+    metrics: EngineMetrics
+    faults: Faults
+    storage: Storage
+    cypress: Cypress
+    timestamps: TimestampProvider
+    transactions: TransactionManager
+    peers: Peers
+    replication: ReplicationManager
+
+    def _make_table(self, node: Node) -> DynamicTable:
+        attrs = node.attributes
+        path = node.path
+        schema = TableSchema.parse(attrs["schema"], path)
+        sql_name = attrs[f"{INTERNAL_PREFIX}sql_name"]
+        replicated = node.type == "replicated_table"
+        table = DynamicTable(
+            table_id=node.id, schema=schema,
+            sql=UserTables.queue(sql_name, schema) if replicated else UserTables(sql_name, schema),
+            replicated=replicated, upstream_replica_id=attrs.get("upstream_replica_id") or None,
+            pivot_keys=attrs.get("pivot_keys") or [[]],
+            tablet_count_ordered=int(attrs.get(f"{INTERNAL_PREFIX}tablet_count", 1)),
+            state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
+            atomicity=attrs.get("atomicity", "full"),
+            pinned_by=self.transactions.oldest_active_start_timestamp,
+            config=self.config,
+        )
+        # every commit from now on is remembered for conflict checks; earlier ones are in SQL
+        table.recent_floor = self.timestamps.generate()
+        return table
+
+    def _table_by_id(self, table_id: str) -> tuple[DynamicTable, str] | None:
+        node = self.cypress.by_id.get(table_id)
+        if node is None or node.table is None:
+            return None
+        return node.table, node.path
+
+    def _new_node(self, conn: sa.Connection, parent: Node, name: str, node_type: str,
+                  attributes: dict[str, Any], value: Any = None) -> Node:
+        node = Node(id=make_object_id(OBJECT_TYPES.get(node_type, 0x12F)), type=node_type, name=name,
+                    parent=parent, attributes=attributes, value=value)
+        self.cypress.attach(node)
+        self.cypress.save(conn, node)
+        return node
+
+    def _resolve(self, path: Any) -> tuple[Node, YPath]:
+        ypath = parse_ypath(path)
+        node = self.cypress.resolve(ypath)
+        assert node is not None
+        return node, ypath
+
+    def _table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        node, ypath = self._resolve(path)
+        if ypath.attribute_path is not None:
+            raise YtError(f"Path {ypath.text} names an attribute, not a table", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": ypath.text})
+        if node.table is None:
+            raise YtError(f"Node {node.path} is a {node.type}, not a dynamic table",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        return node.table, node.path, node
+
+    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        """The dynamic table at ``path``, its path and node (``ReplicationHost.resolve_table``)."""
+        return self._table(path)
+
+    def is_plain_table(self, path: Any) -> bool:
+        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster and wait
+        for nothing (not a replicated table, which forwards reads and runs sync replica commits
+        elsewhere; not a replica table while sync writes to it are in flight)."""
+        try:
+            table, _, _ = self._table(path)
+        except YtError:
+            return False
+        # a replica table with prepared writes in flight may make a read wait for them
+        return not table.replicated and not self.transactions.has_remote_prepared(table.table_id)
+
+    def _save_table_state(self, conn: sa.Connection, node: Node) -> None:
+        assert node.table is not None
+        node.attributes[f"{INTERNAL_PREFIX}tablet_state"] = node.table.state.value
+        self.cypress.save(conn, node)
+
+    def _read_timestamp(self, timestamp: Any) -> int | None:
+        """Validate a read timestamp; None means "latest committed"."""
+        if timestamp is None:
+            return None
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+            raise YtError(f"Invalid timestamp {timestamp!r}: expected an unsigned 64-bit integer",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if timestamp in (SYNC_LAST_COMMITTED_TIMESTAMP, ASYNC_LAST_COMMITTED_TIMESTAMP):
+            return None
+        if timestamp < (1 << COUNTER_BITS) or timestamp > MAX_TIMESTAMP:
+            raise YtError(f"Invalid timestamp {timestamp}: out of range", code=ErrorCode.INVALID_PARAMETER)
+        limit = unix_to_timestamp(time.time() + MAX_FUTURE_READ_SECONDS)
+        if timestamp > limit:
+            raise YtError(f"Invalid timestamp {timestamp:x}: it is more than {MAX_FUTURE_READ_SECONDS} s "
+                          "ahead of this cluster's clock", code=ErrorCode.INVALID_PARAMETER)
+        # later commits here must get larger timestamps, or this read would not be repeatable
+        self.timestamps.observe(timestamp)
+        self.transactions.wait_visible(timestamp)
+        return timestamp
+
+    def table_for_path(self, path: Any) -> DynamicTable:
+        return self._table(path)[0]
+
+    def _clusters_node(self) -> Node | None:
+        return self.cypress.resolve(parse_ypath(CLUSTERS_PATH), missing_ok=True)
+
+    def _under_directory(self, node: Node) -> bool:
+        clusters = self._clusters_node()
+        while node is not None:
+            if node is clusters:
+                return True
+            node = node.parent  # type: ignore[assignment]
+        return False

@@ -1,0 +1,461 @@
+"""Changing the tree: create, set, remove, the cluster directory, collocations.
+
+Every command validates and prepares everything before it changes memory, and changes memory and
+SQL together inside one write transaction (under the storage writer lock).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import sqlalchemy as sa
+
+from .. import yson_util
+from ..cypress import (
+    INTERNAL_PREFIX,
+    MAP_NODE,
+    OBJECT_TYPES,
+    ROOT_ID,
+    Node,
+    YPath,
+    parse_ypath,
+)
+from ..errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
+from ..peers import MASKED_TOKEN, parse_directory
+from ..replication import (
+    validate_replicated_table_options,
+    validate_throttler,
+)
+from ..schema import TableSchema
+from ..storage import meta_table, tablets_table
+from ..tablets import (
+    TabletState,
+    parse_pivot_keys,
+)
+from ..transactions import (
+    make_object_id,
+)
+from .base import (
+    CLUSTERS_PATH,
+    READ_ONLY_ATTRIBUTES,
+    SCALAR_TYPES,
+    TABLE_TYPES,
+    _flag,
+)
+from .reads import CypressReads
+
+
+class CypressCommands(CypressReads):
+    """create, set, remove, the directory and collocations."""
+
+    def create(self, type: str, path: Any, attributes: dict[str, Any] | None = None, recursive: bool = False,
+               ignore_existing: bool = False, force: bool = False) -> str:
+        attributes = yson_util.to_python(attributes or {})
+        if not isinstance(attributes, dict):
+            raise YtError("Parameter \"attributes\" must be a map", code=ErrorCode.INVALID_PARAMETER)
+        if type == "table_replica":
+            return self.replication.create_replica(attributes)
+        if type == "table_collocation":
+            return self._create_collocation(attributes)
+        ypath = parse_ypath(path)
+        for name in attributes:
+            if name in READ_ONLY_ATTRIBUTES - {"schema", "pivot_keys", "tablet_count", "dynamic"} or \
+                    name.startswith(INTERNAL_PREFIX):
+                raise YtError(f"Attribute {name!r} is read-only and cannot be given to create",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": name})
+        if type not in ("map_node", "table", "replicated_table", "document", "string_node", "int64_node",
+                        "uint64_node", "double_node", "boolean_node", "list_node"):
+            raise YtError(f"Unknown or unsupported object type {type!r}", code=ErrorCode.INVALID_PARAMETER)
+        with self.storage.write() as conn:
+            existing = self.cypress.resolve(ypath, missing_ok=True)
+            if existing is not None:
+                if ignore_existing and existing.type == type:
+                    return existing.id
+                if not force:
+                    raise AlreadyExistsError(f"Node {ypath.text} already exists",
+                                             attributes={"path": ypath.text})
+                self._remove_node(conn, existing, recursive=True)
+            parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
+            if type in TABLE_TYPES:
+                if type == "replicated_table":
+                    attributes["dynamic"] = attributes.get("dynamic", True)
+                self._validate_table_attributes(attributes, ypath.text, replicated=type == "replicated_table")
+            if parent is self._clusters_node() or self._under_directory(parent):
+                raise YtError(f"Use set to change {CLUSTERS_PATH}", code=ErrorCode.INVALID_PARAMETER)
+            for seg in missing:
+                parent = self._new_node(conn, parent, seg, MAP_NODE, {})
+            if type in TABLE_TYPES:
+                node = self._create_table(conn, parent, name, attributes, ypath.text, type)
+            else:
+                node = self._new_node(conn, parent, name, type, attributes,
+                                      value=None if type == MAP_NODE else attributes.pop("value", None))
+            return node.id
+
+    def _validate_table_attributes(self, attrs: dict[str, Any], path: str, replicated: bool = False) -> None:
+        if not _flag(attrs.get("dynamic")):
+            raise YtError(f"Cannot create table {path}: only dynamic tables are supported "
+                          "(set attribute dynamic=%true)", code=ErrorCode.INVALID_PARAMETER)
+        if "schema" not in attrs:
+            raise YtError(f"Cannot create dynamic table {path}: attribute \"schema\" is required",
+                          code=ErrorCode.INVALID_PARAMETER)
+        schema = TableSchema.parse(attrs["schema"], path)
+        if "pivot_keys" in attrs:
+            if not schema.is_sorted:
+                raise YtError(f"Cannot create table {path}: pivot_keys are for sorted tables; "
+                              "use tablet_count for ordered tables", code=ErrorCode.INVALID_PARAMETER)
+            parse_pivot_keys(attrs["pivot_keys"], schema, path)
+        if "tablet_count" in attrs:
+            count = attrs["tablet_count"]
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000:
+                raise YtError(f"Cannot create table {path}: tablet_count must be an integer in [1, 10000]",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if schema.is_sorted:
+                raise YtError(f"Cannot create sorted table {path} with tablet_count: give pivot_keys",
+                              code=ErrorCode.INVALID_PARAMETER)
+        if attrs.get("atomicity", "full") not in ("full", "none"):
+            raise YtError(f"Cannot create table {path}: atomicity must be \"full\" or \"none\"",
+                          code=ErrorCode.INVALID_PARAMETER)
+        for name in ("min_data_ttl", "min_replication_log_ttl"):
+            ttl = attrs.get(name, 0)
+            if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
+                raise YtError(f"Cannot create table {path}: {name} must be a non-negative number of "
+                              "milliseconds", code=ErrorCode.INVALID_PARAMETER)
+        upstream = attrs.get("upstream_replica_id")
+        if upstream is not None and not isinstance(upstream, str):
+            raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if replicated:
+            if attrs.get("atomicity", "full") != "full":
+                raise YtError(f"Cannot create replicated table {path}: atomicity must be full",
+                              code=ErrorCode.INVALID_PARAMETER)
+            if upstream:
+                raise YtError(f"Cannot create replicated table {path} with upstream_replica_id",
+                              code=ErrorCode.INVALID_PARAMETER)
+            validate_replicated_table_options(attrs.get("replicated_table_options"), path)
+            validate_throttler(attrs.get("replication_throttler"), path)
+
+    def _create_table(self, conn: sa.Connection, parent: Node, name: str, attrs: dict[str, Any],
+                      path: str, node_type: str = "table") -> Node:
+        schema = TableSchema.parse(attrs.pop("schema"), path)
+        attrs.pop("dynamic", None)
+        counter = int(conn.execute(sa.select(meta_table.c.value).where(
+            meta_table.c.name == "table_counter")).scalar() or 0) + 1
+        self.storage.set_meta(conn, "table_counter", str(counter))
+        sql_name = f"rt_t{counter}"
+        stored: dict[str, Any] = dict(attrs)
+        stored["schema"] = [c.to_yt() for c in schema.columns]
+        stored[f"{INTERNAL_PREFIX}schema_attrs"] = {"strict": schema.strict, "unique_keys": schema.unique_keys}
+        stored[f"{INTERNAL_PREFIX}sql_name"] = sql_name
+        stored[f"{INTERNAL_PREFIX}tablet_state"] = TabletState.UNMOUNTED.value
+        stored.setdefault("atomicity", "full")
+        if schema.is_sorted:
+            stored["pivot_keys"] = parse_pivot_keys(attrs["pivot_keys"], schema, path) \
+                if "pivot_keys" in attrs else [[]]
+        else:
+            stored[f"{INTERNAL_PREFIX}tablet_count"] = int(stored.pop("tablet_count", 1))
+        if stored.get("upstream_replica_id") in ("0-0-0-0", ""):
+            stored.pop("upstream_replica_id")
+        node = self._new_node(conn, parent, name, node_type, stored)
+        node.table = self._make_table(node)
+        node.table.has_read_locks = False
+        node.table.sql.create(conn)
+        if not schema.is_sorted or node.table.replicated:
+            for i in range(node.table.tablet_count):
+                conn.execute(tablets_table.insert().values(table_id=node.id, tablet_index=i, row_count=0,
+                                                           trimmed_row_count=0))
+                node.table.tablet_rows[i] = [0, 0]
+        return node
+
+    def _remove_node(self, conn: sa.Connection, node: Node, recursive: bool) -> None:
+        if node.id == ROOT_ID:
+            raise YtError("Cannot remove the root node", code=ErrorCode.INVALID_PARAMETER)
+        if node is self._clusters_node() or (node.parent is not None and node.parent.id == ROOT_ID
+                                              and node.name == "sys"):
+            raise YtError(f"Cannot remove {node.path}: it is a system node", code=ErrorCode.INVALID_PARAMETER)
+        if node.type == "table_replica":
+            self.replication.remove_replica(conn, node.id)
+            self.cypress.delete(conn, self.cypress.detach(node))
+            return
+        if node.type == "table_collocation":
+            self._drop_collocation(conn, node)
+            return
+        if node.children and not recursive:
+            raise YtError(f"Cannot remove non-empty composite node {node.path} (use recursive=%true)",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        subtree: list[Node] = []
+
+        def walk(n: Node) -> None:
+            subtree.append(n)
+            for c in n.children.values():
+                walk(c)
+
+        walk(node)
+        for n in subtree:
+            if n.table is not None and n.table.state != TabletState.UNMOUNTED:
+                raise TabletStateError(f"Cannot remove table {n.path}: it is {n.table.state.value}; "
+                                       "unmount it first", attributes={"path": n.path})
+        for n in subtree:
+            if n.table is not None:
+                for replica in self.replication.replicas_of(n.id):
+                    self.replication.remove_replica(conn, replica.id)
+                    self.cypress.delete(conn, self.cypress.detach(replica.node))
+                collocation = self._collocation_of(n)
+                if collocation is not None:
+                    self._leave_collocation(conn, collocation, n)
+                n.table.sql.drop(conn)
+                conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
+        removed = self.cypress.detach(node)
+        self.cypress.delete(conn, removed)
+
+    def remove(self, path: Any, recursive: bool = False, force: bool = False) -> None:
+        ypath = parse_ypath(path)
+        with self.storage.write() as conn:
+            node = self.cypress.resolve(ypath, missing_ok=force)
+            if node is None:
+                return
+            if ypath.attribute_path is not None:
+                if ypath.attribute_path == ("replication_collocation_id",) and node.table is not None:
+                    collocation = self._collocation_of(node)
+                    if collocation is None and not force:
+                        raise ResolveError(f"Table {node.path} is in no collocation", attributes={"path": node.path})
+                    if collocation is not None:
+                        self._leave_collocation(conn, collocation, node)
+                    return
+                self._remove_attribute(conn, node, ypath, force)
+                return
+            directory = self._under_directory(node)
+            self._remove_node(conn, node, recursive)
+        if directory:
+            self._refresh_directory()
+
+    def _remove_attribute(self, conn: sa.Connection, node: Node, ypath: YPath, force: bool) -> None:
+        attr = ypath.attribute_path or ()
+        if not attr:
+            raise YtError(f"Cannot remove all attributes of {node.path}", code=ErrorCode.INVALID_PARAMETER)
+        if attr[0] in READ_ONLY_ATTRIBUTES or attr[0].startswith(INTERNAL_PREFIX):
+            raise YtError(f"Attribute {attr[0]!r} of {node.path} cannot be removed",
+                          code=ErrorCode.INVALID_PARAMETER)
+        container: Any = node.attributes
+        for key in attr[:-1]:
+            container = container.get(key) if isinstance(container, dict) else None
+        if not isinstance(container, dict) or attr[-1] not in container:
+            if force:
+                return
+            raise ResolveError(f"Attribute {'/'.join(attr)!r} of {node.path} is not found",
+                               attributes={"path": ypath.text})
+        del container[attr[-1]]
+        self.cypress.save(conn, node)
+
+    def set(self, path: Any, value: Any, recursive: bool = False, force: bool = False) -> None:
+        ypath = parse_ypath(path)
+        value = yson_util.to_python(value)
+        if ypath.attribute_path is None and ypath.start is None and ypath.segments[:2] == ("sys", "clusters"):
+            self._set_directory(ypath.segments[2:], value)
+            return
+        with self.storage.write() as conn:
+            if ypath.attribute_path is not None:
+                node = self.cypress.resolve(ypath)
+                assert node is not None
+                self._set_attribute(conn, node, ypath.attribute_path, value)
+                return
+            node = self.cypress.resolve(ypath, missing_ok=True)
+            if node is not None:
+                self._replace_node_value(conn, node, value)
+                return
+            parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
+            for seg in missing:
+                parent = self._new_node(conn, parent, seg, MAP_NODE, {})
+            self._build_value_node(conn, parent, name, value)
+
+    def _set_directory(self, relative: tuple[str, ...], value: Any) -> None:
+        """Change //sys/clusters as a whole: validated first, masked tokens keep their secret."""
+        clusters = self._clusters_node()
+        assert clusters is not None
+        current = self._node_value(clusters, None) or {}
+        updated = copy.deepcopy(current)
+        if not relative:
+            updated = value
+        else:
+            target = updated
+            for key in relative[:-1]:
+                if not isinstance(target, dict) or key not in target:
+                    raise ResolveError(f"Error resolving path {CLUSTERS_PATH}/{'/'.join(relative)}: "
+                                       f"{key!r} does not exist")
+                target = target[key]
+            if not isinstance(target, dict):
+                raise YtError(f"Cannot set {CLUSTERS_PATH}/{'/'.join(relative)}", code=ErrorCode.INVALID_PARAMETER)
+            target[relative[-1]] = value
+        if isinstance(updated, dict):
+            for name, entry in updated.items():
+                if isinstance(entry, dict) and entry.get("token") == MASKED_TOKEN:
+                    entry["token"] = (current.get(name) or {}).get("token", "")
+        parse_directory(updated)
+        with self.storage.write() as conn:
+            self._replace_node_value(conn, clusters, updated)
+        self._refresh_directory()
+
+    def _build_value_node(self, conn: sa.Connection, parent: Node, name: str, value: Any) -> Node:
+        if isinstance(value, dict):
+            node = self._new_node(conn, parent, name, MAP_NODE, {})
+            for k, v in value.items():
+                self._build_value_node(conn, node, k, v)
+            return node
+        node_type = "document" if value is None else SCALAR_TYPES.get(type(value), "document")
+        return self._new_node(conn, parent, name, node_type, {}, value=value)
+
+    def _replace_node_value(self, conn: sa.Connection, node: Node, value: Any) -> None:
+        if node.type in TABLE_TYPES:
+            raise YtError(f"Cannot set the value of table {node.path}; write rows with insert_rows",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        if node.type == MAP_NODE:
+            if not isinstance(value, dict):
+                raise YtError(f"Cannot set a {yson_util.type_name(value)} value to map node {node.path}",
+                              code=ErrorCode.INVALID_PARAMETER)
+            for child in list(node.children.values()):
+                self._remove_node(conn, child, recursive=True)
+            for k, v in value.items():
+                self._build_value_node(conn, node, k, v)
+            return
+        node.value = value
+        if node.type != "document":
+            node.type = "document" if value is None else SCALAR_TYPES.get(type(value), "document")
+        self.cypress.save(conn, node)
+
+    def _set_attribute(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...], value: Any) -> None:
+        if not attr_path:
+            raise YtError(f"Cannot set all attributes of {node.path} at once", code=ErrorCode.INVALID_PARAMETER)
+        name = attr_path[0]
+        if name.startswith(INTERNAL_PREFIX):
+            raise YtError(f"Attribute {name!r} is reserved", code=ErrorCode.INVALID_PARAMETER)
+        if name in READ_ONLY_ATTRIBUTES:
+            hint = {"schema": "use alter_table", "pivot_keys": "use reshard_table",
+                    "tablet_count": "use reshard_table", "tablet_state": "use mount_table/unmount_table"}
+            raise YtError(f"Attribute {name!r} of {node.path} cannot be set"
+                          + (f": {hint[name]}" if name in hint else ""),
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path, "attribute": name})
+        if node.type == "table_replica":
+            self._set_replica_attribute(conn, node, attr_path, value)
+            return
+        table = node.table
+        if table is not None and name == "upstream_replica_id":
+            raise YtError(f"Attribute \"upstream_replica_id\" of {node.path} cannot be set: use alter_table on "
+                          "the unmounted table", code=ErrorCode.INVALID_PARAMETER)
+        if table is not None and name == "replication_collocation_id":
+            collocation = self.cypress.by_id.get(str(value).lstrip("#"))
+            if collocation is None or collocation.type != "table_collocation":
+                raise ResolveError(f"No such table collocation {value!r}", attributes={"path": node.path})
+            current = self._collocation_of(node)
+            if current is not None and current is not collocation:
+                self._leave_collocation(conn, current, node)
+            self._join_collocation(conn, collocation, node)
+            return
+        if table is not None and table.replicated and name in ("replicated_table_options", "replication_throttler"):
+            updated = copy.deepcopy(node.attributes.get(name) or {})
+            if len(attr_path) == 1:
+                updated = value
+            else:
+                target = updated
+                for key in attr_path[1:-1]:
+                    target = target.setdefault(key, {})
+                target[attr_path[-1]] = value
+            (validate_replicated_table_options if name == "replicated_table_options" else validate_throttler)(
+                updated, node.path)
+            node.attributes[name] = updated
+            self.cypress.save(conn, node)
+            return
+        if table is not None and name == "atomicity":
+            if len(attr_path) != 1 or value not in ("full", "none"):
+                raise YtError("Attribute \"atomicity\" must be \"full\" or \"none\"", code=ErrorCode.INVALID_PARAMETER)
+            if table.state != TabletState.UNMOUNTED:
+                raise TabletStateError(f"Cannot change atomicity of table {node.path}: table must be unmounted",
+                                       attributes={"path": node.path})
+            table.atomicity = value
+        if table is not None and name == "min_data_ttl" and (
+                len(attr_path) != 1 or isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise YtError("Attribute \"min_data_ttl\" must be a non-negative number of milliseconds",
+                          code=ErrorCode.INVALID_PARAMETER)
+        container: Any = node.attributes
+        for key in attr_path[:-1]:
+            if not isinstance(container, dict) or key not in container:
+                raise ResolveError(f"Attribute {'/'.join(attr_path)!r} of {node.path}: "
+                                   f"{key!r} does not exist", attributes={"path": node.path})
+            container = container[key]
+        if not isinstance(container, dict):
+            raise YtError(f"Cannot set {'/'.join(attr_path)!r} of {node.path}: parent is not a map",
+                          code=ErrorCode.INVALID_PARAMETER)
+        container[attr_path[-1]] = value
+        self.cypress.save(conn, node)
+
+    def _set_replica_attribute(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...],
+                               value: Any) -> None:
+        replica = self.replication.replica(node.id)
+        if attr_path == ("enable_replicated_table_tracker",):
+            if not isinstance(value, bool):
+                raise YtError("enable_replicated_table_tracker must be a boolean", code=ErrorCode.INVALID_PARAMETER)
+            replica.tracker_enabled = value
+            node.attributes["enable_replicated_table_tracker"] = value
+            self.cypress.save(conn, node)
+            return
+        if attr_path[0] in ("mode", "state", "table_path", "cluster_name", "replica_path", "tablets",
+                            "replication_lag_time", "errors", "start_replication_timestamp", "preserve_timestamps",
+                            "atomicity", "replicated_table_tracker_enabled"):
+            hint = " use alter_table_replica" if attr_path[0] in ("mode", "state") else ""
+            raise YtError(f"Attribute {attr_path[0]!r} of replica {node.id} cannot be set;{hint}".rstrip(";"),
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": node.id})
+        container: Any = node.attributes
+        for key in attr_path[:-1]:
+            container = container.setdefault(key, {})
+        container[attr_path[-1]] = value
+        self.cypress.save(conn, node)
+
+    def load_directory(self, value: Any) -> None:
+        """Merge a directory (e.g. from a config file at start-up) into //sys/clusters."""
+        directory = parse_directory(yson_util.to_python(value))
+        for name, conn in directory.items():
+            self.set(f"{CLUSTERS_PATH}/{name}", {"proxy_url": conn.proxy_url, "token": conn.token})
+
+    def _create_collocation(self, attrs: dict[str, Any]) -> str:
+        if attrs.get("collocation_type") != "replication":
+            raise YtError("Cannot create table_collocation: collocation_type must be \"replication\"",
+                          code=ErrorCode.INVALID_PARAMETER)
+        paths = attrs.get("table_paths")
+        if not isinstance(paths, list) or not paths:
+            raise YtError("Cannot create table_collocation: table_paths must be a non-empty list of replicated tables",
+                          code=ErrorCode.INVALID_PARAMETER)
+        nodes = []
+        for path in paths:
+            table, table_path, node = self._table(path)
+            if not table.replicated:
+                raise YtError(f"Cannot collocate {table_path}: it is not a replicated_table",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+            existing = self._collocation_of(node)
+            if existing is not None:
+                raise YtError(f"Table {table_path} already belongs to collocation {existing.id}",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+            nodes.append(node)
+        stored = {k: v for k, v in attrs.items() if k not in ("table_paths", "table_ids")}
+        with self.storage.write() as conn:
+            collocation = Node(id=make_object_id(OBJECT_TYPES["table_collocation"]), type="table_collocation",
+                               name=None, parent=None, attributes={**stored, "table_ids": [n.id for n in nodes]})
+            self.cypress.attach(collocation)
+            self.cypress.save(conn, collocation)
+        return collocation.id
+
+    def _join_collocation(self, conn: sa.Connection, collocation: Node, table_node: Node) -> None:
+        assert table_node.table is not None
+        if not table_node.table.replicated:
+            raise YtError(f"Cannot collocate {table_node.path}: it is not a replicated_table",
+                          code=ErrorCode.INVALID_PARAMETER)
+        ids = list(collocation.attributes.get("table_ids", []))
+        if table_node.id not in ids:
+            collocation.attributes["table_ids"] = [*ids, table_node.id]
+            self.cypress.save(conn, collocation)
+
+    def _leave_collocation(self, conn: sa.Connection, collocation: Node, table_node: Node) -> None:
+        collocation.attributes["table_ids"] = [i for i in collocation.attributes.get("table_ids", [])
+                                               if i != table_node.id]
+        self.cypress.save(conn, collocation)
+
+    def _drop_collocation(self, conn: sa.Connection, collocation: Node) -> None:
+        self.cypress.delete(conn, self.cypress.detach(collocation))

@@ -1,0 +1,326 @@
+"""Rows: timestamps, transactions, insert/delete/lock, lookups and selects.
+
+Writes are validated against the schema here and buffered in a tablet transaction; the commit is
+the transaction manager's. Reads of a replicated table are served by an in-sync sync replica.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import sqlalchemy as sa
+
+from .. import yson_util
+from ..errors import ErrorCode, YtError
+from ..query import compile_query, parse_query
+from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
+from ..tablets import (
+    DynamicTable,
+    RowWrite,
+    WriteKind,
+    validate_key_not_null,
+)
+from ..transactions import (
+    Atomicity,
+    Durability,
+    TabletTransaction,
+)
+from .base import (
+    DEFAULT_OUTPUT_ROW_LIMIT,
+    _is_storage_outage,
+    _retarget_query,
+)
+from .tablet_commands import TabletCommands
+
+
+class RowCommands(TabletCommands):
+    """Timestamps, transactions and rows."""
+
+    def generate_timestamp(self) -> int:
+        return self.timestamps.generate()
+
+    def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
+                          durability: str | None = None, timeout: int | None = None,
+                          start_timestamp: int | None = None) -> str:
+        if type != "tablet":
+            raise YtError(f"Transaction type {type!r} is not supported: reptables serves tablet "
+                          "transactions only: use yt.wrapper.Transaction(type=\"tablet\") or "
+                          "`yt execute start_transaction '{type=tablet}'`", code=ErrorCode.INVALID_PARAMETER)
+        try:
+            atom = Atomicity(atomicity or "full")
+            dur = Durability(durability or "sync")
+        except ValueError:
+            raise YtError(f"Invalid atomicity {atomicity!r} or durability {durability!r}",
+                          code=ErrorCode.INVALID_PARAMETER) from None
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0):
+            raise YtError(f"Invalid transaction timeout {timeout!r}: expected milliseconds > 0",
+                          code=ErrorCode.INVALID_PARAMETER)
+        tx = self.transactions.start(atom, dur, timeout / 1000.0 if timeout else None, start_timestamp)
+        return tx.id
+
+    def ping_transaction(self, transaction_id: str) -> None:
+        self.transactions.ping(transaction_id)
+
+    def commit_transaction(self, transaction_id: str) -> int:
+        tx = self.transactions.get(transaction_id)
+        return self.transactions.commit(tx)
+
+    def abort_transaction(self, transaction_id: str) -> None:
+        self.transactions.abort(transaction_id)
+
+    def _tx_for_write(self, transaction_id: str | None, atomicity: str | None,
+                      durability: str | None) -> tuple[TabletTransaction, bool]:
+        if transaction_id:
+            tx = self.transactions.get(transaction_id)
+            tx.check_active()
+            return tx, False
+        tx_id = self.start_transaction("tablet", atomicity, durability)
+        return self.transactions.get(tx_id), True
+
+    def _run_write(self, tx: TabletTransaction, implicit: bool, fill: Any) -> None:
+        try:
+            with tx.lock:
+                tx.check_active()
+                fill()
+        except BaseException:
+            if implicit:
+                self.transactions.abort(tx.id)
+            raise
+        if implicit:
+            self.transactions.commit(tx)
+
+    def insert_rows(self, path: Any, rows: list[Any], update: bool = False, transaction_id: str | None = None,
+                    atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool = True, input_bytes: int | None = None) -> None:
+        """``input_bytes`` is the size of the request body when known: no row of a smaller body can
+        reach the row weight limit, so the per-row weight check is skipped."""
+        table, table_path, _ = self._table(path)
+        self._check_direct_write(table, table_path)
+        table.check_writable(table_path)
+        # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
+        # batch stays one participant and keeps its order
+        batch_tablet = None if table.sorted else random.randrange(table.tablet_count)
+        schema = table.schema
+        sorted_ = table.sorted
+        single_tablet = sorted_ and len(table.pivot_keys) == 1
+        checked = validate_rows(schema, rows, table_path, update=update, keys_not_null=sorted_)
+        if input_bytes is None or input_bytes > MAX_ROW_WEIGHT:
+            for row in checked:
+                if row_weight(row) > MAX_ROW_WEIGHT:
+                    raise YtError(f"Row of table {table_path} is too large: its weight exceeds "
+                                  f"{MAX_ROW_WEIGHT} bytes", code=ErrorCode.ROW_WEIGHT_LIMIT_EXCEEDED)
+        full_mask = schema.full_lock_mask if sorted_ else 1
+        validated: list[tuple[int, RowWrite]]
+        if single_tablet and not update:
+            # the hot path: one tablet, whole-row writes
+            write = WriteKind.WRITE
+            validated = [(0, RowWrite(write, row, full_mask)) for row in checked]
+        else:
+            validated = []
+            for raw, row in zip(rows, checked, strict=True):
+                if single_tablet:
+                    tablet = 0
+                else:
+                    explicit = yson_util.to_python(raw.get("$tablet_index")) if isinstance(raw, dict) else None
+                    tablet = table.tablet_for_row(row, batch_tablet if explicit is None else explicit)
+                mask = schema.lock_mask(list(row)) if update and sorted_ else full_mask
+                validated.append((tablet, RowWrite(WriteKind.WRITE, row, mask, update=update)))
+        tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
+
+        def fill() -> None:
+            tx.require_sync_replica[table.table_id] = require_sync_replica
+            tx.add_many(table, table_path, validated)
+
+        self._run_write(tx, implicit, fill)
+
+    @staticmethod
+    def _check_direct_write(table: DynamicTable, path: str) -> None:
+        if table.upstream_replica_id:
+            raise YtError(f"Table {path} is a replica table (upstream_replica_id {table.upstream_replica_id}): "
+                          "direct writes are refused; write to its replicated table on the meta-cluster",
+                          code=ErrorCode.UPSTREAM_REPLICA_MISMATCH,
+                          attributes={"path": path, "upstream_replica_id": table.upstream_replica_id})
+
+    def delete_rows(self, path: Any, keys: list[Any], transaction_id: str | None = None,
+                    atomicity: str | None = None, durability: str | None = None,
+                    require_sync_replica: bool = True) -> None:
+        table, table_path, _ = self._table(path)
+        if not table.sorted:
+            raise YtError(f"Cannot delete rows from ordered table {table_path}: use trim_rows",
+                          code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
+        self._check_direct_write(table, table_path)
+        table.check_writable(table_path)
+        validated = []
+        for raw in keys:
+            key_row = validate_row(table.schema, raw, table_path, key_only=True)
+            validate_key_not_null(table.schema, key_row, table_path)
+            validated.append((table.tablet_for_row(key_row), RowWrite(WriteKind.DELETE, key_row, 1)))
+        tx, implicit = self._tx_for_write(transaction_id, atomicity, durability)
+
+        def fill() -> None:
+            tx.require_sync_replica[table.table_id] = require_sync_replica
+            for tablet, w in validated:
+                tx.add(table, table_path, tablet, w)
+
+        self._run_write(tx, implicit, fill)
+
+    def lock_rows(self, path: Any, keys: list[Any], transaction_id: str | None = None,
+                  locks: list[str] | None = None, lock_type: str = "shared_strong") -> None:
+        if not transaction_id:
+            raise YtError("lock_rows requires a tablet transaction (transaction_id)", code=ErrorCode.INVALID_PARAMETER)
+        table, table_path, _ = self._table(path)
+        if not table.sorted:
+            raise YtError(f"Cannot lock rows of ordered table {table_path}", code=ErrorCode.TABLE_MUST_BE_SORTED)
+        if lock_type not in ("shared_weak", "shared_strong", "exclusive"):
+            raise YtError(f"Invalid lock_type {lock_type!r}: expected shared_weak, shared_strong or exclusive",
+                          code=ErrorCode.INVALID_PARAMETER)
+        groups = table.schema.lock_groups
+        mask = 0
+        for name in locks or []:
+            if name not in groups[1:]:
+                raise YtError(f"Lock {name!r} is not defined in the schema of table {table_path}",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path, "lock": name})
+            mask |= 1 << groups.index(name)
+        mask = mask or 1
+        validated = []
+        for raw in keys:
+            key_row = validate_row(table.schema, raw, table_path, key_only=True)
+            validate_key_not_null(table.schema, key_row, table_path)
+            validated.append((table.tablet_for_row(key_row), RowWrite(
+                WriteKind.LOCK, key_row, mask, shared=lock_type != "exclusive",
+                strong=lock_type == "shared_strong")))
+        tx, _ = self._tx_for_write(transaction_id, None, None)
+
+        def fill() -> None:
+            for tablet, w in validated:
+                tx.add(table, table_path, tablet, w)
+
+        self._run_write(tx, False, fill)
+
+    def trim_rows(self, path: Any, tablet_index: int, trimmed_row_count: int) -> None:
+        table, table_path, _ = self._table(path)
+        for name, value in (("tablet_index", tablet_index), ("trimmed_row_count", trimmed_row_count)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise YtError(f"Invalid {name} {value!r}: expected a non-negative integer",
+                              code=ErrorCode.INVALID_PARAMETER)
+        table.check_readable(table_path)
+        with self.storage.write() as conn:
+            table.trim_rows(conn, tablet_index, trimmed_row_count, table_path)
+
+    def _snapshot_timestamp(self, timestamp: Any, transaction_id: str | None) -> int | None:
+        if transaction_id:
+            tx = self.transactions.get(transaction_id)
+            tx.check_active()
+            if timestamp is None and tx.atomicity is Atomicity.FULL:
+                self.transactions.wait_visible(tx.start_timestamp)
+                return tx.start_timestamp
+        return self._read_timestamp(timestamp)
+
+    def lookup_rows(self, path: Any, keys: list[Any], column_names: list[str] | None = None,
+                    timestamp: Any = None, keep_missing_rows: bool = False,
+                    transaction_id: str | None = None) -> list[dict[str, Any] | None]:
+        table, table_path, _ = self._table(path)
+        if not table.sorted:
+            raise YtError(f"Cannot lookup rows in ordered table {table_path}: use select_rows",
+                          code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
+        table.check_readable(table_path)
+        if column_names is not None:
+            for name in column_names:
+                if name not in table.schema.by_name:
+                    raise YtError(f"Column {name!r} is not found in the schema of table {table_path}",
+                                  code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": table_path})
+        ts = self._snapshot_timestamp(timestamp, transaction_id)
+        if ts is None and not table.replicated:
+            self.transactions.wait_prepared_writes(table.table_id)
+        key_tuples = []
+        key_rows = []
+        for raw in keys:
+            key_row = validate_row(table.schema, raw, table_path, key_only=True)
+            validate_key_not_null(table.schema, key_row, table_path)
+            key_tuples.append(table.key_of(key_row))
+            key_rows.append(key_row)
+        if table.replicated:
+            replica = self.replication.in_sync_read_replica(table, table_path)
+            return self._from_replica(replica, lambda c: c.lookup_rows(
+                replica.replica_path, key_rows, column_names=column_names, timestamp=ts,
+                keep_missing_rows=keep_missing_rows))
+        with self.storage.read() as conn:
+            found = table.lookup(conn, key_tuples, ts)
+        self.decode_any_columns(table, found)
+        out: list[dict[str, Any] | None] = []
+        for row in found:
+            if row is None:
+                if keep_missing_rows:
+                    out.append(None)
+                continue
+            if column_names is not None:
+                row = {n: row[n] for n in column_names}
+            out.append(row)
+        return out
+
+    def select_rows(self, query: str, timestamp: Any = None, transaction_id: str | None = None,
+                    input_row_limit: int | None = None, output_row_limit: int | None = None,
+                    fail_on_incomplete_result: bool = True) -> list[dict[str, Any]]:
+        if not isinstance(query, str):
+            raise YtError("Parameter \"query\" must be a string", code=ErrorCode.INVALID_PARAMETER)
+        parsed = parse_query(query)
+        table, table_path, _ = self._table(parsed.table_path)
+        table.check_readable(table_path)
+        ts = self._snapshot_timestamp(timestamp, transaction_id)
+        if table.replicated:
+            replica = self.replication.in_sync_read_replica(table, table_path)
+            rewritten = _retarget_query(query, parsed.table_path, replica.replica_path)
+            return self._from_replica(replica, lambda c: c.select_rows(
+                rewritten, timestamp=ts, output_row_limit=output_row_limit))
+        if ts is None:
+            self.transactions.wait_prepared_writes(table.table_id)
+        compiled = compile_query(parsed, table.query_source(ts))
+        limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
+        statement = compiled.statement
+        if statement._limit_clause is None:
+            statement = statement.limit(limit + 1)
+        try:
+            with self.storage.read() as conn:
+                result = conn.execute(statement)
+                rows = [dict(zip(compiled.output_columns, r, strict=True)) for r in result.fetchmany(limit + 1)]
+        except sa.exc.DBAPIError as exc:
+            if _is_storage_outage(exc):
+                raise
+            # the storage refused to evaluate this query (overflow, expression too deep...)
+            raise YtError(f"Query cannot be evaluated: {exc.orig}", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"query": query}) from None
+        if len(rows) > limit:
+            if fail_on_incomplete_result:
+                raise YtError(f"Query result exceeds the output row limit of {limit} rows; add a limit or "
+                              "raise output_row_limit", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"output_row_limit": limit})
+            rows = rows[:limit]
+        any_columns = {n for n, t in compiled.output_types.items() if t == "any"}
+        if any_columns:
+            for row in rows:
+                for n in any_columns:
+                    if row.get(n) is not None:
+                        row[n] = yson_util.loads_text(row[n])
+        return rows
+
+    def _from_replica(self, replica: Any, read: Any) -> Any:
+        """Serve a read of a replicated table from its in-sync replica (seed 002, "Reading data")."""
+        try:
+            return read(self.peers.public_client(replica.cluster_name))
+        except YtError as exc:
+            raise YtError(f"Cannot read replicated table {replica.table_path} from its sync replica "
+                          f"{replica.cluster_name}:{replica.replica_path}: {exc.message}", code=exc.code,
+                          attributes={"replica_id": replica.id}, inner_errors=[exc]) from None
+
+    def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:
+        """``any`` values are stored as YSON text; turn them back into structures for output."""
+        any_cols = [c.name for c in table.schema.columns if c.type.value == "any"]
+        if not any_cols:
+            return
+        for row in rows:
+            if row is None:
+                continue
+            for n in any_cols:
+                if row.get(n) is not None:
+                    row[n] = yson_util.loads_text(row[n])

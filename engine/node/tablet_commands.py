@@ -1,0 +1,161 @@
+"""Tablet state (mount, unmount, freeze, reshard) and the replication commands of a table.
+
+A state change completes before the command returns, so YT's transient states (mounting,
+freezing...) are never observed; each one runs in one write transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import yson_util
+from ..cypress import (
+    INTERNAL_PREFIX,
+)
+from ..errors import ErrorCode, TabletStateError, YtError
+from ..schema import validate_row
+from ..storage import tablets_table
+from ..tablets import (
+    DynamicTable,
+    TabletState,
+    parse_pivot_keys,
+)
+from .cypress_commands import CypressCommands
+
+
+class TabletCommands(CypressCommands):
+    """Tablet state and the replication commands."""
+
+    def _transition(self, path: Any, allowed: tuple[TabletState, ...], target: TabletState, verb: str) -> None:
+        """Move a table to ``target``; the change is complete when the command returns, so the
+        transient states of YT (mounting, freezing...) are never observed here."""
+        table, table_path, node = self._table(path)
+        with self.storage.write() as conn:
+            if table.state == target:
+                return
+            if table.state not in allowed:
+                raise TabletStateError(f"Cannot {verb} table {table_path}: tablet state is {table.state.value!r}",
+                                       attributes={"path": table_path, "tablet_state": table.state.value})
+            table.state = target
+            self._save_table_state(conn, node)
+
+    def mount_table(self, path: Any, freeze: bool = False) -> None:
+        target = TabletState.FROZEN if freeze else TabletState.MOUNTED
+        self._transition(path, (TabletState.UNMOUNTED,), target, "mount")
+
+    def unmount_table(self, path: Any, force: bool = False) -> None:
+        self._transition(path, (TabletState.MOUNTED, TabletState.FROZEN), TabletState.UNMOUNTED, "unmount")
+
+    def remount_table(self, path: Any) -> None:
+        table, table_path, _ = self._table(path)
+        if table.state not in (TabletState.MOUNTED, TabletState.FROZEN):
+            raise TabletStateError(f"Cannot remount table {table_path}: it is not mounted")
+
+    def freeze_table(self, path: Any) -> None:
+        self._transition(path, (TabletState.MOUNTED,), TabletState.FROZEN, "freeze")
+
+    def unfreeze_table(self, path: Any) -> None:
+        self._transition(path, (TabletState.FROZEN,), TabletState.MOUNTED, "unfreeze")
+
+    def _check_queue_replicated(self, table: DynamicTable, table_path: str) -> None:
+        """A replicated table is resharded only once every replica has its whole queue.
+
+        Queued changes reach a replica tablet by tablet. A reshard moves keys between tablets (and
+        may drop tablets), so a change still queued could reach a replica after a newer change of
+        the same key written to its new tablet, or be stranded in a tablet that no longer exists.
+        The table is unmounted for a reshard, so the replicators drain the queue meanwhile."""
+        for replica in self.replication.replicas_of(table.table_id):
+            snapshot = replica.snapshot()
+            for tablet in range(table.tablet_count):
+                end = table.tablet_rows.get(tablet, [0, 0])[0]
+                have = snapshot.progress_of(tablet).row_index
+                if have < end:
+                    raise TabletStateError(
+                        f"Cannot reshard replicated table {table_path} yet: replica {snapshot.id} on cluster "
+                        f"{snapshot.cluster_name} has not received {end - have} queued rows of tablet {tablet}; "
+                        "retry once it has caught up (a disabled replica must be enabled or removed first)",
+                        attributes={"path": table_path, "replica_id": snapshot.id, "tablet_index": tablet,
+                                    "retriable": True})
+
+    def reshard_table(self, path: Any, pivot_keys: Any = None, tablet_count: Any = None) -> None:
+        table, table_path, node = self._table(path)
+        if (pivot_keys is None) == (tablet_count is None):
+            raise YtError(f"Cannot reshard table {table_path}: give exactly one of pivot_keys and tablet_count",
+                          code=ErrorCode.INVALID_PARAMETER)
+        with self.storage.write() as conn:
+            if table.state != TabletState.UNMOUNTED:
+                raise TabletStateError(f"Cannot reshard table {table_path}: table must be unmounted "
+                                       f"(tablet state is {table.state.value!r})", attributes={"path": table_path})
+            if table.replicated:
+                self._check_queue_replicated(table, table_path)
+            if pivot_keys is not None:
+                if not table.sorted:
+                    raise YtError(f"Cannot reshard ordered table {table_path} by pivot keys; use tablet_count",
+                                  code=ErrorCode.INVALID_PARAMETER)
+                pivots = parse_pivot_keys(pivot_keys, table.schema, table_path)
+                table.pivot_keys = pivots
+                node.attributes["pivot_keys"] = pivots
+            else:
+                count = yson_util.to_python(tablet_count)
+                if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000:
+                    raise YtError(f"Cannot reshard table {table_path}: tablet_count must be in [1, 10000]",
+                                  code=ErrorCode.INVALID_PARAMETER)
+                if table.sorted:
+                    raise YtError(f"Cannot reshard sorted table {table_path} by tablet_count: give pivot_keys",
+                                  code=ErrorCode.INVALID_PARAMETER)
+                for i in range(count, table.tablet_count):
+                    rows, trimmed = table.tablet_rows.get(i, [0, 0])
+                    if rows > trimmed:
+                        raise YtError(f"Cannot reshard table {table_path} to {count} tablets: tablet {i} "
+                                      "still holds rows", code=ErrorCode.INVALID_PARAMETER)
+                for i in range(count, table.tablet_count):
+                    conn.execute(tablets_table.delete().where(tablets_table.c.table_id == node.id,
+                                                              tablets_table.c.tablet_index == i))
+                    table.tablet_rows.pop(i, None)
+                for i in range(table.tablet_count, count):
+                    conn.execute(tablets_table.insert().values(table_id=node.id, tablet_index=i, row_count=0,
+                                                               trimmed_row_count=0))
+                    table.tablet_rows[i] = [0, 0]
+                table.tablet_count_ordered = count
+                node.attributes[f"{INTERNAL_PREFIX}tablet_count"] = count
+            self.cypress.save(conn, node)
+
+    def alter_table(self, path: Any, upstream_replica_id: Any = None, schema: Any = None) -> None:
+        table, table_path, node = self._table(path)
+        if schema is not None:
+            raise YtError(f"Cannot alter the schema of {table_path}: schema changes are not supported yet",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if upstream_replica_id is None:
+            return
+        if not isinstance(upstream_replica_id, str):
+            raise YtError("upstream_replica_id must be a replica id string", code=ErrorCode.INVALID_PARAMETER)
+        if table.replicated:
+            raise YtError(f"Cannot set upstream_replica_id of replicated table {table_path}",
+                          code=ErrorCode.INVALID_PARAMETER)
+        with self.storage.write() as conn:
+            if table.state != TabletState.UNMOUNTED:
+                raise TabletStateError(f"Cannot alter table {table_path}: table must be unmounted",
+                                       attributes={"path": table_path})
+            value = None if upstream_replica_id in ("", "0-0-0-0") else upstream_replica_id
+            table.upstream_replica_id = value
+            if value is None:
+                node.attributes.pop("upstream_replica_id", None)
+            else:
+                node.attributes["upstream_replica_id"] = value
+            self.cypress.save(conn, node)
+
+    def alter_table_replica(self, replica_id: str, enabled: bool | None = None, mode: str | None = None) -> None:
+        self.replication.alter_replica(replica_id, enabled, mode)
+
+    def get_in_sync_replicas(self, path: Any, timestamp: Any, keys: list[Any] | None = None) -> list[str]:
+        table, table_path, _ = self._table(path)
+        if not table.replicated:
+            raise YtError(f"Table {table_path} is not replicated", code=ErrorCode.INVALID_PARAMETER)
+        if timestamp is None:
+            raise YtError("get_in_sync_replicas requires a timestamp", code=ErrorCode.INVALID_PARAMETER)
+        ts = self._read_timestamp(timestamp)
+        if ts is None:
+            ts = self.timestamps.generate()
+        for raw in keys or []:
+            validate_row(table.schema, raw, table_path, key_only=True)
+        return self.replication.in_sync_replicas(table, ts)
