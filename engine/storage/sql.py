@@ -17,6 +17,7 @@ engine (one writer), reads run concurrently on other pooled connections.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,8 @@ from sqlalchemy import event
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from ..schema import ColumnType, TableSchema
+
+log = logging.getLogger("reptables.engine.storage")
 
 SYSTEM_METADATA = sa.MetaData()
 
@@ -381,9 +384,14 @@ class Storage:
                 conn.info.pop(_PUBLISH, None)
                 if relaxed and self._writer is not None:
                     _raw_pragma(conn, "PRAGMA synchronous=FULL")
-            # committed: what readers outside the writer lock may see now (still under the lock)
+            # committed: what readers outside the writer lock may see now (still under the lock). The
+            # transaction is durable whatever a hook does: a failing hook is logged, never raised
+            # (a caller must not take a committed transaction for a failed one)
             for fn in published:
-                fn()
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001
+                    log.exception("publishing a committed write failed")
 
     def write_busy(self) -> bool:
         """Whether a write transaction holds the writer right now (a hint: it may change at once)."""

@@ -424,6 +424,11 @@ class DynamicTable:
                 tablets_table.c.table_id == self.table_id,
                 tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
             counts[0] = start + len(rows)
+
+            def undo() -> None:
+                counts[0] = start  # a rolled-back append leaves no gap in $row_index
+
+            on_rollback(conn, undo)
         return len(rows)
 
     def trim_rows(self, conn: sa.Connection, tablet_index: int, trimmed_row_count: int, path: str) -> None:

@@ -196,10 +196,17 @@ class TransactionManager:
         with self._lock:
             stale = [t for t in self._transactions.values() if t.state is TxState.ACTIVE and (
                 now - t.started_at > t.max_lifetime or now - t.last_ping > t.timeout)]
+        expired = 0
         for tx in stale:
-            tx.state = TxState.ABORTED
+            with tx.lock:
+                # a commit may have begun since the scan: a committing transaction is the commit's
+                # (its coordinator answers "in progress", never "aborted", to an in-doubt replica)
+                if tx.state is not TxState.ACTIVE:
+                    continue
+                tx.state = TxState.ABORTED
             self._forget(tx)
-        return len(stale)
+            expired += 1
+        return expired
 
     # -- commit ----------------------------------------------------------------------------------
 
@@ -333,6 +340,13 @@ class TransactionManager:
                     _INSERT_DECISION.run(conn, transaction_id=tx.id, commit_timestamp=ts,
                                          participants=json.dumps(commit_messages(tx.id, ts, remote)))
             self.faults.crash_point("after_commit_decision")
+        except BaseException:
+            # no decision was recorded (the SQL transaction rolled back): the prepared sync
+            # replicas are told at once, instead of holding locks and reads until they ask
+            if remote:
+                assert self._hooks is not None
+                self._hooks.abort_remote(tx.id, remote)
+            raise
         finally:
             self._lock_table.release(tx.id)
             if ts:

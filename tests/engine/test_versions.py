@@ -230,6 +230,19 @@ def test_a_rolled_back_commit_leaves_no_trace_in_memory(cluster: Cluster) -> Non
     assert cluster.lookup_rows(PATH, [{"k": 2}]) == []
 
 
+def test_a_rolled_back_append_to_an_ordered_table_leaves_no_gap_in_row_index(cluster: Cluster) -> None:
+    cluster.create("table", "//tmp/log", {"dynamic": True, "schema": [{"name": "msg", "type": "string"}]})
+    cluster.mount_table("//tmp/log")
+    log, _, _ = cluster._table("//tmp/log")
+    cluster.insert_rows("//tmp/log", [{"msg": "first"}])
+    with pytest.raises(RuntimeError), cluster.storage.write() as conn:
+        log.apply(conn, [RowWrite(WriteKind.WRITE, {"msg": "lost"}, 1)], cluster.generate_timestamp(), 0)
+        raise RuntimeError("a two-phase commit fails after this participant was applied")
+    cluster.insert_rows("//tmp/log", [{"msg": "second"}])
+    rows = cluster.select_rows("[$row_index], msg from [//tmp/log]")
+    assert [(r["$row_index"], r["msg"]) for r in rows] == [(0, "first"), (1, "second")]
+
+
 def test_writes_travel_in_columns_and_come_back_the_same() -> None:
     writes = [RowWrite(WriteKind.WRITE, {"k": 1, "v": "x"}, 7),
               RowWrite(WriteKind.WRITE, {"k": 2, "a": 1}, 2, update=True),
