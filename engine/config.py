@@ -47,9 +47,8 @@ class EngineConfig:
     batch_rows: int = 90_000
     batch_bytes: int = 128 * MiB
     batch_timestamps: int = 10_000
-    #: backoff after a failed push (seconds), and after a replicator bug
+    #: backoff after a failed push, or after an unexpected replicator failure (seconds)
     soft_backoff: float = 3.0
-    hard_backoff: float = 60.0
     #: a replica switching to sync stops catching up and starts draining at this many pending rows
     drain_threshold_rows: int = 1_000
     #: extra answer time a sync replica gets per row of a prepare (a 10,000-row batch: +2 s)
@@ -64,8 +63,10 @@ class EngineConfig:
     sync_timeout: float = 1.0
 
     # -- node ------------------------------------------------------------------------------------------
-    #: period of the background jobs: transaction expiry, compaction, replication maintenance
+    #: period of the background jobs: transaction expiry, replication maintenance
     background_period: float = 1.0
+    #: how often old row versions are compacted (seconds)
+    compaction_period: float = 30.0
 
     # -- API -------------------------------------------------------------------------------------------
     #: largest request body accepted

@@ -113,7 +113,7 @@ class Cluster(RowCommands):
             while not self._stop.wait(period):
                 try:
                     self.transactions.expire()
-                    if time.monotonic() - last_compaction > 30:
+                    if time.monotonic() - last_compaction > self.config.compaction_period:
                         self.compact()
                         last_compaction = time.monotonic()
                 except Exception:  # noqa: BLE001 - a background pass must never kill the engine
