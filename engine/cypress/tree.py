@@ -130,6 +130,9 @@ class Cypress:
 
     def __init__(self) -> None:
         self.root = Node(id=ROOT_ID, type=MAP_NODE, name=None, parent=None)
+        #: every node by id. Nodes, their children and attributes change only under
+        #: Storage.write_lock (inside the write transaction that persists them); readers (get, the
+        #: replicators) read without a lock and iterate over copies (``list(by_id.values())``)
         self.by_id: dict[str, Node] = {ROOT_ID: self.root}
 
     def resolve(self, path: YPath, *, missing_ok: bool = False) -> Node | None:

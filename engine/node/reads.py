@@ -84,7 +84,7 @@ class CypressReads(NodeBase):
 
     def _node_value(self, node: Node, attributes: builtins.list[str] | None) -> Any:
         if node.type == MAP_NODE:
-            value: Any = {name: self._node_value(c, attributes) for name, c in node.children.items()}
+            value: Any = {name: self._node_value(c, attributes) for name, c in list(node.children.items())}
         elif node.type in TABLE_TYPES:
             value = None
         else:
@@ -184,7 +184,7 @@ class CypressReads(NodeBase):
             log.error("invalid cluster directory", extra={"error": exc.message})
 
     def _collocation_of(self, table_node: Node) -> Node | None:
-        for node in self.cypress.by_id.values():
+        for node in list(self.cypress.by_id.values()):
             if node.type == "table_collocation" and table_node.id in node.attributes.get("table_ids", []):
                 return node
         return None
