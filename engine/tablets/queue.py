@@ -20,17 +20,26 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import orjson
 import sqlalchemy as sa
 
-from ..schema import ColumnType
-from ..storage import KIND, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, FastStatement, on_commit, on_rollback, tablets_table
+from ..config import EngineConfig
+from ..schema import ColumnType, TableSchema
+from ..storage import (
+    KIND,
+    PAYLOAD,
+    ROW_INDEX,
+    TABLET_INDEX,
+    TS,
+    FastStatement,
+    UserTables,
+    on_commit,
+    on_rollback,
+    tablets_table,
+)
 from .writes import RowWrite, WriteKind
-
-if TYPE_CHECKING:
-    from .table import DynamicTable
 
 
 class QueueEntry(NamedTuple):
@@ -42,10 +51,22 @@ class QueueEntry(NamedTuple):
     payload: str
 
 
+class QueueTable(Protocol):
+    """What the queue functions use of a replicated table (``DynamicTable`` is one): the module
+    needs no import of ``table.py``, which imports it."""
+
+    table_id: str
+    schema: TableSchema
+    sql: UserTables
+    config: EngineConfig
+    tablet_rows: dict[int, list[int]]
+    queue_tail: dict[int, tuple[int, list[QueueEntry]]]
+
+
 _SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
 
 
-def append(table: DynamicTable, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
+def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
            tablet_index: int) -> int:
     """Append changes to the replication queue of one tablet, in commit order (under the writer lock)."""
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
@@ -83,7 +104,7 @@ def append(table: DynamicTable, conn: sa.Connection, writes: list[RowWrite], com
     return len(entries)
 
 
-def read(table: DynamicTable, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
+def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
     """Up to ``limit`` committed changes from ``from_row`` on: from the in-memory tail, else from SQL."""
     base, tail = table.queue_tail.get(tablet_index, (0, []))
     if tail and base <= from_row:
@@ -97,14 +118,14 @@ def read(table: DynamicTable, conn: sa.Connection, tablet_index: int, from_row: 
     return list(map(QueueEntry._make, result.cursor.fetchall())) if result.cursor is not None else []
 
 
-def first_timestamp_from(table: DynamicTable, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
+def first_timestamp_from(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
     """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
     data = table.sql.data
     return conn.execute(sa.select(data.c[TS]).where(
         data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] == from_row)).scalar()
 
 
-def trim(table: DynamicTable, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
+def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
     """Drop queue rows below ``below_row`` committed at or before ``not_after_ts`` (under the writer lock)."""
     data = table.sql.data
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
