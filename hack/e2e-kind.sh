@@ -109,6 +109,10 @@ engineDefaults:
   resources:
     requests: {cpu: 50m, memory: 128Mi}
     limits: {memory: 1Gi}
+# the chart's NetworkPolicy admits only the operator and the engines: let the test Job in too
+networkPolicy:
+  clients:
+    - podSelector: {matchLabels: {job-name: e2e-rows}}
 VALUES
 helm upgrade --install "$RELEASE" "$ROOT/charts/reptables" --namespace "$NAMESPACE" --create-namespace \
   --values "$WORK/values.yaml" --wait --timeout "$TIMEOUT"

@@ -46,6 +46,11 @@ def operator(
         "--operator-namespace", help="Where credential Secrets live (default: $REPTABLES_NAMESPACE, else "
                                      f"$POD_NAMESPACE, else {settings.DEFAULT_OPERATOR_NAMESPACE})",
         show_default=False)] = None,
+    credentials_namespace: Annotated[list[str] | None, typer.Option(
+        "--credentials-namespace", help="Another namespace whose Secrets (labelled reptables.io/credentials=true) "
+                                        "TableClusters may take their token from (repeatable; default: "
+                                        f"${settings.ENV_CREDENTIALS_NAMESPACES}, comma-separated); the operator "
+                                        "namespace always is one", show_default=False)] = None,
     status_refresh: Annotated[float | None, typer.Option(
         "--status-refresh", help="Seconds between status refreshes (default: $REPTABLES_STATUS_REFRESH, else "
                                  f"{settings.DEFAULT_STATUS_REFRESH:g})", show_default=False)] = None,
@@ -65,8 +70,9 @@ def operator(
     try:
         resolved = settings.OperatorSettings.resolve(
             os.environ, namespaces=namespace, all_namespaces=all_namespaces, operator_namespace=operator_namespace,
-            status_refresh=status_refresh, tracker_period=tracker_period, standalone=standalone, peering=peering,
-            priority=priority, liveness=liveness, metrics_port=metrics_port, verbose=verbose)
+            credentials_namespaces=credentials_namespace, status_refresh=status_refresh,
+            tracker_period=tracker_period, standalone=standalone, peering=peering, priority=priority,
+            liveness=liveness, metrics_port=metrics_port, verbose=verbose)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     from . import handlers  # imports kopf and registers the handlers

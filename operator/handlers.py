@@ -34,6 +34,7 @@ import kopf
 from . import models
 from .conditions import Cond, merge
 from .reconcile import ORDER, RECONCILERS, finalize, is_ready, reconcile
+from .registry import CREDENTIALS_SELECTOR, CredentialPolicy
 from .runtime import Runtime
 from .settings import OperatorSettings
 from .world import Outcome, Resource
@@ -92,13 +93,18 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.networking.request_timeout = 30
     settings.execution.max_workers = 8
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
+    # Secrets: only those labelled as credentials are listed and watched (server-side), and only in
+    # the namespaces TableClusters may take credentials from are they kept (registry.py)
+    settings.watching.label_selectors["v1", "secrets"] = CREDENTIALS_SELECTOR
     if RUNTIME_KEY not in memo:
-        memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period)
+        memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period,
+                                          CredentialPolicy(ours.secret_namespaces))
     if not memo.get(TIMERS_KEY):
         _register_timers(ours)
         memo[TIMERS_KEY] = True
     log.info("operator started", extra={"operator_namespace": ours.operator_namespace,
                                         "namespaces": ",".join(ours.namespaces) or "*",
+                                        "credentials_namespaces": ",".join(sorted(ours.secret_namespaces)),
                                         "status_refresh": ours.status_refresh,
                                         "tracker_period": ours.tracker_period})
 
@@ -144,9 +150,14 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, w
     if kind == "TableCluster":
         problem = registry.refresh_cluster(res.name)
         if problem is not None:
+            # the credentials cannot be used: nothing is sent to the endpoint, no directory lists it
+            before = next((c.get("reason") for c in res.status.get("conditions") or [] if c.get("type") == "Ready"),
+                          None)
             patch.status["conditions"] = merge(res.status.get("conditions"),
-                                               [Cond("Ready", False, "SecretNotFound", problem)], res.generation)
-            raise kopf.TemporaryError(problem, delay=10)
+                                               [Cond("Ready", False, problem.reason, problem.message)], res.generation)
+            if before != problem.reason:
+                kopf.event(body, type="Warning", reason=problem.reason, message=problem.message)
+            raise kopf.TemporaryError(problem.message, delay=10)
     outcome = reconcile(res, registry.world())
     _apply(outcome, body, patch)
     if waiting_retries and not is_ready(outcome.status) and outcome.retry_after is not None \

@@ -32,7 +32,13 @@ from reptables.engine.process import LocalEngine
 
 from . import models
 from .reconcile import ORDER, is_ready, reconcile
-from .registry import Registry
+from .registry import (
+    CREDENTIALS_LABEL,
+    CREDENTIALS_LABEL_VALUE,
+    CREDENTIALS_SELECTOR,
+    CredentialPolicy,
+    Registry,
+)
 from .runtime import Runtime
 from .tracking import TrackerLoop
 from .world import Engines, Resource
@@ -57,7 +63,9 @@ class LocalRunner:
     def __init__(self, manifests: list[dict[str, Any]], data_dir: Path, namespace: str = "default") -> None:
         self.data_dir = data_dir
         self.namespace = namespace
-        self.runtime = Runtime.start(namespace)
+        # the manifests are the user's own files, not a shared API: any namespace, and a Secret
+        # without the credentials label is used with a warning (the operator would not read it)
+        self.runtime = Runtime.start(namespace, policy=CredentialPolicy(None, require_label=False))
         self.processes: dict[str, LocalEngine] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         for doc in manifests:
@@ -86,6 +94,9 @@ class LocalRunner:
         if kind == "Secret":
             meta.setdefault("namespace", self.namespace)
             self.registry.upsert_secret(doc)
+            if (meta.get("labels") or {}).get(CREDENTIALS_LABEL) != CREDENTIALS_LABEL_VALUE:
+                print(f"warning: Secret {meta['namespace']}/{meta.get('name')} lacks the label "
+                      f"{CREDENTIALS_SELECTOR}: the operator on Kubernetes would not use it", file=sys.stderr)
             return
         if kind not in ORDER:
             raise ValueError(f"{kind} {meta.get('name')}: the local runner manages {', '.join(ORDER)} and Secrets")

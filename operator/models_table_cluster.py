@@ -36,7 +36,9 @@ class SecretKeySelector(ApiModel):
     name: StrictStr = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """Name of the Secret."""
     namespace: StrictStr | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
-    """Namespace of the Secret; defaults to the namespace the operator runs in."""
+    """Namespace of the Secret; defaults to the namespace the operator runs in. The operator takes
+    credentials only from its own namespace and those it was given (--credentials-namespace), and
+    only from Secrets labelled reptables.io/credentials=true."""
     key: StrictStr = Field(default="token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
     """Key of the Secret holding the cluster token."""
 
@@ -66,8 +68,6 @@ class TableClusterStatus(BaseStatus):
     """When the cluster was last probed."""
     healthy: StrictBool | None = None
     """Whether the last probe succeeded and the cluster is writable."""
-    directory_fingerprint: StrictStr | None = None
-    """Fingerprint of the //sys/clusters directory last written to this engine (tokens included)."""
 
 
 class TableCluster(BaseResource):

@@ -1,16 +1,13 @@
-"""TableCluster reconciliation: probe the engine, keep every engine's ``//sys/clusters`` in sync.
+"""TableCluster reconciliation: probe the engine, keep its ``//sys/clusters`` to what it needs.
 
-Every engine must know every other engine (name -> proxy URL and token) to run sync writes and
-replicators. The operator owns that directory: whenever the set of TableClusters, their
-endpoints or their Secrets change, each engine's ``//sys/clusters`` is rewritten. Tokens are never
-readable back (the engine masks them), so the operator remembers a fingerprint of what it wrote in
-the status and rewrites when the fingerprint or the visible part (names and URLs) differs.
+Each engine's directory lists only the clusters its tables and replicas link it to
+(``directory.py`` says which, and how changes are detected without reading tokens back). The
+status says which clusters the directory lists — names only: no token, and nothing derived from
+one (the status used to carry a hash of every token).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from typing import Any
 
@@ -20,18 +17,11 @@ from reptables.engine.errors import YtError
 
 from . import conditions
 from .conditions import Cond
-from .world import ClusterNotFound, Engines, Event, Outcome, Resource, World, describe_error
+from .directory import sync_directory
+from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
 
 PROBE_TIMEOUT = 2.0
 REFRESH_SECONDS = 10.0
-
-
-def directory_value(engines: Engines) -> dict[str, dict[str, str]]:
-    return {name: {"proxy_url": ref.endpoint, "token": ref.token} for name, ref in sorted(engines.clusters().items())}
-
-
-def directory_fingerprint(value: dict[str, dict[str, str]]) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str | None, int | None, str]:
@@ -68,23 +58,18 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
         if res.status.get("healthy") is not False:
             out.events.append(Event("Warning", "Unreachable", f"engine at {ref.endpoint}: {reason}"))
     else:
-        desired = directory_value(world.engines)
-        fingerprint = directory_fingerprint(desired)
         try:
-            client = world.engines.client(res.name)
-            current = client.get("//sys/clusters") or {}
-            visible = {n: e.get("proxy_url") for n, e in current.items()}
-            if visible != {n: e["proxy_url"] for n, e in desired.items()} or \
-                    res.status.get("directoryFingerprint") != fingerprint:
-                client.set("//sys/clusters", desired)
-                out.events.append(Event("Normal", "DirectoryUpdated",
-                                        f"//sys/clusters now lists {', '.join(desired)}"))
-            status["directoryFingerprint"] = fingerprint
+            desired, written = sync_directory(res.name, world)
+            listed = ", ".join(desired) or "no cluster"
+            if written:
+                out.events.append(Event("Normal", "DirectoryUpdated", f"//sys/clusters now lists {listed}"))
             conds.append(Cond(conditions.READY, True, "Healthy",
-                              f"engine {version} answers in {latency} ms; directory lists {len(desired)} clusters"))
-        except (YtError, httpx.HTTPError) as exc:
+                              f"engine {version} answers in {latency} ms; directory lists {listed}"))
+        except (YtError, httpx.HTTPError, ClusterNotFound) as exc:
             conds.append(Cond(conditions.READY, False, "DirectorySyncFailed", describe_error(exc)))
             out.retry_after = 5.0
+    if res.status.get("directoryFingerprint") is not None:
+        status["directoryFingerprint"] = None  # written by older operators: a merge patch with null removes it
     status["conditions"] = conditions.merge(res.status.get("conditions"), conds, res.generation)
     out.status = status
     return out

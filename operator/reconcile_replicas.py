@@ -5,7 +5,9 @@ meta-cluster — adopted from the status' ``replicaId``, or found in the table's
 cluster and path, so an operator restart never creates a second one; (2) find or create the replica
 table with ``upstream_replica_id`` on the replica cluster and mount it; (3) enable or disable it;
 (4) set its mode — unless the replicated table tracker owns the mode (tracker on for the table
-and for the replica), in which case the spec's mode is only the starting point.
+and for the replica), in which case the spec's mode is only the starting point. Before the
+first step the two clusters' directories are brought up to date (``directory.py``): each engine
+knows only the peers its tables link it to, and this replica is a new link.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from reptables.engine.errors import YtError
 
 from . import conditions
 from .conditions import Cond
+from .directory import sync_directory
 from .reconcile_tables import not_ready, yt_schema
 from .world import (
     ClusterNotFound,
@@ -66,6 +69,12 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
     events: list[Event] = []
     owned_by_tracker = tracker_owns_mode(table, res)
     try:
+        if not res.status.get("replicaId"):
+            # the two engines must know each other before the replica exists: the meta-cluster
+            # refuses a replica on a cluster missing from its directory, and the replica cluster
+            # asks the meta-cluster about in-doubt writes (the TableClusters' refresh keeps it so)
+            sync_directory(table.spec.cluster, world)
+            sync_directory(spec.cluster, world)
         replica_id = _find_replica(meta, table_path, spec.cluster, spec.replica_path, res.status.get("replicaId"))
         if replica_id is None:
             attrs: dict[str, Any] = {

@@ -4,28 +4,122 @@ Reconcilers need to see other resources (a TableReplica needs its ReplicatedTabl
 claiming one table must find each other; the tracker needs every tracked table). The handlers feed this
 registry from watch events; the local runner feeds it from manifest files. Both then hand
 :meth:`Registry.world` to the reconcile core, which never talks to Kubernetes itself.
+
+Secrets are credentials, and who may create a TableCluster is not who owns a Secret: a TableCluster
+names any Secret, and the operator sends that Secret's token to the TableCluster's endpoint. So the
+registry keeps only what the :class:`CredentialPolicy` lets a TableCluster use — Secrets in the
+allowed namespaces, labelled ``reptables.io/credentials: "true"`` (the operator watches only those),
+and, when the Secret says so (annotation ``reptables.io/table-clusters``), only for the TableClusters
+it names. A TableCluster referring to anything else gets a problem with a reason and a message
+naming the Secret, and is dropped from :class:`~.world.Engines`: nothing is sent to its endpoint and
+no engine's directory lists it. Secret values are bytes: a value that is not a usable token (binary,
+not ASCII, whitespace such as the newline ``echo`` adds, empty) is a problem too, never an exception.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .models import InvalidResourceError, parse_resource
 from .world import ClusterRef, Engines, Resource, World
 
 DEFAULT_SECRET_KEY = "token"
+#: the label that marks a Secret as reptables credentials; the operator watches no other Secret
+CREDENTIALS_LABEL = "reptables.io/credentials"
+CREDENTIALS_LABEL_VALUE = "true"
+#: the label selector of the operator's Secret watch
+CREDENTIALS_SELECTOR = f"{CREDENTIALS_LABEL}={CREDENTIALS_LABEL_VALUE}"
+#: optional annotation: the comma-separated TableClusters that may use the Secret (absent: any)
+TABLE_CLUSTERS_ANNOTATION = "reptables.io/table-clusters"
+#: a token goes into an HTTP header; longer values are certainly not tokens
+MAX_TOKEN_BYTES = 4096
+
+# reasons of the TableCluster's Ready=False when its credentials cannot be used
+SECRET_NOT_FOUND = "SecretNotFound"
+SECRET_NOT_ALLOWED = "SecretNotAllowed"
+SECRET_INVALID = "SecretInvalid"
+
+
+@dataclass(frozen=True)
+class CredentialPolicy:
+    """Which Secrets a TableCluster may take its token from."""
+
+    namespaces: frozenset[str] | None
+    """Namespaces credential Secrets may be in; None: any (the local runner reads only your files)."""
+    require_label: bool = True
+    """Only Secrets labelled ``reptables.io/credentials: "true"`` count."""
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+
+@dataclass(frozen=True)
+class ClusterProblem:
+    """Why a TableCluster cannot be connected: the reason of its Ready=False and a message."""
+
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class _Secret:
+    labelled: bool
+    clusters: frozenset[str] | None  # from TABLE_CLUSTERS_ANNOTATION; None: any TableCluster
+    data: Mapping[str, bytes] = field(default_factory=dict)
+    undecodable: Mapping[str, str] = field(default_factory=dict)  # key -> why its value is unreadable
+
+
+def parse_token(raw: bytes) -> str:
+    """The token in a Secret value; raises ValueError saying why the bytes are not a usable token."""
+    if not raw:
+        raise ValueError("is empty")
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise ValueError(f"is {len(raw)} bytes long; a token has at most {MAX_TOKEN_BYTES}")
+    for offset, byte in enumerate(raw):
+        if byte > 0x7E:
+            raise ValueError(f"is not a text token: byte 0x{byte:02x} at offset {offset} is not ASCII")
+        if byte <= 0x20:
+            hint = " (a trailing newline, as `echo` adds, is a common cause)" if byte == 0x0A else ""
+            raise ValueError(f"contains a whitespace or control character (0x{byte:02x}) at offset {offset}{hint}")
+    return raw.decode("ascii")
+
+
+def _decode(body: Mapping[str, Any]) -> tuple[dict[str, bytes], dict[str, str]]:
+    """(values as bytes, keys whose value cannot be read -> why); never decodes bytes as text."""
+    data: dict[str, bytes] = {}
+    undecodable: dict[str, str] = {}
+    for key, value in (body.get("data") or {}).items():
+        try:
+            if not isinstance(value, str):
+                raise ValueError(f"a {type(value).__name__}, not base64 text")
+            data[str(key)] = base64.b64decode(value, validate=True)
+        except (ValueError, binascii.Error) as exc:
+            undecodable[str(key)] = f"is not valid base64 ({exc})"
+    for key, value in (body.get("stringData") or {}).items():  # manifests only; the API server folds it
+        if isinstance(value, str):
+            data[str(key)] = value.encode("utf-8", "surrogateescape")
+        else:
+            undecodable[str(key)] = f"is a {type(value).__name__} in stringData, not a string"
+    return data, undecodable
 
 
 class Registry:
-    def __init__(self, engines: Engines, default_namespace: str) -> None:
+    def __init__(self, engines: Engines, default_namespace: str, policy: CredentialPolicy | None = None) -> None:
         self.engines = engines
         self.default_namespace = default_namespace
+        self.policy = policy if policy is not None else CredentialPolicy(frozenset({default_namespace}))
+        #: guards the two maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
-        self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}
-        self._secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
+        self._secrets: dict[tuple[str, str], _Secret] = {}  # guarded by _lock
 
     # -- feeding ---------------------------------------------------------------------------------
 
@@ -42,17 +136,35 @@ class Registry:
             self._objects.pop((kind, namespace, name), None)
 
     def upsert_secret(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        data = {k: base64.b64decode(v).decode() for k, v in (body.get("data") or {}).items()}
-        data.update(body.get("stringData") or {})
+        """Take a Secret in: its values only if the policy lets TableClusters use it."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        labelled = (meta.get("labels") or {}).get(CREDENTIALS_LABEL) == CREDENTIALS_LABEL_VALUE
+        secret: _Secret | None = None
+        if self.policy.allows_namespace(key[0]):
+            annotation = (meta.get("annotations") or {}).get(TABLE_CLUSTERS_ANNOTATION)
+            clusters = None if annotation is None else frozenset(
+                n.strip() for n in str(annotation).split(",") if n.strip())
+            if labelled or not self.policy.require_label:
+                data, undecodable = _decode(body)
+                secret = _Secret(labelled, clusters, data, undecodable)
+            else:  # remembered only to say why it cannot be used; its values are not even decoded
+                secret = _Secret(False, clusters)
         with self._lock:
-            self._secrets[(str(meta.get("namespace")), str(meta.get("name")))] = data
-        for cluster in self.of_kind("TableCluster"):
-            self.refresh_cluster(cluster.name)
+            if secret is None:
+                self._secrets.pop(key, None)
+            else:
+                self._secrets[key] = secret
+        self._refresh_all()
 
     def remove_secret(self, namespace: str, name: str) -> None:
         with self._lock:
             self._secrets.pop((namespace, name), None)
+        self._refresh_all()
+
+    def _refresh_all(self) -> None:
+        for cluster in self.of_kind("TableCluster"):
+            self.refresh_cluster(cluster.name)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -77,30 +189,66 @@ class Registry:
                 continue
         return out
 
-    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+    def unlabelled_secrets(self) -> list[str]:
+        """``namespace/name`` of the Secrets taken in without the credentials label (local runner)."""
         with self._lock:
-            return (self._secrets.get((namespace, name)) or {}).get(key)
+            return sorted(f"{ns}/{name}" for (ns, name), s in self._secrets.items() if not s.labelled)
 
-    def refresh_cluster(self, name: str) -> str | None:
-        """Register the engine connection of a TableCluster; returns why it cannot be, if so."""
+    def credentials(self, cluster: str, namespace: str, name: str, key: str) -> str | ClusterProblem:
+        """The token TableCluster ``cluster`` may use from Secret ``namespace/name``, or why not."""
+        secret_name = f"Secret {namespace}/{name}"
+        if not self.policy.allows_namespace(namespace):
+            allowed = ", ".join(sorted(self.policy.namespaces or ()))
+            return ClusterProblem(SECRET_NOT_ALLOWED, f"{secret_name}: the operator takes credentials only from "
+                                                      f"Secrets in {allowed}; nothing is sent to any engine")
+        with self._lock:
+            secret = self._secrets.get((namespace, name))
+        if secret is None:
+            return ClusterProblem(SECRET_NOT_FOUND, f"{secret_name} (key {key!r}) not found; the operator reads "
+                                                    f"only Secrets labelled {CREDENTIALS_SELECTOR}")
+        if self.policy.require_label and not secret.labelled:
+            return ClusterProblem(SECRET_NOT_ALLOWED, f"{secret_name} lacks the label {CREDENTIALS_SELECTOR}; "
+                                                      "the operator uses no other Secret")
+        if secret.clusters is not None and cluster not in secret.clusters:
+            names = ", ".join(sorted(secret.clusters)) or "none"
+            return ClusterProblem(SECRET_NOT_ALLOWED, f"{secret_name} may be used only by the TableClusters in its "
+                                                      f"annotation {TABLE_CLUSTERS_ANNOTATION} ({names})")
+        if key in secret.undecodable:
+            return ClusterProblem(SECRET_INVALID, f"{secret_name} key {key!r} {secret.undecodable[key]}")
+        raw = secret.data.get(key)
+        if raw is None:
+            return ClusterProblem(SECRET_NOT_FOUND, f"{secret_name} has no key {key!r}")
+        try:
+            return parse_token(raw)
+        except ValueError as exc:
+            return ClusterProblem(SECRET_INVALID, f"{secret_name} key {key!r} {exc}")
+
+    def refresh_cluster(self, name: str) -> ClusterProblem | None:
+        """Register the engine connection of a TableCluster; returns why it cannot be, if so.
+
+        On any problem the TableCluster is dropped from the engines: the operator then sends nothing
+        to its endpoint and lists it in no engine's directory.
+        """
         with self._lock:
             body = self._objects.get(("TableCluster", None, name))
         if body is None:
             self.engines.forget(name)
-            return "no such TableCluster"
+            return ClusterProblem("NotRegistered", "no such TableCluster")
         try:
             res = self.resource(body)
         except InvalidResourceError as exc:
-            return str(exc)
-        secret = res.spec.credentials_secret
-        namespace = secret.namespace or self.default_namespace
-        token = self.secret_value(namespace, secret.name, secret.key or DEFAULT_SECRET_KEY)
-        if token is None:
             self.engines.forget(name)
-            return f"Secret {namespace}/{secret.name} (key {secret.key!r}) not found"
+            return ClusterProblem("InvalidSpec", str(exc))
+        secret = res.spec.credentials_secret
+        token = self.credentials(name, secret.namespace or self.default_namespace, secret.name,
+                                 secret.key or DEFAULT_SECRET_KEY)
+        if isinstance(token, ClusterProblem):
+            self.engines.forget(name)
+            return token
         self.engines.set(ClusterRef(name=name, endpoint=res.spec.endpoint, token=token,
                                     cluster_id=res.spec.cluster_id, read_only=res.spec.read_only))
         return None
 
     def world(self) -> World:
         return World(engines=self.engines, resources=self.of_kind)
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .registry import Registry
+from .registry import CredentialPolicy, Registry
 from .tracking import CHECK_PERIOD, TrackerLoop
 from .world import Engines, Resource, World
 
@@ -47,10 +47,14 @@ class Runtime:
     switches: deque[ModeSwitch] = field(default_factory=lambda: deque(maxlen=MAX_PENDING_SWITCHES))
 
     @classmethod
-    def start(cls, namespace: str, tracker_period: float = CHECK_PERIOD) -> Runtime:
-        """A runtime whose Secrets default to ``namespace`` and whose tracker checks every ``tracker_period`` s."""
+    def start(cls, namespace: str, tracker_period: float = CHECK_PERIOD,
+              policy: CredentialPolicy | None = None) -> Runtime:
+        """A runtime whose Secrets default to ``namespace`` and whose tracker checks every ``tracker_period`` s.
+
+        ``policy`` says which Secrets TableClusters may use (default: labelled ones in ``namespace``).
+        """
         engines = Engines()
-        registry = Registry(engines, namespace)
+        registry = Registry(engines, namespace, policy)
         switches: deque[ModeSwitch] = deque(maxlen=MAX_PENDING_SWITCHES)
 
         def queue_switch(table: Resource, replica_id: str, mode: str, reason: str) -> None:

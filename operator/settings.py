@@ -16,6 +16,9 @@ operator namespace     ``--operator-namespace``     ``REPTABLES_NAMESPACE``, els
                                                     (``reptables-system``)
 watched namespaces     ``--namespace`` (repeated)   ``POD_NAMESPACE`` (``default``); the operator
                                                     namespace is always added
+credential namespaces  ``--credentials-namespace``  ``REPTABLES_CREDENTIALS_NAMESPACES`` (comma-
+                       (repeated)                   separated); the operator namespace is always
+                                                    one, and each is watched
 status refresh         ``--status-refresh``         ``REPTABLES_STATUS_REFRESH`` (5 s)
 tracker period         ``--tracker-period``         ``REPTABLES_TRACKER_PERIOD`` (1 s)
 =====================  ===========================  ==========================================
@@ -30,6 +33,7 @@ sub-command (``engine serve`` included), which must not pull in the tracker or k
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +42,7 @@ ENV_OPERATOR_NAMESPACE = "REPTABLES_NAMESPACE"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_STATUS_REFRESH = "REPTABLES_STATUS_REFRESH"
 ENV_TRACKER_PERIOD = "REPTABLES_TRACKER_PERIOD"
+ENV_CREDENTIALS_NAMESPACES = "REPTABLES_CREDENTIALS_NAMESPACES"
 
 DEFAULT_OPERATOR_NAMESPACE = "reptables-system"
 DEFAULT_WATCHED_NAMESPACE = "default"
@@ -46,6 +51,7 @@ DEFAULT_TRACKER_PERIOD = 1.0
 """The tracker loop's own default (``tracking.CHECK_PERIOD``); a test keeps the two equal."""
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_METRICS_PORT = 8081
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class OperatorSettings:
     """Namespaces watched (sorted, the operator namespace included); empty with ``all_namespaces``."""
     all_namespaces: bool = False
     """Watch every namespace (kopf's ``clusterwide``)."""
+    credentials_namespaces: tuple[str, ...] = ()
+    """Namespaces besides the operator namespace whose Secrets TableClusters may take their token
+    from (sorted); a TableCluster naming a Secret elsewhere is refused."""
     status_refresh: float = DEFAULT_STATUS_REFRESH
     """Seconds between status refreshes (and drift corrections) of each resource."""
     tracker_period: float = DEFAULT_TRACKER_PERIOD
@@ -85,6 +94,11 @@ class OperatorSettings:
         if self.all_namespaces and self.namespaces:
             raise ValueError("namespaces must be empty when all_namespaces is set")
 
+    @property
+    def secret_namespaces(self) -> frozenset[str]:
+        """Every namespace TableClusters may take credentials from: the operator's and the extra ones."""
+        return frozenset({self.operator_namespace, *self.credentials_namespaces})
+
     @classmethod
     def resolve(
         cls,
@@ -93,6 +107,7 @@ class OperatorSettings:
         namespaces: Iterable[str] | None = None,
         all_namespaces: bool = False,
         operator_namespace: str | None = None,
+        credentials_namespaces: Iterable[str] | None = None,
         status_refresh: float | None = None,
         tracker_period: float | None = None,
         standalone: bool = False,
@@ -109,15 +124,25 @@ class OperatorSettings:
         pod_namespace = environ.get(ENV_POD_NAMESPACE) or None
         operator_namespace = (operator_namespace or environ.get(ENV_OPERATOR_NAMESPACE) or pod_namespace
                               or DEFAULT_OPERATOR_NAMESPACE)
+        if credentials_namespaces:
+            extra, source = list(credentials_namespaces), "--credentials-namespace"
+        else:
+            extra = [n.strip() for n in environ.get(ENV_CREDENTIALS_NAMESPACES, "").split(",") if n.strip()]
+            source = ENV_CREDENTIALS_NAMESPACES
+        for name in extra:
+            if not _DNS_LABEL.match(name):
+                raise ValueError(f"{source} gives {name!r}, which is not a namespace name")
+        credentials = tuple(sorted(set(extra) - {operator_namespace}))
         watched: tuple[str, ...] = ()
         if not all_namespaces:
             wanted = list(namespaces or ()) or [pod_namespace or DEFAULT_WATCHED_NAMESPACE]
-            watched = tuple(sorted({*wanted, operator_namespace}))
+            watched = tuple(sorted({*wanted, *credentials, operator_namespace}))
         if peering and priority is None:
             # kopf pauses every operator when the highest priority is shared: break ties at random
             priority = 1 + secrets.randbelow(1_000_000)
         return cls(
             operator_namespace=operator_namespace, namespaces=watched, all_namespaces=all_namespaces,
+            credentials_namespaces=credentials,
             status_refresh=_seconds(status_refresh, environ, ENV_STATUS_REFRESH, DEFAULT_STATUS_REFRESH),
             tracker_period=_seconds(tracker_period, environ, ENV_TRACKER_PERIOD, DEFAULT_TRACKER_PERIOD),
             standalone=standalone, peering=peering, priority=priority, liveness=liveness,

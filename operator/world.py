@@ -83,26 +83,45 @@ class ClusterNotFound(Exception):
         self.name = name
 
 
+Directory = dict[str, dict[str, str]]
+"""A ``//sys/clusters`` value: cluster name -> ``{proxy_url, token}``."""
+
+
 class Engines:
-    """Clients for the engines of the known TableClusters (cached, rebuilt when one changes)."""
+    """Clients for the engines of the known TableClusters (cached, rebuilt when one changes).
+
+    It also remembers the ``//sys/clusters`` value last written to each engine. Tokens cannot be
+    read back from an engine, so this memory is how the operator notices that a token changed —
+    kept here, in the operator's memory, rather than as a fingerprint in a status anyone may read.
+    An operator that restarts has no memory and rewrites each directory once.
+    """
 
     def __init__(self, timeout: float = ENGINE_TIMEOUT) -> None:
         self.timeout = timeout
+        #: guards the three maps below; a leaf (closing a client only closes its sockets)
         self._lock = threading.Lock()
-        self._clusters: dict[str, ClusterRef] = {}
-        self._clients: dict[str, tuple[ClusterRef, Client]] = {}
+        self._clusters: dict[str, ClusterRef] = {}  # guarded by _lock
+        self._clients: dict[str, tuple[ClusterRef, Client]] = {}  # guarded by _lock
+        self._written: dict[str, Directory] = {}  # guarded by _lock
 
     def update(self, clusters: Iterable[ClusterRef]) -> None:
         with self._lock:
-            self._clusters = {c.name: c for c in clusters}
+            previous, self._clusters = self._clusters, {c.name: c for c in clusters}
             for name, (ref, client) in list(self._clients.items()):
                 if self._clusters.get(name) != ref:
                     client.close()
                     del self._clients[name]
+            for name in list(self._written):
+                old, new = previous.get(name), self._clusters.get(name)
+                if new is None or old is None or old.endpoint != new.endpoint:
+                    del self._written[name]
 
     def set(self, cluster: ClusterRef) -> None:
         with self._lock:
+            previous = self._clusters.get(cluster.name)
             self._clusters[cluster.name] = cluster
+            if previous is not None and previous.endpoint != cluster.endpoint:
+                self._written.pop(cluster.name, None)  # another engine, maybe: write its directory anew
             cached = self._clients.get(cluster.name)
             if cached is not None and cached[0] != cluster:
                 cached[1].close()
@@ -111,9 +130,20 @@ class Engines:
     def forget(self, name: str) -> None:
         with self._lock:
             self._clusters.pop(name, None)
+            self._written.pop(name, None)
             cached = self._clients.pop(name, None)
         if cached is not None:
             cached[1].close()
+
+    def written_directory(self, name: str) -> Directory | None:
+        """The directory last written to ``name``'s engine by this operator, if any."""
+        with self._lock:
+            return self._written.get(name)
+
+    def remember_directory(self, name: str, value: Directory) -> None:
+        with self._lock:
+            if name in self._clusters:
+                self._written[name] = value
 
     def clusters(self) -> dict[str, ClusterRef]:
         with self._lock:

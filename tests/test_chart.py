@@ -7,10 +7,13 @@
   process against the Kubernetes API emulator of tests/k8s with two real engines, goes through
   create, status, tracker and deletion of every kind, and every request it makes must be allowed
   by the chart's rules, and every rule (but the ``get`` granted with list/watch) must have been used.
-* With helm (``$HELM``, ``helm`` on PATH, or ``.venv/bin/helm``): ``helm lint`` and ``helm template``
-  for the modes the chart has; the rendered RBAC must equal the expected rules, the rendered
-  TableClusters and kopf peering objects are created through the emulator (CRD schema and CEL
-  validation), and the rendered command lines are accepted by the ``reptables`` CLI.
+* With helm (``$HELM``, ``helm`` on PATH, or ``.venv/bin/helm``; else Helm's own Go SDK through
+  the ``helm-python-sdk`` package, which needs no binary): ``helm lint`` and ``helm template`` for
+  the modes the chart has; the rendered RBAC must equal the expected rules, the engines'
+  NetworkPolicy admits exactly the operator, the engines and the configured clients, the generated
+  token Secrets carry the credentials label, the rendered TableClusters and kopf peering objects
+  are created through the emulator (CRD schema and CEL validation), and the rendered command lines
+  are accepted by the ``reptables`` CLI.
 
 Nothing here renders ``lookup`` against a cluster or runs a pod: that is hack/e2e-kind.sh's job.
 """
@@ -50,7 +53,13 @@ def _find_helm() -> str | None:
 
 
 HELM = _find_helm()
-needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed: the chart was not rendered")
+try:  # Helm's Go SDK as a Python package: renders and lints like the binary, no binary needed
+    import helm_python
+except ImportError:
+    helm_python = None
+needs_helm = pytest.mark.skipif(HELM is None and helm_python is None, reason=(
+    "neither the helm binary nor helm-python-sdk (pip install helm-python-sdk) is installed: the chart "
+    "was not rendered"))
 
 # --- expected RBAC -------------------------------------------------------------------------------
 
@@ -89,10 +98,11 @@ def flatten_rules(rules: list[dict[str, Any]]) -> set[Rule]:
 
 
 def operator_args(namespaces: list[str], all_namespaces: bool, peering: str | None,
-                  health_port: int = 8080, metrics_port: int = 8081) -> list[str]:
+                  health_port: int = 8080, metrics_port: int = 8081, credentials: tuple[str, ...] = ()) -> list[str]:
     """The ``reptables operator`` arguments the chart's Deployment renders (checked in test_helm_*)."""
     args = ["operator"]
     args += ["--all-namespaces"] if all_namespaces else [f"--namespace={ns}" for ns in namespaces]
+    args += [f"--credentials-namespace={ns}" for ns in credentials]
     args += [f"--peering={peering}"] if peering else ["--standalone"]
     return args + [f"--liveness=http://0.0.0.0:{health_port}/healthz", f"--metrics-port={metrics_port}"]
 
@@ -149,7 +159,11 @@ def test_values_yaml_validates_against_the_schema() -> None:
     assert not errors, [e.message for e in errors]
 
 
-E2E_VALUES = {"operator": {"replicas": 2, "watch": {"namespaces": ["shop"]}},
+CLIENTS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}}},
+           {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+E2E_VALUES = {"operator": {"replicas": 2, "watch": {"namespaces": ["shop"]}, "credentials": {"namespaces": ["vault"]}},
+              "networkPolicy": {"clients": CLIENTS},
               "engines": [{"name": "primary", "clusterId": 0},
                           {"name": "remote-0", "clusterId": 1, "storage": {"size": "1Gi", "storageClass": "fast"}},
                           {"name": "remote-1", "clusterId": 2, "readOnly": True,
@@ -182,6 +196,12 @@ BAD_VALUES = [
     ({"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}, "does not match"),
     ({"engineDefaults": {"storage": {"size": "ten gigs"}}}, "does not match"),
     ({"replicaCount": 2}, "Additional properties are not allowed"),
+    ({"operator": {"credentials": {"namespaces": ["Not A Namespace"]}}}, "does not match"),
+    ({"networkPolicy": {"enabled": "yes"}}, "'yes' is not of type 'boolean'"),
+    ({"networkPolicy": {"clients": [{}]}}, "should be non-empty"),
+    ({"networkPolicy": {"clients": [{"namespaceSelector": {"app": "shop"}}]}}, "Additional properties are not allowed"),
+    ({"networkPolicy": {"clients": [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}]}},
+     "'Is' is not one of"),
 ]
 
 
@@ -218,8 +238,8 @@ def test_kopf_peering_crds_match_what_kopf_expects() -> None:
 
 def test_every_template_has_a_plausible_yaml_structure() -> None:
     templates = sorted(p.name for p in (CHART / "templates").glob("*.yaml"))
-    assert templates == ["deployment.yaml", "engines.yaml", "peering.yaml", "rbac.yaml", "serviceaccount.yaml",
-                         "servicemonitor.yaml", "tableclusters.yaml"]
+    assert templates == ["deployment.yaml", "engines.yaml", "networkpolicy.yaml", "peering.yaml", "rbac.yaml",
+                         "serviceaccount.yaml", "servicemonitor.yaml", "tableclusters.yaml"]
     kinds = set()
     for name in templates:
         docs = template_documents(name)
@@ -230,7 +250,7 @@ def test_every_template_has_a_plausible_yaml_structure() -> None:
             kinds.add(doc["kind"])
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
                      "Service", "Secret", "StatefulSet", "KopfPeering", "ClusterKopfPeering", "TableCluster",
-                     "ServiceMonitor"}
+                     "ServiceMonitor", "NetworkPolicy"}
 
 
 def test_rbac_template_rules_without_helm() -> None:
@@ -306,7 +326,8 @@ def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
             for index, (name, engine) in enumerate(engines.items()):
                 api.create({"apiVersion": "v1", "kind": "Secret",
-                            "metadata": {"name": f"{name}-token", "namespace": operator_ns},
+                            "metadata": {"name": f"{name}-token", "namespace": operator_ns,
+                                         "labels": {"reptables.io/credentials": "true"}},
                             "stringData": {"token": engine.token}})
                 api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
                             "spec": {"endpoint": engine.url, "clusterId": index,
@@ -379,8 +400,41 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def lint(tmp_path: Path, values: dict[str, Any] | None) -> tuple[bool, str]:
+    """``helm lint --strict`` in the release namespace: (passed, what it said)."""
+    if HELM is None:
+        assert helm_python is not None
+        report = helm_python.lint(str(CHART), values, strict=True, namespace="reptables-system")
+        # --strict: a warning fails the chart like an error
+        failed = report["errors"] or [m for m in report["messages"] if m["severity"] >= 2]
+        return not failed and report["total_charts_linted"] == 1, json.dumps(report, indent=1)
+    args = ["lint", str(CHART), "--strict", "--namespace", "reptables-system"]
+    if values is not None:
+        (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+        args += ["--values", str(tmp_path / "values.yaml")]
+    result = helm(*args, check=False)
+    return result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
+
+
+def _render_with_sdk(values: dict[str, Any] | None, namespace: str, release: str,
+                     check: bool) -> list[dict[str, Any]] | str:
+    """``helm template --include-crds`` through helm-python-sdk (``lookup`` finds nothing, as with helm)."""
+    assert helm_python is not None
+    try:
+        with helm_python.Chart.load(str(CHART)) as chart:
+            manifests = chart.render(values, name=release, namespace=namespace, is_install=True)
+            texts = [crd["data"] for crd in chart.crds]
+    except helm_python.HelmError as exc:
+        assert not check, str(exc)
+        return str(exc)
+    texts += [text for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt")]
+    return [d for text in texts for d in yaml.safe_load_all(text) if d]
+
+
 def render(tmp_path: Path, values: dict[str, Any] | None = None, namespace: str = "reptables-system",
            release: str = "rt", check: bool = True) -> list[dict[str, Any]] | str:
+    if HELM is None:
+        return _render_with_sdk(values, namespace, release, check)
     args = ["template", release, str(CHART), "--namespace", namespace, "--include-crds"]
     if values is not None:
         values_file = tmp_path / f"values-{len(list(tmp_path.glob('values-*')))}.yaml"
@@ -405,12 +459,8 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 @pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}}],
                          ids=["defaults", "engines-ha", "all-namespaces"])
 def test_helm_lint(tmp_path: Path, values: dict[str, Any] | None) -> None:
-    args = ["lint", str(CHART), "--strict", "--namespace", "reptables-system"]
-    if values is not None:
-        (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
-        args += ["--values", str(tmp_path / "values.yaml")]
-    result = helm(*args, check=False)
-    assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, result.stdout + result.stderr
+    passed, output = lint(tmp_path, values)
+    assert passed, output
 
 
 @needs_helm
@@ -495,8 +545,13 @@ def test_helm_engines(tmp_path: Path) -> None:
     services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
     secrets = {d["metadata"]["name"]: d for d in by_kind(docs, "Secret")}
     assert set(secrets) == {"rt-reptables-primary-token", "rt-reptables-remote-0-token"}  # remote-1: existing
-    for secret in secrets.values():
+    for name, secret in secrets.items():
         assert len(secret["data"]["token"]) > 40  # base64 of randAlphaNum 40
+        # the operator reads only labelled Secrets, and lets only the engine's own TableCluster use it
+        assert secret["metadata"]["labels"]["reptables.io/credentials"] == "true"
+        assert secret["metadata"]["annotations"]["reptables.io/table-clusters"] == \
+            secret["metadata"]["labels"]["reptables.io/cluster"] == name.removeprefix("rt-reptables-").removesuffix(
+                "-token")
     clusters = {d["metadata"]["name"]: d for d in by_kind(docs, "TableCluster")}
     assert set(clusters) == {"primary", "remote-0", "remote-1"}
     for engine in E2E_VALUES["engines"]:
@@ -544,6 +599,72 @@ def test_helm_engines(tmp_path: Path) -> None:
     assert [s["metadata"]["name"] for s in scraped] == ["rt-reptables-operator-metrics"]
 
 
+def _admits(policy: dict[str, Any], pod_labels: dict[str, str], namespace_labels: dict[str, str],
+            same_namespace: bool, port: int) -> bool:
+    """Whether a NetworkPolicy's ingress rules let a pod with these labels, in a namespace with these labels, in."""
+    def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+        assert set(selector) <= {"matchLabels"}, selector  # all this test's selectors use
+        return labels.items() >= (selector.get("matchLabels") or {}).items()
+
+    for rule in policy["spec"]["ingress"]:
+        if not any(p.get("port") == port for p in rule.get("ports", [{"port": port}])):
+            continue
+        for peer in rule.get("from", []):
+            in_namespace = (matches(peer["namespaceSelector"], namespace_labels) if "namespaceSelector" in peer
+                            else same_namespace)
+            if in_namespace and matches(peer.get("podSelector", {}), pod_labels):
+                return True
+    return False
+
+
+@needs_helm
+def test_helm_network_policy_admits_only_the_operator_the_engines_and_the_clients(tmp_path: Path) -> None:
+    docs = render(tmp_path, E2E_VALUES)
+    assert isinstance(docs, list)
+    policy = one(docs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "reptables-system"
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    engines = by_kind(docs, "StatefulSet")
+    selected = [e for e in engines if e["spec"]["template"]["metadata"]["labels"].items()
+                >= policy["spec"]["podSelector"]["matchLabels"].items()]
+    assert len(selected) == len(engines) == 3  # every engine pod is covered
+    operator_pod = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    engine_pod = engines[0]["spec"]["template"]["metadata"]["labels"]
+    release_ns = {"kubernetes.io/metadata.name": "reptables-system"}
+    shop = {"kubernetes.io/metadata.name": "shop"}
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    assert _admits(policy, operator_pod, release_ns, True, 9012)
+    assert _admits(policy, engine_pod, release_ns, True, 9012)
+    assert _admits(policy, {"app": "web"}, shop, False, 9012)  # a client namespace
+    assert _admits(policy, {"app.kubernetes.io/name": "prometheus"}, monitoring, False, 9012)
+    assert not _admits(policy, {"app": "grafana"}, monitoring, False, 9012)  # only the pods selected there
+    assert not _admits(policy, {"app": "web"}, {"kubernetes.io/metadata.name": "other"}, False, 9012)
+    assert not _admits(policy, {"app": "debug"}, release_ns, True, 9012)  # not even in the release namespace
+    assert not _admits(policy, operator_pod, release_ns, True, 8080)  # only the engines' port
+    # another release's operator (same namespace, other instance label) is not ours
+    assert not _admits(policy, {**operator_pod, "app.kubernetes.io/instance": "other"}, release_ns, True, 9012)
+
+
+@needs_helm
+def test_helm_network_policy_is_on_by_default_and_can_be_switched_off(tmp_path: Path) -> None:
+    engines = {"engines": [{"name": "primary", "clusterId": 0}]}
+    docs = render(tmp_path, engines)
+    assert isinstance(docs, list)
+    policy = one(docs, "NetworkPolicy")
+    assert [len(rule["from"]) for rule in policy["spec"]["ingress"]] == [2]  # the operator and the engines only
+    off = render(tmp_path, {**engines, "networkPolicy": {"enabled": False}})
+    assert isinstance(off, list) and by_kind(off, "NetworkPolicy") == []
+
+
+@needs_helm
+def test_helm_credentials_namespaces_are_watched_and_passed_to_the_operator(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"operator": {"credentials": {"namespaces": ["vault", "reptables-system"]}}})
+    assert isinstance(docs, list)
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == operator_args(["reptables-system", "vault"], False, None, credentials=("vault",))
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["reptables-system", "vault"]
+
+
 @needs_helm
 def test_rendered_custom_resources_pass_the_api_servers_validation(tmp_path: Path) -> None:
     """TableClusters and kopf peering objects go through the emulator: CRD schema and CEL rules."""
@@ -552,9 +673,8 @@ def test_rendered_custom_resources_pass_the_api_servers_validation(tmp_path: Pat
     docs = render(tmp_path, E2E_VALUES)
     assert isinstance(docs, list)
     custom = [d for d in docs if d["apiVersion"] in (API, "kopf.dev/v1")]
-    assert sorted(d["kind"] for d in custom) == ["KopfPeering", "KopfPeering", "TableCluster", "TableCluster",
-                                                 "TableCluster"]
-    with K8sApi(namespaces=["reptables-system", "shop"]) as api:
+    assert sorted(d["kind"] for d in custom) == ["KopfPeering"] * 3 + ["TableCluster"] * 3  # 3 watched namespaces
+    with K8sApi(namespaces=["reptables-system", "shop", "vault"]) as api:
         for doc in custom:
             created = api.create(doc)
             assert created.get("spec", {}).items() >= doc.get("spec", {}).items()

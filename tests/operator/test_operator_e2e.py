@@ -3,12 +3,15 @@
 ``reptables operator`` (the container's command) runs against the API emulator of tests/k8s;
 three real engine processes are the TableClusters. Manifests go in through the emulated API (with
 CRD schema and CEL validation), and the tests check what users rely on: engine objects appear,
-data flows, status is truthful, the tracker moves the sync replica off a dead cluster (collocated
-tables together), deletion honours the policy, and a restarted operator adopts what exists.
+data flows, status is truthful, each engine knows only the clusters its tables link it to, a rogue
+TableCluster gets no other cluster's token, credentials the operator may not use are refused, the
+tracker moves the sync replica off a dead cluster (collocated tables together), deletion honours
+the policy, and a restarted operator adopts what exists.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -26,8 +29,11 @@ import pytest
 from reptables.engine.client import Client
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
+from tests.operator.rogue import Recorder
 
 NS = "test"
+ELSEWHERE = "elsewhere"  # a namespace the operator takes no credentials from
+CREDENTIALS = {"reptables.io/credentials": "true"}
 API = "reptables.io/v1alpha1"
 SCHEMA = [{"name": "k", "type": "int64", "sortOrder": "ascending"}, {"name": "v", "type": "string"}]
 CLUSTERS = ("primary", "remote-0", "remote-1")
@@ -120,13 +126,13 @@ def replica(name: str, table_name: str, cluster: str, path: str, mode: str = "as
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("operator-e2e")
     engines = {name: EngineProcess(name, base / name, token=f"token-{name}-0123456789").start() for name in CLUSTERS}
-    with K8sApi(namespaces=[NS]) as api:
+    with K8sApi(namespaces=[NS, ELSEWHERE]) as api:
         operator = OperatorProcess(api.kubeconfig(base / "kubeconfig"), base / "operator.log").start()
         environment = Env(api, engines, operator)
         try:
             for name, engine in engines.items():
                 api.create({"apiVersion": "v1", "kind": "Secret",
-                            "metadata": {"name": f"{name}-token", "namespace": NS},
+                            "metadata": {"name": f"{name}-token", "namespace": NS, "labels": CREDENTIALS},
                             "stringData": {"token": engine.token}})
                 api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
                             "spec": {"endpoint": engine.url, "clusterId": CLUSTERS.index(name),
@@ -140,14 +146,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 engine.stop()
 
 
-def test_table_clusters_probe_engines_and_share_the_directory(env: Env) -> None:
+def test_table_clusters_probe_engines_and_share_no_directory_yet(env: Env) -> None:
     status = env.status("tableclusters", "primary")
     assert status["healthy"] is True and status["version"]
-    for name in CLUSTERS:
-        directory = env.client(name).get("//sys/clusters")
-        assert set(directory) == set(CLUSTERS)
-        assert directory["remote-0"]["proxy_url"] == env.engines["remote-0"].url
-        assert all(entry["token"] == "<hidden>" for entry in directory.values())
+    assert "directoryFingerprint" not in status  # nothing derived from a token in a status
+    for name in CLUSTERS:  # no table links the clusters yet: no engine knows another
+        assert env.client(name).get("//sys/clusters") == {}
 
 
 def test_manifests_create_engine_objects_and_data_flows(env: Env) -> None:
@@ -172,6 +176,85 @@ def test_manifests_create_engine_objects_and_data_flows(env: Env) -> None:
     assert {r["name"]: r["mode"] for r in status["replicas"]} == {"orders-sync": "sync", "orders-async": "async"}
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Writable"]["status"] == "True" and conditions["Replicating"]["status"] == "True"
+
+
+def test_each_engine_knows_only_the_clusters_its_tables_link_it_to(env: Env) -> None:
+    """After the test above: orders on primary, replicas on remote-0 and remote-1."""
+    directories = {name: env.client(name).get("//sys/clusters") for name in CLUSTERS}
+    assert {name: set(d) for name, d in directories.items()} == {
+        "primary": {"remote-0", "remote-1"}, "remote-0": {"primary"}, "remote-1": {"primary"}}
+    assert directories["primary"]["remote-0"]["proxy_url"] == env.engines["remote-0"].url
+    assert all(entry["token"] == "<hidden>" for d in directories.values() for entry in d.values())
+
+
+def test_a_rogue_table_cluster_receives_no_other_clusters_token(env: Env) -> None:
+    rogue = Recorder().start()
+    try:
+        env.api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "rogue-token", "namespace": NS, "labels": CREDENTIALS}, "stringData": {"token": "rogue-0123"}})
+        env.api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": "rogue"},
+                        "spec": {"endpoint": rogue.url, "clusterId": 100,
+                                 "credentialsSecret": {"name": "rogue-token", "namespace": NS}}})
+        env.wait_ready("tableclusters", "rogue")
+        time.sleep(2.5)  # one more status refresh: its writes are recorded too
+        received = "\n".join(rogue.requests)
+        assert rogue.wrote_directory()  # its directory was written: an empty one
+        for engine in env.engines.values():
+            assert engine.token and engine.token not in received
+        assert "rogue" not in env.client("primary").get("//sys/clusters")
+    finally:
+        env.api.delete("tableclusters", "rogue", None)
+        env.api.wait_for_deletion("tableclusters", "rogue", None, timeout=60)
+        rogue.stop()
+
+
+def test_credentials_the_operator_may_not_use_are_refused(env: Env) -> None:
+    endpoint = Recorder().start()
+    refused = {"outsider": ("SecretNotAllowed", "Secret elsewhere/outsider-token: the operator takes credentials "
+                                                "only from Secrets in test"),
+               "unlabelled": ("SecretNotFound", f"Secret {NS}/unlabelled-token (key 'token') not found; the operator "
+                                                "reads only Secrets labelled reptables.io/credentials=true"),
+               "binary": ("SecretInvalid", f"Secret {NS}/binary-token key 'token' is not a text token: byte 0xff "
+                                           "at offset 0 is not ASCII")}
+    try:
+        env.api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "outsider-token", "namespace": ELSEWHERE, "labels": CREDENTIALS},
+            "stringData": {"token": env.engines["primary"].token}})
+        env.api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unlabelled-token", "namespace": NS},
+                        "stringData": {"token": env.engines["primary"].token}})
+        env.api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": "binary-token", "namespace": NS, "labels": CREDENTIALS},
+            "data": {"token": base64.b64encode(b"\xff\xfe\x00binary").decode()}})
+        for index, name in enumerate(refused):
+            env.api.create({"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
+                            "spec": {"endpoint": endpoint.url, "clusterId": 110 + index, "credentialsSecret": {
+                                "name": f"{name}-token", "namespace": ELSEWHERE if name == "outsider" else NS}}})
+        for name, (reason, message) in refused.items():
+            ready = env.wait(lambda name=name: next((c for c in env.status("tableclusters", name).get("conditions", [])
+                                                     if c["type"] == "Ready" and c.get("reason") != "Unknown"), None),
+                             what=f"{name}'s Ready condition")
+            assert (ready["status"], ready["reason"]) == ("False", reason), ready
+            assert message in ready["message"], ready
+            warning = env.wait(lambda name=name, reason=reason: env.api.events(
+                involved_name=name, involved_kind="TableCluster", reason=reason), what=f"{name}'s Warning event")
+            assert warning[0]["type"] == "Warning" and message in warning[0]["message"]
+        assert endpoint.requests == []  # nothing was sent to the endpoint of a refused TableCluster
+        for name in CLUSTERS:
+            assert not set(env.client(name).get("//sys/clusters")) & set(refused)
+        assert env.operator.proc is not None and env.operator.proc.poll() is None
+        assert "Traceback" not in env.operator.log_path.read_text(errors="replace")
+    finally:
+        for name in refused:
+            env.api.delete("tableclusters", name, None)
+            env.api.wait_for_deletion("tableclusters", name, None, timeout=60)
+        endpoint.stop()
+
+
+def test_the_operator_lists_and_watches_only_labelled_secrets(env: Env) -> None:
+    secrets = [r for r in list(env.api.emulator._requests)
+               if "kopf" in r.headers.get("User-Agent", "") and r.url.path.endswith("/secrets")]
+    assert secrets, "the operator never listed Secrets"
+    assert {dict(r.params).get("labelSelector") for r in secrets} == {"reptables.io/credentials=true"}
 
 
 def test_invalid_manifests_are_rejected_by_the_api(env: Env) -> None:

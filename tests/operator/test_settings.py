@@ -80,7 +80,21 @@ def test_peering_without_a_priority_gets_a_random_one() -> None:
     assert OperatorSettings.resolve({}).priority is None
 
 
+def test_credentials_come_from_the_operator_namespace_and_the_ones_given_which_are_watched() -> None:
+    assert OperatorSettings.resolve({}).secret_namespaces == {"reptables-system"}
+    from_env = OperatorSettings.resolve({"REPTABLES_NAMESPACE": "ops", "POD_NAMESPACE": "ops",
+                                         "REPTABLES_CREDENTIALS_NAMESPACES": "vault, keys,ops"})
+    assert from_env.credentials_namespaces == ("keys", "vault")
+    assert from_env.secret_namespaces == {"ops", "keys", "vault"}
+    assert from_env.namespaces == ("keys", "ops", "vault")  # kopf must see their Secrets
+    given = OperatorSettings.resolve({"REPTABLES_CREDENTIALS_NAMESPACES": "vault"}, credentials_namespaces=["keys"])
+    assert given.credentials_namespaces == ("keys",)  # the option wins over the environment
+
+
 @pytest.mark.parametrize(("environ", "options", "message"), [
+    ({"REPTABLES_CREDENTIALS_NAMESPACES": "ops,Bad_NS"}, {},
+     "REPTABLES_CREDENTIALS_NAMESPACES gives 'Bad_NS', which is not a namespace name"),
+    ({}, {"credentials_namespaces": ["a/b"]}, "--credentials-namespace gives 'a/b', which is not a namespace name"),
     ({"REPTABLES_STATUS_REFRESH": "soon"}, {}, "REPTABLES_STATUS_REFRESH='soon' is not a number of seconds"),
     ({"REPTABLES_TRACKER_PERIOD": "0"}, {}, "REPTABLES_TRACKER_PERIOD gives 0.0"),
     ({}, {"status_refresh": -1.0}, "the command line gives -1.0"),
@@ -134,9 +148,13 @@ def test_startup_builds_the_runtime_and_timers_from_the_settings() -> None:
         ours = OperatorSettings(operator_namespace="ops", namespaces=("ops",), status_refresh=3.0,
                                 tracker_period=0.5)
         memo = kopf.Memo({handlers.SETTINGS_KEY: ours})
-        handlers.configure(settings=kopf.OperatorSettings(), memo=memo)
+        kopf_settings = kopf.OperatorSettings()
+        handlers.configure(settings=kopf_settings, memo=memo)
         runtime = memo[handlers.RUNTIME_KEY]
         assert runtime.registry.default_namespace == "ops" and runtime.tracker.period == 0.5
+        # credentials only from the operator's namespace, only labelled Secrets, which alone are watched
+        assert runtime.registry.policy.namespaces == {"ops"} and runtime.registry.policy.require_label
+        assert kopf_settings.watching.label_selectors["v1", "secrets"] == "reptables.io/credentials=true"
         timers = list(kopf.get_default_registry()._spawning.get_all_handlers())
         assert sorted(t.interval for t in timers) == [0.5, 3.0, 3.0, 3.0, 3.0], timers
         handlers.configure(settings=kopf.OperatorSettings(), memo=memo)  # a retried startup adds nothing

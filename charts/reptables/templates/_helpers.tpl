@@ -49,13 +49,17 @@ app.kubernetes.io/part-of: reptables
 
 {{/*
 The namespaces whose namespaced resources (ReplicatedTable, TableReplica, TableCollocation and
-Secrets) the operator watches when not cluster-wide: operator.watch.namespaces plus the release
-namespace (the operator always adds its own namespace, REPTABLES_NAMESPACE, where the credential
-Secrets live). Returned as a JSON list: use with fromJsonArray.
+Secrets) the operator watches when not cluster-wide: operator.watch.namespaces, the
+credentials namespaces and the release namespace (the operator always adds its own namespace,
+REPTABLES_NAMESPACE, where the credential Secrets live, and the credentials namespaces).
+Returned as a JSON list: use with fromJsonArray.
 */}}
 {{- define "reptables.watchNamespaces" -}}
 {{- $namespaces := list .Release.Namespace }}
 {{- range .Values.operator.watch.namespaces }}
+{{- $namespaces = append $namespaces . }}
+{{- end }}
+{{- range (.Values.operator.credentials).namespaces }}
 {{- $namespaces = append $namespaces . }}
 {{- end }}
 {{- $namespaces | uniq | sortAlpha | toJson }}

@@ -1,0 +1,67 @@
+"""Each engine's ``//sys/clusters``: only the peers it needs, from the resources.
+
+An engine calls another cluster for two reasons: a meta-cluster pushes to, prepares on and reads
+from the clusters holding replicas of its replicated tables; a replica cluster asks the
+meta-clusters of the tables it holds replicas of about in-doubt transactions. So the directory of
+cluster X lists exactly
+
+* the replica clusters of the ReplicatedTables whose ``cluster`` is X, and
+* the meta-clusters of the TableReplicas whose ``cluster`` is X,
+
+(X itself only when a table on X has a replica on X), each with its URL and token — never the
+whole set. Before, every engine got every cluster's token, so one TableCluster with any endpoint
+collected them all; now a cluster no table relates to gets an empty directory. Resources being
+deleted still count (their finalizers may still need the link), and a TableCluster the
+credential policy refused is not registered in :class:`~.world.Engines` and so is in no directory.
+
+A replica kept on the engines after its TableReplica is deleted with ``deletionPolicy: Retain``
+no longer links the two clusters: it stops replicating until a TableReplica adopts it again.
+
+Change detection: names and URLs are read back from the engine; tokens are not readable, so the
+value last written is remembered in the operator's memory (:meth:`Engines.written_directory`),
+never in a status. A restarted operator rewrites each directory once.
+"""
+
+from __future__ import annotations
+
+from .world import Directory, World
+
+
+def needed_clusters(name: str, world: World) -> set[str]:
+    """The clusters the engine of TableCluster ``name`` calls, per the ReplicatedTables and TableReplicas."""
+    meta_of = {(t.namespace, t.name): t.spec.cluster for t in world.of_kind("ReplicatedTable")}
+    needed: set[str] = set()
+    for replica in world.of_kind("TableReplica"):
+        meta = meta_of.get((replica.namespace, replica.spec.table))
+        if meta is None:
+            continue
+        if meta == name:
+            needed.add(replica.spec.cluster)
+        if replica.spec.cluster == name:
+            needed.add(meta)
+    return needed
+
+
+def desired_directory(name: str, world: World) -> Directory:
+    """The ``//sys/clusters`` value for ``name``'s engine: the needed clusters that are registered."""
+    known = world.engines.clusters()
+    return {peer: {"proxy_url": known[peer].endpoint, "token": known[peer].token}
+            for peer in sorted(needed_clusters(name, world)) if peer in known}
+
+
+def sync_directory(name: str, world: World) -> tuple[Directory, bool]:
+    """Write ``name``'s directory if it differs from what it should be: (the directory, whether written).
+
+    Raises ClusterNotFound for an unregistered cluster and the engine's errors (YtError,
+    httpx.HTTPError) when it cannot be read or written.
+    """
+    desired = desired_directory(name, world)
+    client = world.engines.client(name)
+    current = client.get("//sys/clusters") or {}
+    visible = {peer: entry.get("proxy_url") if isinstance(entry, dict) else None for peer, entry in current.items()}
+    if visible == {peer: entry["proxy_url"] for peer, entry in desired.items()} and \
+            world.engines.written_directory(name) == desired:
+        return desired, False
+    client.set("//sys/clusters", desired)
+    world.engines.remember_directory(name, desired)
+    return desired, True
