@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import secrets
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -20,8 +22,9 @@ import uvicorn
 import yt.yson as yson
 
 from . import logs
-from .api import create_app
+from .api import create_app, server_options
 from .config import DEFAULT_CONFIG, EngineConfig
+from .errors import DataDirError
 from .node import Cluster
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
@@ -41,7 +44,8 @@ def resolve_token(data_dir: Path, token: str | None) -> str:
             token = token_file.read_text().strip()
         else:
             token = secrets.token_urlsafe(32)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # private (0700): it holds the token, and the database whose WAL holds the peers' tokens
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
@@ -61,6 +65,21 @@ def serve(
         "--clusters-config", help="JSON or YSON map {name: {proxy_url; token}} merged into //sys/clusters")] = None,
     sync_replica_timeout: Annotated[float, typer.Option(
         "--sync-replica-timeout", help="Seconds a commit waits for a sync replica")] = DEFAULT_CONFIG.sync_timeout,
+    in_doubt_timeout: Annotated[float, typer.Option(
+        "--in-doubt-timeout", help="Seconds a write prepared here by another cluster may stay undecided before "
+        "reads stop waiting for it (docs/replication.md)")] = DEFAULT_CONFIG.in_doubt_timeout,
+    max_body_bytes: Annotated[int, typer.Option(
+        "--max-body-bytes", help="Largest request body, after decompression")] = DEFAULT_CONFIG.max_body_bytes,
+    max_lookup_keys: Annotated[int, typer.Option(
+        "--max-lookup-keys", help="Keys one lookup_rows request may carry")] = DEFAULT_CONFIG.max_lookup_keys,
+    max_output_bytes: Annotated[int, typer.Option(
+        "--max-output-bytes", help="Largest select_rows/lookup_rows answer")] = DEFAULT_CONFIG.max_output_bytes,
+    query_timeout: Annotated[float, typer.Option(
+        "--query-timeout", help="Seconds a select_rows query may run")] = DEFAULT_CONFIG.query_timeout,
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", help="Seconds a client has to send a request's headers")] = DEFAULT_CONFIG.header_timeout,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Open client connections served at once")] = DEFAULT_CONFIG.max_connections,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
@@ -70,8 +89,17 @@ def serve(
     gc.set_threshold(100_000, 50, 100)
     secret = resolve_token(data_dir, token)
     # the one place that reads the environment: the process' settings, handed down as one object
-    config = EngineConfig.from_env(sync_timeout=sync_replica_timeout)
-    cluster = Cluster.open(cluster_name, data_dir, config)
+    config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
+                                   max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
+                                   max_output_bytes=max_output_bytes,
+                                   query_timeout=query_timeout, header_timeout=header_timeout,
+                                   max_connections=max_connections)
+    try:
+        cluster = Cluster.open(cluster_name, data_dir, config)
+    except DataDirError as exc:
+        # logged once by Cluster.open; the reason, without a traceback, and a failed exit
+        print(exc.message, file=sys.stderr)
+        raise typer.Exit(1) from None
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
         cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"
@@ -80,12 +108,19 @@ def serve(
     gc.freeze()
     log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
                                        "data_dir": str(data_dir)})
+    # uvicorn stops serving on SIGTERM and then raises the signal again: with this handler that ends
+    # in SystemExit, so the cluster below is closed (checkpoint, WAL removed, data dir marked stopped)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(create_app(cluster, secret), host=host, port=port, log_level="warning",
+        uvicorn.run(create_app(cluster, secret), host=host, port=port, log_level="warning", **server_options(config),
                     access_log=False, timeout_graceful_shutdown=10)
     finally:
         cluster.close()
         log.info("engine stopped", extra={"cluster": cluster_name})
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -2,5 +2,7 @@
 
 from .app import create_app
 from .formats import Format, dump_rows, dump_structured, load_rows, load_structured, parse_format
+from .server import server_options
 
-__all__ = ["Format", "create_app", "dump_rows", "dump_structured", "load_rows", "load_structured", "parse_format"]
+__all__ = ["Format", "create_app", "dump_rows", "dump_structured", "load_rows", "load_structured", "parse_format",
+           "server_options"]

@@ -6,8 +6,16 @@ calls one method of the cluster in a worker thread, and encodes the result in th
 The command descriptors at ``GET /api/v4`` tell the official client which HTTP method, input and
 output kind each command uses — the client builds its requests from them, so they must be right.
 
-Every failure becomes a YT error (``X-YT-Error`` header plus JSON body) with a 4xx status; only a
-storage that is momentarily unavailable answers 503, which clients retry.
+Every failure becomes a YT error (``X-YT-Error`` header plus JSON body) with a 4xx status; a
+storage that is momentarily unavailable answers 503, which clients retry. Anything else that
+escapes a command is the engine's fault, not the request's: 500, a short message, one log line
+(the traceback only at debug level, so a request cannot flood the log). The ``X-YT-Error`` header
+is bounded like ``X-YT-Response-Message`` (proxies and clients refuse long header lines); the body
+always carries the whole error.
+
+Limits (``EngineConfig``, section "limits"): the body is read within ``max_body_bytes`` on the wire
+and after decompression (``body.py``); rows are counted while the body is parsed, and an answer's
+bytes while it is encoded (``formats.py``).
 """
 
 from __future__ import annotations
@@ -33,10 +41,11 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
+from .body import read_body
 from .commands import _BODY_BYTES, COMMANDS, Command
-from .formats import Format, dump_rows, dump_structured, load_rows, load_structured, parse_format
+from .formats import Format, Limit, dump_rows, dump_structured, load_rows, load_structured, parse_format
 from .inline import inline_internal
-from .params import _bool, _decode_header_value, _decompress, _header_format, _query_value
+from .params import _bool, _decode_header_value, _header_format, _query_value
 
 log = logging.getLogger("reptables.engine.http")
 
@@ -46,14 +55,62 @@ def _header_safe(text: str) -> str:
     return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in first)[:1000]
 
 
-def _error_response(error: YtError, request_id: str) -> Response:
+#: longest ``X-YT-Error`` header value: errors naming a 70,000-character path must not break the
+#: header parsers of clients and proxies (h11 stops at 16 KiB of headers, nginx at 4-8 KiB)
+MAX_ERROR_HEADER = 4096
+
+
+_TRUNCATED = " [X-YT-Error truncated: the response body has the whole error]"
+
+
+def _cut(value: Any, size: int) -> Any:
+    """``value`` with every string cut to ``size`` characters and long lists and maps shortened."""
+    if isinstance(value, str):
+        return value if len(value) <= size else value[:size] + "..."
+    if isinstance(value, dict):
+        return {str(k)[:size]: _cut(v, size) for k, v in list(value.items())[:20]}
+    if isinstance(value, list | tuple):
+        return [_cut(v, size) for v in value[:10]]
+    return value
+
+
+def _bounded_error_header(payload: dict[str, Any], full: str) -> str:
+    """The error as one JSON line of at most MAX_ERROR_HEADER characters: long strings in its
+    attributes and inner errors cut first, then the message; it then says so. The response body
+    always carries the whole error."""
+    if len(full) <= MAX_ERROR_HEADER:
+        return full
+    message = str(payload.get("message", ""))
+    for size in (1000, 200, 40):
+        short = {"code": payload.get("code"), "message": _cut(message, 2 * size) + _TRUNCATED,
+                 "attributes": _cut(payload.get("attributes") or {}, size),
+                 "inner_errors": _cut(payload.get("inner_errors") or [], size)}
+        header = json.dumps(short, ensure_ascii=True, default=str)
+        if len(header) <= MAX_ERROR_HEADER:
+            return header
+    return json.dumps({"code": payload.get("code"), "message": _cut(message, 80) + _TRUNCATED,
+                      "attributes": {}, "inner_errors": []}, ensure_ascii=True, default=str)
+
+
+def _error_response(error: YtError, request_id: str, headers: dict[str, str] | None = None) -> Response:
     payload = error.to_dict()
-    header = json.dumps(payload, ensure_ascii=True, default=str)
+    body = json.dumps(payload, ensure_ascii=True, default=str)
     return Response(
-        content=header.encode("utf-8"), status_code=error.http_status, media_type="application/json",
-        headers={"X-YT-Error": header, "X-YT-Response-Code": str(error.code),
+        content=body.encode("utf-8"), status_code=error.http_status, media_type="application/json",
+        headers={"X-YT-Error": _bounded_error_header(payload, body), "X-YT-Response-Code": str(error.code),
                  "X-YT-Response-Message": _header_safe(error.message),
-                 "X-YT-Request-Id": request_id})
+                 "X-YT-Request-Id": request_id, **(headers or {})})
+
+
+def _internal_error(what: str, exc: BaseException, **context: str) -> YtError:
+    """An exception no layer turned into a YT error: the engine's fault. One short log line; the
+    traceback at debug level only."""
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    log.error("%s failed: %s%s", what, type(exc).__name__, f": {first}" if first else "",
+              extra={**context, "error_type": type(exc).__name__})
+    log.debug("%s failed", what, exc_info=exc, extra=context)
+    return YtError(f"{what} failed with an internal error ({type(exc).__name__}); see the engine log",
+                   code=ErrorCode.GENERIC, http_status=500, attributes={"error_type": type(exc).__name__})
 
 
 
@@ -98,6 +155,11 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             await run_in_threadpool(cluster.storage.get_meta, "cluster_name")
         except Exception as exc:  # noqa: BLE001 - readiness reports any storage failure
             return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
+        # a database file found damaged by any statement keeps the engine unready until a restart
+        # checks it again: the intact pages read here must not make it look healthy
+        if cluster.storage.corruption is not None:
+            return JSONResponse({"status": "unavailable", "reason": f"the database file is damaged "
+                                 f"({cluster.storage.corruption}); restart the engine to check it"}, status_code=503)
         return JSONResponse({"status": "ready", "cluster_name": cluster.name})
 
     async def metrics(request: Request) -> Response:
@@ -124,8 +186,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             log.warning("storage unavailable", extra={"command": name, "error": str(exc)})
             return _error_response(UnavailableError(f"Storage is temporarily unavailable: {exc.orig}"), request_id)
         except Exception as exc:  # noqa: BLE001 - the API must answer every request with a YT error
-            log.exception("command failed", extra={"command": name})
-            return _error_response(YtError(f"Command {name!r} failed: {type(exc).__name__}: {exc}"), request_id)
+            internal = _internal_error(f"Command {name!r}", exc, command=name, request_id=request_id)
+            return _error_response(internal, request_id)
         finally:
             counted = name if name in COMMANDS else "unknown"
             _metric(engine_metrics.requests, counted, outcome).inc()
@@ -147,12 +209,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             if not isinstance(decoded, dict):
                 raise YtError("X-YT-Parameters must be a map", code=ErrorCode.PROTOCOL_ERROR)
             params.update(decoded)
-        content_length = int(request.headers.get("content-length") or 0)
-        if content_length > cluster.config.max_body_bytes:
-            raise YtError(f"Request body of {content_length} bytes exceeds the limit of "
-                          f"{cluster.config.max_body_bytes} bytes",
-                          code=ErrorCode.PROTOCOL_ERROR, http_status=413)
-        body = _decompress(await request.body(), request.headers.get("content-encoding", ""))
+        body = await read_body(request, cluster.config.max_body_bytes)
         if cmd.input_type is None and body.strip():
             decoded = load_structured(body, Format(header_format, {}))
             if not isinstance(decoded, dict):
@@ -164,8 +221,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         if cmd.input_type is not None:
             fmt = parse_format(params.get("input_format") or request.headers.get("x-yt-input-format"))
             if cmd.input_type == "tabular":
-                input_value = await run_in_threadpool(load_rows, body, fmt) if len(body) > 65536 \
-                    else load_rows(body, fmt)
+                limit = _input_row_limit(cmd)
+                input_value = await run_in_threadpool(load_rows, body, fmt, limit) if len(body) > 65536 \
+                    else load_rows(body, fmt, limit)
             else:
                 input_value = load_structured(body, fmt)
         if cmd.inline is not None and _safe_inline(cmd, params, len(body)):
@@ -180,12 +238,36 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                            default="json" if cmd.output_type == "structured" and header_format == "json"
                            else "yson")
         if cmd.output_type == "tabular":
-            content = await run_in_threadpool(dump_rows, result, fmt) if len(result) > 100 \
-                else dump_rows(result, fmt)
+            limit = _output_limit(cmd)
+            content = await run_in_threadpool(dump_rows, result, fmt, limit) if len(result) > 100 \
+                else dump_rows(result, fmt, limit)
         else:
             content = dump_structured(result, fmt)
         media = "application/json" if fmt.name == "json" else "application/x-yt-yson-binary"
         return Response(content=content, media_type=media, headers={"X-YT-Response-Code": "0"})
+
+    def _input_row_limit(cmd: Command) -> Limit:
+        """Rows one request may carry: a write's are bounded by what one transaction may hold (a
+        body with more can never commit), a lookup's keys by ``max_lookup_keys``."""
+        config = cluster.config
+        if cmd.is_volatile:  # insert_rows, delete_rows, lock_rows
+            rows = config.max_rows_per_transaction
+            return Limit(rows, lambda: YtError(
+                f"Request of {cmd.name} carries more than {rows} rows, the limit of rows per transaction "
+                "(max_rows_per_transaction): split it into several transactions",
+                code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"limit": rows}))
+        keys = config.max_lookup_keys
+        return Limit(keys, lambda: YtError(
+            f"Request of {cmd.name} carries more than {keys} keys, the limit of keys per request "
+            "(max_lookup_keys): split it into several requests",
+            code=ErrorCode.INVALID_PARAMETER, attributes={"max_lookup_keys": keys}))
+
+    def _output_limit(cmd: Command) -> Limit:
+        size = cluster.config.max_output_bytes
+        return Limit(size, lambda: YtError(
+            f"Answer of {cmd.name} exceeds the output limit of {size} bytes (max_output_bytes): "
+            "narrow the query with a WHERE condition or a LIMIT, or read fewer keys at once",
+            code=ErrorCode.INVALID_PARAMETER, attributes={"max_output_bytes": size}))
 
     internal_methods: dict[str, Callable[[dict[str, Any]], Any]] = {
         "prepare": cluster.replication.handle_prepare,
@@ -205,7 +287,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             if handler is None:
                 raise YtError(f"Unknown internal method {method!r}", code=ErrorCode.NO_SUCH_METHOD, http_status=404)
             authenticate(request)
-            raw = await request.body() or b"{}"
+            raw = await read_body(request, cluster.config.max_body_bytes) or b"{}"
             try:
                 # pushes carry up to 90,000 rows: orjson, unless the standard parser is needed for
                 # NaN/Infinity (which only the standard encoder writes)
@@ -232,9 +314,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
             return _error_response(error, request_id)
         except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
-            log.exception("internal call failed", extra={"method": method})
-            return _error_response(YtError(f"Internal call {method!r} failed: {type(exc).__name__}: {exc}"),
-                                   request_id)
+            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            return _error_response(_internal_error(f"Internal call {method!r}", exc, method=method,
+                                                   request_id=request_id), request_id)
 
     routes = [  # the commands first: routes are matched in order
         Route("/api/v4/{command}", command, methods=["GET", "POST", "PUT"]),

@@ -8,7 +8,6 @@ same error messages, so the command table stays one line of translation per comm
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
 import orjson
@@ -94,11 +93,32 @@ _FORMAT_PARAMETERS = frozenset({"input_format", "output_format"})
 _SCALARS = (str, int, float, bool, type(None))
 
 
+def _not_utf8(value: Any) -> bool:
+    """Whether a parsed YSON value holds a string that is not UTF-8 (which no command can use)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, yson.YsonStringProxy):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        attributes = getattr(item, "attributes", None)
+        if attributes:
+            stack.append(dict(attributes))
+    return False
+
+
 def _decode_header_value(raw: str, header_format: str) -> Any:
     data = raw.encode("latin-1")
     try:
         if header_format == "yson":
-            return yson.loads(data)
+            value = yson.loads(data)
+            if _not_utf8(value):
+                raise ValueError("a string is not valid UTF-8")
+            return value
         try:
             value = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -108,30 +128,12 @@ def _decode_header_value(raw: str, header_format: str) -> Any:
         # scalars need no conversion; structures may carry YSON attributes in their JSON form
         return {k: v if isinstance(v, _SCALARS) or k in _FORMAT_PARAMETERS else yson.json_to_yson(v)
                 for k, v in value.items()}
-    except Exception:  # noqa: BLE001 - any parse failure is a malformed header
-        raise YtError(f"Malformed X-YT-Parameters header (expected {header_format})",
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a malformed header
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise YtError(f"Malformed X-YT-Parameters header (expected {header_format}): {reason}",
                       code=ErrorCode.PROTOCOL_ERROR) from None
 
 
 def _header_format(request: Request) -> str:
     raw = request.headers.get("x-yt-header-format", "json")
     return parse_format(raw, default="json").name
-
-
-def _decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    try:
-        if encoding in ("gzip", "deflate"):
-            # YT clients label zlib streams "gzip"; wbits=47 accepts both zlib and gzip headers
-            return zlib.decompress(body, zlib.MAX_WBITS | 32)
-        if encoding == "br":
-            import brotli
-
-            return brotli.decompress(body)
-    except Exception as exc:  # noqa: BLE001
-        raise YtError(f"Cannot decode request body with Content-Encoding {encoding!r}: {exc}",
-                      code=ErrorCode.PROTOCOL_ERROR) from None
-    raise YtError(f"Unsupported Content-Encoding {encoding!r}", code=ErrorCode.PROTOCOL_ERROR)
-

@@ -7,6 +7,7 @@ the transaction manager's. Reads of a replicated table are served by an in-sync 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -280,16 +281,60 @@ class RowCommands(TabletCommands):
         statement = compiled.statement
         if statement._limit_clause is None:
             statement = statement.limit(limit + 1)
+        # limits (EngineConfig "limits"): the database stops the query at query_timeout, and the
+        # fetch stops once the answer is surely past max_output_bytes - each value takes at least
+        # one byte in any output format, a string at least its length - instead of building it whole
+        timeout = self.config.query_timeout
+        max_bytes = self.config.max_output_bytes
+        deadline = time.monotonic() + timeout
+        timed_out = False
+
+        def past_deadline() -> bool:
+            nonlocal timed_out
+            timed_out = time.monotonic() > deadline
+            return timed_out
+
+        shown = query if len(query) <= 1000 else query[:1000] + "..."  # as errors echo it
+        strings = [i for i, n in enumerate(compiled.output_columns) if compiled.output_types.get(n) == "string"]
+        width = len(compiled.output_columns)
+        fetched: list[Any] = []
         try:
             with self.storage.read() as conn:
-                result = conn.execute(statement)
-                rows = [dict(zip(compiled.output_columns, r, strict=True)) for r in result.fetchmany(limit + 1)]
+                raw = conn.connection.dbapi_connection
+                if self.storage.is_sqlite:
+                    # called every million VM steps (~20 ms): each call takes the GIL, which more
+                    # often would stall the query behind busy Python threads
+                    raw.set_progress_handler(past_deadline, 1_000_000)  # type: ignore[union-attr]
+                else:
+                    conn.execute(sa.text(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"))
+                try:
+                    result = conn.execute(statement)
+                    size = 0
+                    while len(fetched) <= limit:
+                        batch = result.fetchmany(min(1000, limit + 1 - len(fetched)))
+                        if not batch:
+                            break
+                        fetched.extend(batch)
+                        size += width * len(batch) + sum(len(r[i]) for r in batch for i in strings if r[i])
+                        if size > max_bytes:
+                            raise YtError(f"Answer of select_rows exceeds the output limit of {max_bytes} bytes "
+                                          "(max_output_bytes): narrow the query with a WHERE condition or a LIMIT",
+                                          code=ErrorCode.INVALID_PARAMETER,
+                                          attributes={"max_output_bytes": max_bytes, "query": shown})
+                finally:
+                    if self.storage.is_sqlite:
+                        raw.set_progress_handler(None, 0)  # type: ignore[union-attr]
         except sa.exc.DBAPIError as exc:
+            if timed_out or "statement timeout" in str(exc.orig):
+                raise YtError(f"Query was stopped after the query time limit of {timeout:g} s (query_timeout): "
+                              "narrow it with a WHERE condition on the key columns or a LIMIT",
+                              code=ErrorCode.TIMEOUT, attributes={"query_timeout": timeout, "query": shown}) from None
             if _is_storage_outage(exc):
                 raise
             # the storage refused to evaluate this query (overflow, expression too deep...)
             raise YtError(f"Query cannot be evaluated: {exc.orig}", code=ErrorCode.INVALID_PARAMETER,
-                          attributes={"query": query}) from None
+                          attributes={"query": shown}) from None
+        rows = [dict(zip(compiled.output_columns, r, strict=True)) for r in fetched]
         if len(rows) > limit:
             if fail_on_incomplete_result:
                 raise YtError(f"Query result exceeds the output row limit of {limit} rows; add a limit or "
