@@ -62,6 +62,20 @@ class EngineConfig:
     #: a sync replica that does not answer a prepare within this many seconds fails the commit
     sync_timeout: float = 1.0
 
+    # -- peer input --------------------------------------------------------------------------------------
+    #: a timestamp received from another cluster (a pushed change, a prepare, a commit decision) may
+    #: be at most this far ahead of this cluster's clock (seconds); as YT's client timestamp
+    #: threshold. Any distance behind is accepted (a replica catching up gets old changes)
+    max_peer_clock_skew: float = 60.0
+    #: changes one replicator batch may carry (at least the meta-cluster's batch_rows)
+    max_peer_batch_rows: int = 100_000
+    #: bytes of row data one replicator batch may carry (at least the meta-cluster's batch_bytes)
+    max_peer_batch_bytes: int = 512 * MiB
+    #: a transaction prepared here by another cluster and still undecided after this many seconds
+    #: is reported, and reads that would wait for it fail at once (retriable, 1713) instead of
+    #: waiting; it is aborted if its coordinator has left //sys/clusters for this long
+    in_doubt_timeout: float = 60.0
+
     # -- node ------------------------------------------------------------------------------------------
     #: period of the background jobs: transaction expiry, replication maintenance
     background_period: float = 1.0
@@ -69,10 +83,28 @@ class EngineConfig:
     compaction_period: float = 30.0
 
     # -- API -------------------------------------------------------------------------------------------
-    #: largest request body accepted
+    #: largest request body accepted, counted after decompression (Content-Encoding) and for
+    #: chunked bodies as they arrive: past it the request is refused with 413
     max_body_bytes: int = 512 * MiB
     #: bodies up to this size of commands that cannot wait run on the event loop
     inline_body_bytes: int = 64 * 1024
+
+    # -- limits ----------------------------------------------------------------------------------------
+    #: keys one lookup_rows (or get_in_sync_replicas) request may carry, counted while the body is
+    #: parsed (rows of a write are bounded the same way by max_rows_per_transaction)
+    max_lookup_keys: int = 1_000_000
+    #: bytes one select_rows or lookup_rows answer may have in its output format; a larger answer is
+    #: refused (1802) rather than built: add a WHERE condition or a LIMIT
+    max_output_bytes: int = 64 * MiB
+    #: seconds a select_rows query may run in the database before it is stopped (code 3, timeout)
+    query_timeout: float = 60.0
+    #: seconds a client has to send the headers of a request, counted from the connection (or from
+    #: the first byte of a later request on it); a slower client is disconnected (slowloris)
+    header_timeout: float = 10.0
+    #: seconds an idle keep-alive connection stays open between requests
+    keep_alive_timeout: float = 5.0
+    #: open client connections; a request on a connection beyond them is answered 503 (retriable)
+    max_connections: int = 1000
 
     # -- fault tests -----------------------------------------------------------------------------------
     #: named crash points at which the process SIGKILLs itself (``REPTABLES_CRASH_AT``)

@@ -26,6 +26,8 @@ class ErrorCode(IntEnum):
     SCHEMA_VIOLATION = 307
     ROW_WEIGHT_LIMIT_EXCEEDED = 308
     INCOMPATIBLE_KEY_COLUMNS = 311
+    #: NChunkClient's IOError: the storage under a table failed (a corrupted database file)
+    IO_ERROR = 711
     RESOLVE_ERROR = 500
     ALREADY_EXISTS = 501
     AUTHENTICATION_ERROR = 900
@@ -35,6 +37,7 @@ class ErrorCode(IntEnum):
     TABLET_NOT_MOUNTED = 1702
     INVALID_TABLET_STATE = 1706
     TABLET_SNAPSHOT_EXPIRED = 1708
+    BLOCKED_ROW_WAIT_TIMEOUT = 1713
     NO_SYNC_REPLICAS = 1714
     TABLE_MUST_BE_SORTED = 1716
     TOO_MANY_ROWS_IN_TRANSACTION = 1717
@@ -169,6 +172,26 @@ class UnavailableError(YtError):
         super().__init__(message, **kwargs)
 
 
+class DataDirError(YtError):
+    """The engine refuses its data directory at start-up (missing or damaged database, lost WAL):
+    the process exits rather than serve a cluster whose data is not what it acknowledged."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("code", ErrorCode.IO_ERROR)
+        super().__init__(message, **kwargs)
+
+
+class StorageCorruptedError(YtError):
+    """The database answered that its file is damaged (SQLite's "database disk image is
+    malformed"): a server fault, not the request's, so 500; not retriable either."""
+
+    http_status = 500
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("code", ErrorCode.IO_ERROR)
+        super().__init__(message, **kwargs)
+
+
 _CLASS_BY_CODE: dict[int, type[YtError]] = {
     ErrorCode.RESOLVE_ERROR: ResolveError,
     ErrorCode.ALREADY_EXISTS: AlreadyExistsError,
@@ -180,4 +203,5 @@ _CLASS_BY_CODE: dict[int, type[YtError]] = {
     ErrorCode.QUERY_SYNTAX_ERROR: QuerySyntaxError,
     ErrorCode.AUTHENTICATION_ERROR: AuthenticationError,
     ErrorCode.UNAVAILABLE: UnavailableError,
+    ErrorCode.IO_ERROR: StorageCorruptedError,
 }

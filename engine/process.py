@@ -56,11 +56,11 @@ class LocalEngine:
 
     def start(self, timeout: float = 30.0) -> LocalEngine:
         """Start the engine and wait until ``/readyz`` answers; a clear error with its log if not."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, like everything in it
         env = {**os.environ, **self.env}
         if self.token is not None:
             env["REPTABLES_TOKEN"] = self.token
-        with open(self.log_path, "ab") as log:
+        with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "reptables.engine.cli", "serve", "--cluster-name",
                  self.cluster_name, "--data-dir", str(self.data_dir), "--port", str(self.port),

@@ -4,6 +4,11 @@
 replication manager; it registers replication's commit hooks with the transaction manager, loads
 state at start-up and runs the background jobs (transaction expiry, compaction, replication
 maintenance). Its commands come from the classes it extends (see ``base``).
+
+``open`` serves a data directory only after its checks (``storage.open_data_dir``: marker, files,
+``PRAGMA quick_check``, system tables, metadata) and ``_load`` found every table's SQL tables; a
+directory that fails them is refused with a ``DataDirError`` and one log line, never started
+empty. Once loaded, the directory is marked as holding this cluster and running, until ``close``.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ from ..cypress import (
     MAP_NODE,
     Cypress,
 )
-from ..errors import ErrorCode, YtError
+from ..errors import DataDirError, ErrorCode, StorageCorruptedError, YtError
 from ..faults import Faults
 from ..metrics import EngineMetrics
 from ..peers import Peers
 from ..replication import (
     ReplicationManager,
 )
-from ..storage import Storage, meta_table, read_locks_table, tablets_table
+from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
 from ..timestamps import (
     COUNTER_BITS,
     ReservationFile,
@@ -63,11 +68,36 @@ class Cluster(RowCommands):
         self.transactions.register_commit_hooks(self.replication)
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
+        #: the checked data directory when opened through ``open`` (marked stopped by ``close``)
+        self.data_dir: DataDir | None = None
         self._load()
 
     @classmethod
     def open(cls, name: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> Cluster:
-        return cls(name, Storage.for_data_dir(data_dir), data_dir, config)
+        """The cluster of ``data_dir``; a ``DataDirError`` (logged, nothing created) if the directory
+        held a cluster whose database is missing, empty, damaged or incomplete."""
+        directory = DataDir(data_dir)
+        try:
+            storage = open_data_dir(directory)
+            try:
+                cluster = cls(name, storage, data_dir, config)
+            except BaseException:
+                storage.close()
+                raise
+        except (DataDirError, StorageCorruptedError) as exc:
+            # every refusal names the directory: _load's errors and a damaged page met while loading
+            # get it here
+            refused = exc if "data_dir" in exc.attributes else directory.refuse(
+                exc.message if isinstance(exc, DataDirError)
+                else f"its database is damaged ({exc.attributes.get('reason')})")
+            log.error("data directory refused", extra={"cluster": name, "data_dir": str(data_dir),
+                                                       "reason": refused.message})
+            if refused is exc:
+                raise
+            raise refused from exc
+        cluster.data_dir = directory
+        directory.mark_running(name, storage.get_meta("database_id") or "")
+        return cluster
 
     def _load(self) -> None:
         with self.storage.write() as conn:
@@ -81,6 +111,8 @@ class Cluster(RowCommands):
                               " export its tables and load them into a new data directory",
                               code=ErrorCode.INVALID_PARAMETER)
             self.storage.set_meta(conn, "storage_format", STORAGE_FORMAT)
+            if conn.execute(sa.select(meta_table.c.value).where(meta_table.c.name == "database_id")).scalar() is None:
+                self.storage.set_meta(conn, "database_id", new_database_id())
             if not nodes:
                 for name in ("tmp", "home", "sys"):
                     self._new_node(conn, self.cypress.root, name, MAP_NODE, {})
@@ -92,11 +124,19 @@ class Cluster(RowCommands):
             counts.setdefault(t.table_id, {})[t.tablet_index] = [t.row_count, t.trimmed_row_count]
         with self.storage.read() as conn:
             locked = {r[0] for r in conn.execute(sa.select(read_locks_table.c.table_id).distinct())}
+        present = self.storage.table_names()
+        lost: list[str] = []
         for node in self.cypress.by_id.values():
             if node.type in TABLE_TYPES:
                 node.table = self._make_table(node)
                 node.table.tablet_rows = counts.get(node.id, {})
                 node.table.has_read_locks = node.id in locked
+                sql = [t.name for t in (node.table.sql.data, node.table.sql.versions) if t is not None]
+                lost += [f"{node.path} ({name})" for name in sql if name not in present]
+        if lost:
+            raise DataDirError(f"the database of cluster {self.name} lacks the SQL tables of "
+                               f"{', '.join(lost[:5])}{' and more' if len(lost) > 5 else ''}",
+                               attributes={"tables": lost[:100]})
         with self.storage.read() as conn:
             self.replication.load(conn)
         self._refresh_directory()
@@ -130,6 +170,8 @@ class Cluster(RowCommands):
         if self._background is not None:
             self._background.join(timeout=5)
         self.storage.close()
+        if self.data_dir is not None:
+            self.data_dir.mark_stopped()
 
     def compact(self) -> int:
         """Drop versions older than each table's min_data_ttl, never past an active snapshot."""

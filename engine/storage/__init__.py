@@ -1,5 +1,7 @@
-"""Storage: SQL through SQLAlchemy Core, one serialized writer, the system tables and user table shapes."""
+"""Storage: SQL through SQLAlchemy Core, one serialized writer, the system tables and user table shapes;
+the data directory and its start-up checks."""
 
+from .datadir import DataDir, new_database_id, open_data_dir
 from .sql import (
     DELETED,
     KIND,
@@ -24,7 +26,8 @@ from .sql import (
 )
 
 __all__ = [
-    "DELETED", "FastStatement", "KIND", "LOCK_MASK", "PAYLOAD", "ROW_INDEX", "Storage", "TABLET_INDEX", "TS",
-    "UserTables", "commits_table", "meta_table", "nodes_table", "on_commit", "on_rollback", "prepared_table",
-    "read_locks_table", "replica_progress_table", "replica_sink_table", "tablets_table",
+    "DELETED", "DataDir", "FastStatement", "KIND", "LOCK_MASK", "PAYLOAD", "ROW_INDEX", "Storage", "TABLET_INDEX",
+    "TS", "UserTables", "commits_table", "meta_table", "new_database_id", "nodes_table", "on_commit", "on_rollback",
+    "open_data_dir", "prepared_table", "read_locks_table", "replica_progress_table", "replica_sink_table",
+    "tablets_table",
 ]

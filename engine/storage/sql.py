@@ -13,11 +13,17 @@ keyed by (tablet, row index).
 Everything here is dialect-neutral: no SQLite-only SQL. SQLite runs in WAL mode with
 ``synchronous=FULL`` so that an acknowledged commit survives a crash; writes are serialized by the
 engine (one writer), reads run concurrently on other pooled connections.
+
+A database file found damaged by any statement (SQLite's "database disk image is malformed") turns
+into a ``StorageCorruptedError`` (a 500, never a client's 400), logs one line, and leaves
+``Storage.corruption`` set, which keeps ``/readyz`` failing until a restart checks the file again
+(``datadir.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from ..errors import StorageCorruptedError
 from ..schema import ColumnType, TableSchema
 
 log = logging.getLogger("reptables.engine.storage")
@@ -324,7 +331,9 @@ def _upsert(table: sa.Table, dialect: sa.Dialect) -> sa.ClauseElement:
 class Storage:
     """Owns the SQLAlchemy engine; one writer at a time, readers in parallel."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, create_schema: bool = True) -> None:
+        """``create_schema=False``: the system tables are created later (:meth:`create_schema`),
+        once the data directory's checks have seen the database as it was."""
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         kwargs: dict[str, Any] = {}
@@ -346,12 +355,38 @@ class Storage:
         self._writer: sa.Connection | None = None  # guarded by write_lock
         #: the event-loop thread's own read connection: used only by that thread, so unlocked
         self._loop_reader: sa.Connection | None = None
+        #: why the database file is damaged, once a statement found it so (SQLite's message); set
+        #: once and never cleared - a restart checks the file again. Written and read without a
+        #: lock: a reference assignment, and at worst two threads finding it at once both log it
+        self.corruption: str | None = None
+        if create_schema:
+            self.create_schema()
+
+    def create_schema(self) -> None:
+        """Create the system tables that are missing."""
         SYSTEM_METADATA.create_all(self.engine)
 
     @classmethod
     def for_data_dir(cls, data_dir: Path) -> Storage:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        return cls(f"sqlite:///{data_dir / 'engine.sqlite'}")
+        """The storage of ``data_dir``, after the data directory's checks (``datadir.open_data_dir``;
+        ``Cluster.open`` keeps the ``DataDir`` too, to mark it)."""
+        from .datadir import DataDir, open_data_dir  # datadir builds on this module
+
+        return open_data_dir(DataDir(data_dir))
+
+    def _corrupted(self, exc: BaseException) -> StorageCorruptedError | None:
+        """The API's error for ``exc`` if it says the database file is damaged, else None; the first
+        one logs a line and marks the storage damaged."""
+        reason = corruption_of(exc)
+        if reason is None:
+            return None
+        if self.corruption is None:
+            self.corruption = reason
+            log.error("the database file is damaged: this engine reports itself unready until it is restarted",
+                      extra={"database": self.url, "error": reason})
+        return StorageCorruptedError(
+            f"The storage of this cluster is damaged ({reason}); the engine stays unready until it is "
+            "restarted, which checks its data directory", attributes={"reason": reason})
 
     @contextmanager
     def write(self, durable: bool = True) -> Iterator[sa.Connection]:
@@ -378,6 +413,9 @@ class Storage:
                     fn()
                 if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
                     self._writer = None
+                corrupted = self._corrupted(exc)
+                if corrupted is not None:
+                    raise corrupted from exc
                 raise
             finally:
                 conn.info.pop(_UNDO, None)
@@ -412,22 +450,33 @@ class Storage:
 
         The event-loop thread, which serves small reads itself, keeps one connection of its own:
         a pool checkout and return cost more than a point lookup."""
-        conn = None
-        if threading.current_thread() is threading.main_thread():
-            if self._loop_reader is None or self._loop_reader.closed:
-                self._loop_reader = self.engine.connect()
-            if not self._loop_reader.in_transaction():  # not a read inside a read
-                conn = self._loop_reader
-        if conn is None:
-            with self.engine.connect() as pooled, pooled.begin():
-                yield pooled
-            return
-        with conn.begin():
-            yield conn
+        try:
+            conn = None
+            if threading.current_thread() is threading.main_thread():
+                if self._loop_reader is None or self._loop_reader.closed:
+                    self._loop_reader = self.engine.connect()
+                if not self._loop_reader.in_transaction():  # not a read inside a read
+                    conn = self._loop_reader
+            if conn is None:
+                with self.engine.connect() as pooled, pooled.begin():
+                    yield pooled
+                return
+            with conn.begin():
+                yield conn
+        except Exception as exc:
+            corrupted = self._corrupted(exc)
+            if corrupted is None:
+                raise
+            raise corrupted from exc
 
     def get_meta(self, name: str) -> str | None:
         with self.read() as conn:
             return conn.execute(sa.select(meta_table.c.value).where(meta_table.c.name == name)).scalar()
+
+    def table_names(self) -> set[str]:
+        """The names of the SQL tables in the database."""
+        with self.read() as conn:
+            return set(sa.inspect(conn).get_table_names())
 
     def set_meta(self, conn: sa.Connection, name: str, value: str) -> None:
         updated = conn.execute(meta_table.update().where(meta_table.c.name == name).values(value=value))
@@ -443,6 +492,18 @@ class Storage:
             self._loop_reader.close()
             self._loop_reader = None
         self.engine.dispose()
+
+
+#: SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB
+_CORRUPTION_CODES = (11, 26)
+
+
+def corruption_of(exc: BaseException) -> str | None:
+    """SQLite's message if ``exc`` (raw or wrapped by SQLAlchemy) says the database file is damaged."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+    if isinstance(orig, sqlite3.DatabaseError) and getattr(orig, "sqlite_errorcode", 0) & 0xFF in _CORRUPTION_CODES:
+        return str(orig)
+    return None
 
 
 _UNDO = "reptables_undo"
