@@ -24,4 +24,9 @@ class EngineMetrics:
         self.rows_written = Counter("reptables_rows_written", "Rows written by commits", registry=self.registry)
         self.conflicts = Counter("reptables_conflicts", "Transactions aborted by a row lock conflict",
                                  registry=self.registry)
+        #: in-doubt resolution on a replica: outcome committed / aborted (the coordinator's word),
+        #: aborted_unknown_coordinator (it left //sys/clusters), stalled (undecided past in_doubt_timeout)
+        self.in_doubt = Counter("reptables_in_doubt_transactions",
+                                "Transactions prepared here by another cluster, resolved or reported stalled "
+                                "by in-doubt resolution", ["outcome"], registry=self.registry)
 

@@ -47,7 +47,7 @@ class ReplicationManager:
         self.peers = peers
         self.config = config
         self.registry = ReplicaRegistry(host, peers)
-        self.sink = ReplicaSink(host)
+        self.sink = ReplicaSink(host, peers, config)
         self.sync = SyncCommits(host, peers, self.registry, self.sink, config)
         self.status = ReplicationStatus(host, self.registry)
         self.replicators = ReplicatorPool(host, peers, self.registry, config, maintenance=(

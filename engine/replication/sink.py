@@ -11,23 +11,78 @@ learns the truth from the answer and continues from there.
 
 The ``/internal/v1`` handlers here are ``prepare``/``commit``/``abort`` of sync writes, ``push``
 of replicator batches and ``table_info`` (what ``alter_table_replica --enable`` inspects).
+
+Everything a peer sends is input, checked like a client's before anything changes: the rows
+against the *replica* table's schema exactly as ``insert_rows``/``delete_rows`` check them (types,
+unknown and missing key columns, null keys, the row weight limit), the change kinds (an ordered
+table only takes writes), row and tablet indexes, the size of a batch, and every timestamp (in
+range, at most ``max_peer_clock_skew`` ahead of this clock: ``TimestampProvider.check``). A
+refused request changes nothing: no row, no sink record, no prepare record. One subtlety: an
+``any`` value travels as the YSON text the meta-cluster stored, so it is parsed (and must parse)
+before the schema check turns it back into the stored text. A prepare must name a coordinator
+this cluster knows (``//sys/clusters``): an unknown one could never be asked for its decision.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import sqlalchemy as sa
 
-from ..errors import ErrorCode, YtError
+from .. import yson_util
+from ..config import DEFAULT_CONFIG, EngineConfig
+from ..errors import ErrorCode, SchemaViolation, YtError
+from ..peers import Peers
+from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
 from ..storage import FastStatement, replica_sink_table
-from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes
+from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes, validate_key_not_null
 from .host import ReplicationHost
 
 _READ_SINK = FastStatement.select(replica_sink_table, ("row_index", "timestamp"), "upstream_replica_id", "tablet_index")
 _UPDATE_SINK = FastStatement.update(replica_sink_table, "upstream_replica_id", "tablet_index")
 _INSERT_SINK = FastStatement.insert(replica_sink_table)
+
+#: the largest tablet index a peer may name: far above any table's tablet count (reshard allows
+#: 10,000), low enough to keep the sink records bounded
+MAX_PEER_TABLET_INDEX = 100_000
+#: row indexes are SQL integers
+MAX_ROW_INDEX = (1 << 63) - 1
+#: ids and names a peer sends (transaction ids are 64 characters at most in their SQL record)
+MAX_TRANSACTION_ID_LENGTH = 64
+MAX_NAME_LENGTH = 1000
+
+
+def _bad(message: str, **attributes: Any) -> YtError:
+    return YtError(message, code=ErrorCode.PROTOCOL_ERROR, attributes=attributes)
+
+
+def int_field(body: dict[str, Any], name: str, what: str, high: int = MAX_ROW_INDEX) -> int:
+    """A non-negative integer field of a peer's request, at most ``high``."""
+    if name not in body:
+        raise _bad(f"Internal request {what} misses field {name!r}")
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise _bad(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected an integer "
+                   f"in [0, {high}]", field=name)
+    return value
+
+
+def str_field(body: dict[str, Any], name: str, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
+    """A non-empty string field of a peer's request, at most ``max_length`` characters."""
+    if name not in body:
+        raise _bad(f"Internal request {what} misses field {name!r}")
+    value = body[name]
+    if not isinstance(value, str) or not 0 < len(value) <= max_length:
+        raise _bad(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected a string of "
+                   f"1 to {max_length} characters", field=name)
+    return value
+
+
+def _data_bytes(row: dict[str, Any]) -> int:
+    """Bytes of a validated row's values, as a batch's size is counted (a string by its length)."""
+    return sum(len(v) if type(v) is str else 8 for v in row.values())
 
 
 def read_sink(conn: sa.Connection, replica_id: str, tablet: int) -> tuple[int, int] | None:
@@ -50,10 +105,17 @@ def advance_sink(conn: sa.Connection, replica_id: str, tablet: int, row_index: i
 class ReplicaSink:
     """Answers the meta-cluster's calls on a replica cluster."""
 
-    def __init__(self, host: ReplicationHost) -> None:
+    def __init__(self, host: ReplicationHost, peers: Peers | None = None,
+                 config: EngineConfig = DEFAULT_CONFIG) -> None:
         self.host = host
+        #: the cluster directory: a prepare's coordinator must be in it (None: a test's sink
+        #: without a directory accepts every coordinator)
+        self.peers = peers
+        self.config = config
 
-    def replica_table(self, path: str, replica_id: str, preserve: bool = True) -> tuple[DynamicTable, str]:
+    def replica_table(self, path: object, replica_id: str, preserve: bool = True) -> tuple[DynamicTable, str]:
+        if not isinstance(path, str):
+            raise _bad(f"Invalid replica_path {str(path)[:100]!r}: expected a string", field="replica_path")
         table, table_path, _ = self.host.resolve_table(path)
         expected = replica_id if preserve else None
         if table.upstream_replica_id != expected:
@@ -63,6 +125,8 @@ class ReplicaSink:
         return table, table_path
 
     def table_info(self, path: str) -> dict[str, Any]:
+        if not isinstance(path, str):
+            raise _bad(f"Invalid path {str(path)[:100]!r}: expected a string", field="path")
         table, _, _ = self.host.resolve_table(path)
         return {"sorted": table.sorted, "key_columns": table.schema.key_names,
                 "columns": [{"name": c.name, "type": c.type.value} for c in table.schema.columns],
@@ -71,17 +135,109 @@ class ReplicaSink:
     def prepare_may_wait(self, body: dict[str, Any]) -> bool:
         """Whether a prepare may wait for the decision on an earlier transaction (which arrives as
         another request: such a prepare must not hold the event loop)."""
+        path = body.get("replica_path")
+        if not isinstance(path, str):
+            return False  # refused by the handler
         try:
-            table, _, _ = self.host.resolve_table(body.get("replica_path"))
+            table, _, _ = self.host.resolve_table(path)
         except YtError:
             return False
         return self.host.transactions.has_remote_prepared(table.table_id)
 
+    # -- checks of what a peer sends ---------------------------------------------------------------------
+
+    def check_writes(self, table: DynamicTable, path: str, writes: list[RowWrite], what: str) -> None:
+        """Check rows received from a peer against the replica table's schema, as a client's.
+
+        Writes are checked as ``insert_rows`` checks its rows, deletes and locks as the keys of
+        ``delete_rows``/``lock_rows``; each row is replaced by its checked form. An ordered table
+        takes only writes. The batch's size (rows and bytes) is bounded."""
+        schema = table.schema
+        if not table.sorted:
+            for w in writes:
+                if w.kind is not WriteKind.WRITE:
+                    raise YtError(f"Cannot apply a {w.kind.value} change to ordered table {path} ({what}): "
+                                  "ordered tables take only writes", code=ErrorCode.TABLE_MUST_BE_SORTED,
+                                  attributes={"path": path})
+        any_columns = [c.name for c in schema.columns if c.type is ColumnType.ANY]
+        full = [w for w in writes if w.kind is WriteKind.WRITE]
+        if any_columns:
+            for w in full:
+                if isinstance(w.row, dict):
+                    self._parse_any(w.row, any_columns, path)
+        checked = validate_rows(schema, [w.row for w in full], path, keys_not_null=table.sorted)
+        total = 0
+        for w, row in zip(full, checked, strict=True):
+            size = _data_bytes(row)
+            # (the weight is at most 4 bytes a character and 64 a column more: most rows skip it)
+            if size * 4 + 64 * len(row) > MAX_ROW_WEIGHT and row_weight(row) > MAX_ROW_WEIGHT:
+                raise YtError(f"Row of table {path} is too large: its weight exceeds {MAX_ROW_WEIGHT} bytes",
+                              code=ErrorCode.ROW_WEIGHT_LIMIT_EXCEEDED, attributes={"path": path})
+            total += size
+            w.row = row
+        for w in writes:
+            if w.kind is not WriteKind.WRITE:
+                key_row = validate_row(schema, w.row, path, key_only=True)
+                validate_key_not_null(schema, key_row, path)
+                w.row = key_row
+        if total > self.config.max_peer_batch_bytes:
+            raise YtError(f"Cannot apply {what} to table {path}: its rows hold {total} bytes, more than the "
+                          f"{self.config.max_peer_batch_bytes} bytes allowed (max_peer_batch_bytes)",
+                          code=ErrorCode.PROTOCOL_ERROR, attributes={"path": path}, http_status=413)
+
+    @staticmethod
+    def _parse_any(row: dict[str, Any], names: list[str], path: str) -> None:
+        """``any`` values arrive as the YSON text the meta-cluster stored: parse them back, so that
+        the schema check stores them as this cluster's own writes would be."""
+        for name in names:
+            value = row.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise SchemaViolation(f"Value of column {name!r} of table {path} must arrive as YSON text, "
+                                      f"got {yson_util.type_name(value)}", attributes={"column": name, "path": path})
+            try:
+                row[name] = yson_util.loads_text(value)
+            except Exception as exc:  # noqa: BLE001 - the YSON parser raises several types
+                raise SchemaViolation(f"Value of column {name!r} of table {path} is not valid YSON: "
+                                      f"{str(exc)[:200]}", attributes={"column": name, "path": path}) from None
+
+    def check_timestamp(self, ts: object, what: str, ahead: bool = True) -> int:
+        """A timestamp from a peer: in range, and (``ahead``) not past ``max_peer_clock_skew``."""
+        return self.host.timestamps.check(ts, what, self.config.max_peer_clock_skew if ahead else math.inf)
+
     # -- sync writes ---------------------------------------------------------------------------------
 
     def handle_prepare(self, body: dict[str, Any]) -> None:
-        table, path = self.replica_table(body["replica_path"], body["replica_id"])
-        writes = decode_writes(body)
+        tx_id = str_field(body, "transaction_id", "prepare", MAX_TRANSACTION_ID_LENGTH)
+        what = f"prepare of transaction {tx_id}"
+        coordinator = str_field(body, "coordinator", what)
+        replica_id = str_field(body, "replica_id", what)
+        tablet_index = int_field(body, "tablet_index", what, MAX_PEER_TABLET_INDEX)
+        start_ts = self.check_timestamp(body.get("start_timestamp"), f"start timestamp of transaction {tx_id}")
+        prepare_ts = self.check_timestamp(body.get("prepare_timestamp"), f"prepare timestamp of transaction {tx_id}")
+        table, path = self.replica_table(body.get("replica_path"), replica_id)
+        if self.peers is not None and not self.peers.known(coordinator):
+            # its decision could never be asked for: the prepare would hold rows and reads forever
+            raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: its coordinator, cluster "
+                          f"{coordinator}, is not in //sys/clusters of cluster {self.host.name}",
+                          code=ErrorCode.RESOLVE_ERROR, attributes={"transaction_id": tx_id,
+                                                                    "cluster_name": coordinator, "path": path})
+        for flag in ("update", "shared", "strong"):
+            value = body.get(flag, False)
+            if not (isinstance(value, bool) or isinstance(value, list) and all(isinstance(v, bool) for v in value)):
+                raise _bad(f"Malformed writes in {what}: {flag} must be a boolean or a list of booleans", field=flag)
+        try:
+            writes = decode_writes(body)
+        except YtError as exc:
+            raise _bad(f"Malformed writes in {what}: {exc.message}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _bad(f"Malformed writes in {what}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if len(writes) > self.config.max_rows_per_transaction:
+            raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(writes)} rows, more than "
+                          f"the {self.config.max_rows_per_transaction} a transaction may write",
+                          code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"path": path})
+        self.check_writes(table, path, writes, what)
         if table.sorted:
             # this table's lock groups, not the meta's
             full_mask, write_kind = table.schema.full_lock_mask, WriteKind.WRITE
@@ -89,17 +245,22 @@ class ReplicaSink:
                 w.mask = (table.schema.lock_mask(list(w.row)) if w.update else full_mask) \
                     if w.kind is write_kind else 1
         self.host.transactions.prepare_participant(
-            body["transaction_id"], body["coordinator"], table, path, writes, int(body["start_timestamp"]),
-            int(body["prepare_timestamp"]), {"upstream_replica_id": body["replica_id"],
-                                             # (no null: a null in a record makes its encoding
-                                             # look for NaNs)
-                                             **({} if table.sorted else {
-                                                 "tablet_index": int(body["tablet_index"]) % table.tablet_count}),
-                                             "meta_tablet_index": body["tablet_index"]},
-            participant=f"{table.table_id}/{body['replica_id']}/{body['tablet_index']}")
+            tx_id, coordinator, table, path, writes, start_ts, prepare_ts,
+            {"upstream_replica_id": replica_id,
+             # (no null: a null in a record makes its encoding look for NaNs)
+             **({} if table.sorted else {"tablet_index": tablet_index % table.tablet_count}),
+             "meta_tablet_index": tablet_index},
+            participant=f"{table.table_id}/{replica_id}/{tablet_index}")
 
     def handle_commit(self, body: dict[str, Any]) -> None:
-        progress = {(p["replica_id"], int(p["tablet_index"])): int(p["row_index"]) for p in body.get("progress", [])}
+        tx_id = str_field(body, "transaction_id", "commit", MAX_TRANSACTION_ID_LENGTH)
+        what = f"commit of transaction {tx_id}"
+        commit_ts = self.check_timestamp(body.get("commit_timestamp"), f"commit timestamp of transaction {tx_id}")
+        raw_progress = body.get("progress", [])
+        if not isinstance(raw_progress, list) or not all(isinstance(p, dict) for p in raw_progress):
+            raise _bad(f"Invalid progress in internal request {what}: expected a list of maps", field="progress")
+        progress = {(str_field(p, "replica_id", what), int_field(p, "tablet_index", what, MAX_PEER_TABLET_INDEX)):
+                    int_field(p, "row_index", what) for p in raw_progress}
 
         def advance(conn: sa.Connection, _table: DynamicTable, extra: dict[str, Any]) -> None:
             row_index = progress.get((extra["upstream_replica_id"], int(extra["meta_tablet_index"])))
@@ -107,46 +268,76 @@ class ReplicaSink:
                 advance_sink(conn, extra["upstream_replica_id"], extra["meta_tablet_index"], row_index,
                              int(extra["commit_timestamp"]))
 
-        self.host.transactions.commit_participant(body["transaction_id"], int(body["commit_timestamp"]), advance)
+        self.host.transactions.commit_participant(tx_id, commit_ts, advance)
 
     def handle_abort(self, body: dict[str, Any]) -> None:
-        self.host.transactions.abort_participant(body["transaction_id"])
+        self.host.transactions.abort_participant(
+            str_field(body, "transaction_id", "abort", MAX_TRANSACTION_ID_LENGTH))
 
     # -- replicator batches -------------------------------------------------------------------------
 
     def handle_push(self, body: dict[str, Any]) -> dict[str, Any]:
         """Apply one replicator batch exactly once; answer with the stored progress."""
-        replica_id = body["upstream_replica_id"]
-        preserve = bool(body.get("preserve_timestamps", True))
-        table, _ = self.replica_table(body["replica_path"], replica_id, preserve)
-        tablet = int(body["tablet_index"])
-        prev, end = int(body["prev_row_index"]), int(body["row_index"])
+        replica_id = str_field(body, "upstream_replica_id", "push")
+        what = f"push of replica {replica_id}"
+        preserve = body.get("preserve_timestamps", True)
+        if not isinstance(preserve, bool):
+            raise _bad(f"Invalid preserve_timestamps {str(preserve)[:100]!r} in internal request {what}: "
+                       "expected a boolean", field="preserve_timestamps")
+        table, path = self.replica_table(body.get("replica_path"), replica_id, preserve)
+        tablet = int_field(body, "tablet_index", what, MAX_PEER_TABLET_INDEX)
+        prev, end = int_field(body, "prev_row_index", what), int_field(body, "row_index", what)
+        entries = body.get("entries")
+        if not isinstance(entries, list):
+            raise _bad(f"Invalid entries in internal request {what}: expected a list", field="entries")
+        limit = self.config.max_peer_batch_rows
+        if prev > end or end - prev > limit or len(entries) > end - prev:
+            raise _bad(f"Invalid batch in internal request {what}: rows [{prev}, {end}) with {len(entries)} "
+                       f"changes (a batch covers at most {limit} rows, max_peer_batch_rows, and carries at most "
+                       "one change per row)", prev_row_index=prev, row_index=end, path=path)
         groups: list[tuple[int, list[RowWrite]]] = []
-        full_mask = table.schema.full_lock_mask if table.sorted else 1
+        writes: list[RowWrite] = []
         kinds = WRITE_KINDS
-        write_kind = WriteKind.WRITE
-        last_ts: Any = None
+        last_ts = 0
         group: list[RowWrite] | None = None
-        for entry in body["entries"]:
-            payload = entry["payload"]
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise _bad(f"Invalid change {i} in internal request {what}: expected a map")
+            ts = entry.get("timestamp")
+            if ts != last_ts or type(ts) is not int:  # (the changes of one commit share it: checked once)
+                ts = self.check_timestamp(ts, f"timestamp of change {i} of a {what}", preserve)
+            if ts < last_ts:
+                raise _bad(f"Invalid change {i} in internal request {what}: its timestamp {ts:#x} is before that "
+                           f"of the change before it ({last_ts:#x}); a batch is in commit order")
+            raw_kind = entry.get("kind")
+            kind = kinds.get(raw_kind) if isinstance(raw_kind, str) else None
+            if kind is None or kind is WriteKind.LOCK:
+                raise _bad(f"Unknown change kind {str(entry.get('kind'))[:100]!r} in a replication batch "
+                           f"({what})")
+            payload = entry.get("payload")
             if isinstance(payload, str):
-                payload = json.loads(payload)
-            try:
-                kind = kinds[entry["kind"]]
-            except KeyError:
-                raise YtError(f"Unknown change kind {entry['kind']!r} in a replication batch",
-                              code=ErrorCode.PROTOCOL_ERROR) from None
-            row = payload["row"]
-            update = payload["update"] is True
-            if kind is write_kind and table.sorted:
-                mask = table.schema.lock_mask(list(row)) if update else full_mask
-            else:
-                mask = 1
-            ts = entry["timestamp"]
+                try:
+                    payload = json.loads(payload)
+                except ValueError as exc:
+                    raise _bad(f"Malformed payload of change {i} in internal request {what}: {exc}") from None
+            if not isinstance(payload, dict) or "row" not in payload:
+                raise _bad(f"Malformed payload of change {i} in internal request {what}: expected a map with "
+                           "a row")
+            update = payload.get("update", False)
+            if not isinstance(update, bool):
+                raise _bad(f"Malformed payload of change {i} in internal request {what}: update must be a boolean")
             if ts != last_ts or group is None:
                 last_ts, group = ts, []
-                groups.append((int(ts), group))
-            group.append(RowWrite(kind, row, mask, update))
+                groups.append((ts, group))
+            write = RowWrite(kind, payload["row"], 1, update)
+            group.append(write)
+            writes.append(write)
+        self.check_writes(table, path, writes, what)
+        if table.sorted:
+            full_mask, write_kind = table.schema.full_lock_mask, WriteKind.WRITE
+            for w in writes:
+                if w.kind is write_kind:
+                    w.mask = table.schema.lock_mask(list(w.row)) if w.update else full_mask
         return self.host.transactions.apply_replicated(
             table, groups, preserve, tablet % table.tablet_count,
             check=lambda conn: read_sink(conn, replica_id, tablet),

@@ -14,11 +14,20 @@ hooks here (``transactions.CommitHooks``) at fixed points of its two-phase commi
 
 ``deliver_decisions`` resends decisions not acknowledged yet; ``resolve_in_doubt`` is the replica
 side asking coordinators about transactions it prepared and never heard of again.
+
+In-doubt resolution never guesses a decision: aborting a prepare the coordinator committed would
+lose a write the client was told is durable. So a transaction is committed or aborted on its
+coordinator's word only (an unknown transaction is "aborted": presumed abort), with one exception:
+a coordinator that has left ``//sys/clusters`` for ``in_doubt_timeout`` can never answer, and its
+transactions are aborted. One that is merely unreachable (or answers nonsense) keeps its prepares;
+past ``in_doubt_timeout`` they are reported (a warning, ``reptables_in_doubt_transactions``) and
+marked stalled, so that reads fail at once with a retriable error instead of waiting for them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -55,6 +64,9 @@ class SyncCommits:
         self.config = config
         self._pool = ThreadPoolExecutor(max_workers=config.replication_rpc_workers,
                                         thread_name_prefix="replication-rpc")
+        #: in-doubt transactions whose coordinator is not in the directory: id -> since when
+        #: (monotonic). Only the maintenance thread (``resolve_in_doubt``) uses it
+        self._coordinator_unknown_since: dict[str, float] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -200,16 +212,84 @@ class SyncCommits:
         """Background (replica side): ask coordinators about transactions prepared here.
 
         Asking about a transaction still running is harmless (the answer is "in_progress"), so
-        every prepare older than a second is asked about on every pass.
+        every prepare older than a second is asked about on every pass. One left undecided past
+        ``in_doubt_timeout`` is reported and stalled, or aborted if its coordinator has left the
+        directory for that long (see the module docstring).
         """
-        for tx_id, coordinator in self.host.transactions.pending_participants(older_than):
+        # one row per participant: a transaction prepared for several tablets is asked about once
+        pending = list(dict.fromkeys(self.host.transactions.pending_participants(older_than)))
+        if not pending:
+            self._coordinator_unknown_since.clear()
+            return
+        bound = self.config.in_doubt_timeout
+        overdue = {tx for tx, _ in self.host.transactions.pending_participants(bound)}
+        now = time.monotonic()
+        held = {tx for tx, _ in pending}
+        self._coordinator_unknown_since = {tx: at for tx, at in self._coordinator_unknown_since.items()
+                                           if tx in held}
+        for tx_id, coordinator in pending:
+            if not self.peers.known(coordinator):
+                since = self._coordinator_unknown_since.setdefault(tx_id, now)
+                if now - since >= bound:
+                    self._abort_orphan(tx_id, coordinator, now - since)
+                elif tx_id in overdue:
+                    self._stall(tx_id, coordinator, f"its coordinator, cluster {coordinator}, is not in "
+                                                    "//sys/clusters")
+                continue
+            self._coordinator_unknown_since.pop(tx_id, None)
             try:
                 status = self.peers.client(coordinator).call("transaction_status", {"transaction_id": tx_id})
-            except YtError:
-                continue
-            if status["state"] == "committed":
-                mine = [m for m in status.get("participants", []) if m.get("cluster") == self.host.name]
-                for message in mine or [{"transaction_id": tx_id, "commit_timestamp": status["commit_timestamp"]}]:
-                    self.sink.handle_commit(message)
-            elif status["state"] == "aborted":
-                self.host.transactions.abort_participant(tx_id)
+            except YtError as exc:
+                reason = f"its coordinator, cluster {coordinator}, cannot be asked: {exc.message[:300]}"
+            else:
+                try:
+                    if self._apply_status(tx_id, status):
+                        continue
+                    reason = f"its coordinator, cluster {coordinator}, reports it {str(status.get('state'))[:50]}"
+                except YtError as exc:
+                    reason = f"the decision of its coordinator, cluster {coordinator}, cannot be applied: " \
+                             f"{exc.message[:300]}"
+                    log.warning("in-doubt transaction: the coordinator's decision is refused",
+                                extra={"transaction_id": tx_id, "coordinator": coordinator, "error": exc.message})
+            if tx_id in overdue:
+                self._stall(tx_id, coordinator, reason)
+
+    def _apply_status(self, tx_id: str, status: Any) -> bool:
+        """Commit or abort per the coordinator's answer; False when it decided nothing (yet)."""
+        if not isinstance(status, dict):
+            raise YtError(f"Malformed transaction status of {tx_id}: expected a map", code=ErrorCode.PROTOCOL_ERROR)
+        metrics = self.host.transactions.metrics
+        if status.get("state") == "committed":
+            participants = status.get("participants", [])
+            if not isinstance(participants, list):
+                participants = []
+            mine = [m for m in participants if isinstance(m, dict) and m.get("cluster") == self.host.name]
+            for message in mine or [{"transaction_id": tx_id, "commit_timestamp": status.get("commit_timestamp")}]:
+                self.sink.handle_commit(message)
+            metrics.in_doubt.labels(outcome="committed").inc()
+            log.info("in-doubt transaction committed by its coordinator's record", extra={"transaction_id": tx_id})
+            return True
+        if status.get("state") == "aborted":
+            self.host.transactions.abort_participant(tx_id)
+            metrics.in_doubt.labels(outcome="aborted").inc()
+            log.info("in-doubt transaction aborted by its coordinator", extra={"transaction_id": tx_id})
+            return True
+        return False
+
+    def _stall(self, tx_id: str, coordinator: str, reason: str) -> None:
+        """Past the bound without a decision: reported once; reads stop waiting for it."""
+        if self.host.transactions.mark_participant_stalled(tx_id, reason):
+            self.host.transactions.metrics.in_doubt.labels(outcome="stalled").inc()
+            log.warning("in-doubt transaction undecided past in_doubt_timeout: reads of its rows fail until its "
+                        "coordinator decides", extra={"transaction_id": tx_id, "coordinator": coordinator,
+                                                      "reason": reason,
+                                                      "in_doubt_timeout": self.config.in_doubt_timeout})
+
+    def _abort_orphan(self, tx_id: str, coordinator: str, for_seconds: float) -> None:
+        """Its coordinator left the directory long ago: no decision can ever arrive."""
+        self.host.transactions.abort_participant(tx_id)
+        self._coordinator_unknown_since.pop(tx_id, None)
+        self.host.transactions.metrics.in_doubt.labels(outcome="aborted_unknown_coordinator").inc()
+        log.warning("in-doubt transaction aborted: its coordinator is not in //sys/clusters",
+                    extra={"transaction_id": tx_id, "coordinator": coordinator,
+                           "unknown_for_seconds": round(for_seconds, 1)})

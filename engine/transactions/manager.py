@@ -409,6 +409,10 @@ class TransactionManager:
         (transaction id, coordinator)."""
         return self.participants.pending(older_than)
 
+    def mark_participant_stalled(self, tx_id: str, reason: str) -> bool:
+        """Undecided past the in-doubt bound: reads stop waiting for it (see ``ParticipantSide.mark_stalled``)."""
+        return self.participants.mark_stalled(tx_id, reason)
+
     def recover(self) -> tuple[int, int]:
         """After a restart: abort local prepares, re-hold remote ones (see ``ParticipantSide.recover``)."""
         return self.participants.recover()

@@ -5,8 +5,10 @@ conflicts with the meta-cluster's start timestamp, takes row locks, writes a dur
 record with the write set), then *commits* with the coordinator's commit timestamp or *aborts*.
 Between the two, the transaction is in doubt here: reads wait for it (``InFlight``), a restart
 re-holds it from its record (:meth:`ParticipantSide.recover`) and the replication layer asks the
-coordinator about the old ones (:meth:`ParticipantSide.pending`). A replica also applies the
-asynchronous replicator's batches (:meth:`ParticipantSide.apply_replicated`), exactly once.
+coordinator about the old ones (:meth:`ParticipantSide.pending`), and marks those left undecided
+past ``in_doubt_timeout`` stalled (:meth:`ParticipantSide.mark_stalled`: reads stop waiting for
+them). A replica also applies the asynchronous replicator's batches
+(:meth:`ParticipantSide.apply_replicated`), exactly once.
 
 This is the half of the transaction layer that never coordinates anything, so it is its own
 object, owned by the ``TransactionManager`` (which keeps the public ``*_participant`` methods and
@@ -18,10 +20,17 @@ Locking: every prepare, commit, abort, recovery and batch runs in one write tran
 ``Storage.write_lock``; inside it this takes ``InFlight.cond`` and ``LockTable._mutex`` (never
 the other way round), and calls the caller's apply hook (``ApplyHook``). Locks and in-flight
 registrations are released after the SQL transaction.
+
+Everything here comes from another cluster, so its timestamps are checked like a client's
+(``TimestampProvider.check``, bounded by ``max_peer_clock_skew``) before anything is recorded or
+applied: one value near 2^63 would otherwise move this cluster's clock out of range for good. A
+commit timestamp below the prepare timestamp is refused too (reads at a timestamp between the two
+would not be repeatable).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,11 +51,13 @@ from .visibility import InFlight
 # the statements on the latency path of every sync replica commit (storage.FastStatement)
 _INSERT_PREPARED = FastStatement.insert(prepared_table)
 _FIND_PREPARED = FastStatement.select(prepared_table, ("transaction_id",), "transaction_id", "participant")
-_PARTICIPANTS = FastStatement.select(prepared_table, ("participant",), "transaction_id")
+_PARTICIPANTS = FastStatement.select(prepared_table, ("participant", "prepare_timestamp"), "transaction_id")
 _DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
 
 #: a participant's prepared writes: (table, writes, writes by key, extra)
 PreparedWrites = tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None, dict[str, Any]]
+
+log = logging.getLogger("reptables.engine.transactions")
 
 
 class ParticipantSide:
@@ -84,6 +95,13 @@ class ParticipantSide:
         of the same participant is a no-op.
         """
         participant = participant or table.table_id
+        skew = self.config.max_peer_clock_skew
+        self.timestamps.check(start_ts, f"start timestamp of transaction {tx_id}", skew)
+        self.timestamps.check(prepare_ts, f"prepare timestamp of transaction {tx_id}", skew)
+        if start_ts > prepare_ts:
+            raise YtError(f"Invalid prepare of transaction {tx_id}: its start timestamp {start_ts:#x} is after its "
+                          f"prepare timestamp {prepare_ts:#x}", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"transaction_id": tx_id})
         keyed = {table.key_of(w.row): w for w in writes} if table.sorted else None
         if keyed:
             self._inflight.wait_remote_locks(self._lock_table, table.table_id, keyed, tx_id,
@@ -122,12 +140,20 @@ class ParticipantSide:
     def commit(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
         """Apply a prepared remote transaction with the coordinator's commit timestamp."""
         rows = 0
+        what = f"commit timestamp of transaction {tx_id}"
+        self.timestamps.check(commit_ts, what, self.config.max_peer_clock_skew)
         with self.storage.write() as conn:
-            names = [r[0] for r in _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()]
+            records = _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()
+            names = [r[0] for r in records]
+            prepared_at = max((r[1] for r in records), default=0)
+            if commit_ts < prepared_at:
+                raise YtError(f"Invalid commit of transaction {tx_id}: its commit timestamp {commit_ts:#x} is before "
+                              f"its prepare timestamp {prepared_at:#x}", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"transaction_id": tx_id})
             cached = self._prepared_writes.get(tx_id, {})
             if set(cached) != set(names):
                 cached = self._load_prepared(conn, tx_id)
-            self.timestamps.observe(commit_ts)
+            self.timestamps.observe(commit_ts, self.config.max_peer_clock_skew)
             for name in names:
                 if name not in cached:
                     continue  # its table is gone
@@ -173,6 +199,10 @@ class ParticipantSide:
         old = self._inflight.held_longer_than([r[0] for r in rows], older_than, now)
         return [(r[0], r[1]) for r in rows if r[0] in old]
 
+    def mark_stalled(self, tx_id: str, reason: str) -> bool:
+        """No decision past the in-doubt bound: reads stop waiting for it (see ``InFlight.mark_stalled``)."""
+        return self._inflight.mark_stalled(tx_id, reason)
+
     # -- recovery --------------------------------------------------------------------------------
 
     def recover(self) -> tuple[int, int]:
@@ -188,13 +218,31 @@ class ParticipantSide:
         held = aborted = 0
         with self.storage.write() as conn:
             aborted = conn.execute(prepared_table.delete().where(prepared_table.c.coordinator.is_(None))).rowcount
-            for record in conn.execute(sa.select(prepared_table)).all():
+            records = conn.execute(sa.select(prepared_table)).all()
+            invalid: set[str] = set()
+            for record in records:
+                try:
+                    # recorded before prepares were checked: a forged timestamp must not stop the start
+                    self.timestamps.check(record.prepare_timestamp, "prepare timestamp",
+                                          self.config.max_peer_clock_skew)
+                except YtError as exc:
+                    if record.transaction_id not in invalid:
+                        log.warning("aborted a prepared transaction with an invalid timestamp",
+                                    extra={"transaction_id": record.transaction_id,
+                                           "coordinator": record.coordinator, "error": exc.message})
+                        invalid.add(record.transaction_id)
+            for tx_id in invalid:
+                conn.execute(prepared_table.delete().where(prepared_table.c.transaction_id == tx_id))
+            aborted += len(invalid)
+            for record in records:
+                if record.transaction_id in invalid:
+                    continue
+                self.timestamps.observe(record.prepare_timestamp, self.config.max_peer_clock_skew)
                 payload = loads_json(record.payload.encode())
                 resolved = self._resolve_table(payload["table_id"])
                 if resolved is None:
                     continue
                 table, _ = resolved
-                self.timestamps.observe(record.prepare_timestamp)
                 self._hold(record.transaction_id, table, decode_writes(payload), record.prepare_timestamp)
                 held += 1
         return held, aborted
@@ -220,7 +268,7 @@ class ParticipantSide:
                 rows = 0
                 for source_ts, writes in groups:
                     if preserve:
-                        self.timestamps.observe(source_ts)
+                        self.timestamps.observe(source_ts, self.config.max_peer_clock_skew)
                         self._inflight.adopt(source_ts)
                         ts = source_ts
                     else:

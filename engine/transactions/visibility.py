@@ -13,6 +13,13 @@ Both kinds of state are guarded by one condition, because one wait (``wait_visib
 both; that condition and everything it guards live in this one object, which the coordinator
 (``manager.py``) and the participant side (``participant.py``) share.
 
+A remote prepare whose coordinator gives no decision for too long (unreachable, or gone) is marked
+*stalled* by the replication layer's in-doubt resolution (``mark_stalled``): from then on a read
+that would wait for it fails at once with YT's retriable ``BlockedRowWaitTimeout`` (1713), naming
+the transaction and its coordinator, instead of waiting 10 s per read, until the coordinator's
+decision arrives. It is not aborted here: aborting a transaction the coordinator committed would
+lose an acknowledged write (docs/replication.md, "In-doubt transactions").
+
 Lock order: ``Storage.write_lock`` -> ``InFlight.cond`` -> ``LockTable._mutex`` and
 ``TimestampProvider._lock`` (both leaves). Nothing here takes the writer lock, the session lock or
 a transaction's lock. The waits release ``cond`` while they sleep, but must not be entered with
@@ -30,6 +37,10 @@ from typing import Any
 from ..errors import ErrorCode, YtError
 from ..timestamps import TimestampProvider
 from .locks import LockTable
+
+#: YT's ``BlockedRowWaitTimeout`` (NTabletClient::EErrorCode): a read waited for rows held by a
+#: prepared transaction; the official client retries it
+BLOCKED_ROW_WAIT_TIMEOUT = ErrorCode.BLOCKED_ROW_WAIT_TIMEOUT
 
 
 class InFlight:
@@ -49,6 +60,10 @@ class InFlight:
         #: the tables each of them wrote here. Guarded by cond; read without it as a hint (is any
         #: prepared transaction writing this table?) by :meth:`has_remote_prepared`
         self._remote_tables: dict[str, set[str]] = {}
+        #: those of them undecided past the in-doubt bound: id -> why (what their coordinator
+        #: said, or that it cannot be reached). Reads fail at once instead of waiting for them.
+        #: Guarded by cond
+        self._remote_stalled: dict[str, str] = {}
 
     # -- commit timestamps -------------------------------------------------------------------------
 
@@ -79,8 +94,14 @@ class InFlight:
         with self.cond:
             # a prepared remote transaction may still commit with a timestamp <= ts
             while any(t <= ts for t in self._commits) or any(t <= ts for t in self._remote_prepared.values()):
+                blocking = [tx for tx, t in self._remote_prepared.items() if t <= ts]
+                self._raise_if_stalled(blocking, f"a read at timestamp {ts:#x}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if blocking:
+                        raise YtError(f"Timed out waiting for prepared transactions {sorted(blocking)} before "
+                                      f"timestamp {ts:#x} to be committed or aborted by their coordinator",
+                                      code=BLOCKED_ROW_WAIT_TIMEOUT, attributes={"transaction_ids": sorted(blocking)})
                     raise YtError(f"Timed out waiting for commits before timestamp {ts:x} to be applied",
                                   code=ErrorCode.TIMEOUT)
                 self.cond.wait(remaining)
@@ -100,7 +121,31 @@ class InFlight:
             self._remote_prepared.pop(tx_id, None)
             self._remote_held_since.pop(tx_id, None)
             self._remote_tables.pop(tx_id, None)
+            self._remote_stalled.pop(tx_id, None)
             self.cond.notify_all()
+
+    def mark_stalled(self, tx_id: str, reason: str) -> bool:
+        """In-doubt past the bound: reads stop waiting for it (they fail at once, retriable) until it
+        is released. ``reason`` says why no decision came. False if it is not held (any more) or
+        was already marked."""
+        with self.cond:
+            if tx_id not in self._remote_prepared or tx_id in self._remote_stalled:
+                return False
+            self._remote_stalled[tx_id] = reason
+            self.cond.notify_all()  # waiting readers re-check, and fail now
+            return True
+
+    def _raise_if_stalled(self, tx_ids: Iterable[str], what: str) -> None:
+        """Under cond: the retriable error of a read blocked by a stalled in-doubt transaction."""
+        stalled = self._remote_stalled
+        if not stalled:
+            return
+        for tx in tx_ids:
+            reason = stalled.get(tx)
+            if reason is not None:
+                raise YtError(f"Cannot serve {what}: rows are held by transaction {tx}, prepared here and "
+                              f"still in doubt: {reason}; retry later", code=BLOCKED_ROW_WAIT_TIMEOUT,
+                              attributes={"transaction_id": tx})
 
     def has_remote_prepared(self, table_id: str) -> bool:
         """Whether a transaction coordinated elsewhere holds prepared writes to this table (a hint)."""
@@ -115,10 +160,12 @@ class InFlight:
         with self.cond:
             pending = {tx for tx, tables in self._remote_tables.items() if table_id in tables}
             while pending & self._remote_tables.keys():
+                self._raise_if_stalled(pending & self._remote_tables.keys(), f"a read of table {table_id}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise YtError(f"Timed out waiting for prepared transactions {sorted(pending)} to be "
-                                  "committed or aborted by their coordinator", code=ErrorCode.TIMEOUT)
+                                  "committed or aborted by their coordinator", code=BLOCKED_ROW_WAIT_TIMEOUT,
+                                  attributes={"transaction_ids": sorted(pending)})
                 self.cond.wait(remaining)
 
     def wait_remote_locks(self, lock_table: LockTable, table_id: str, keys: Iterable[tuple[Any, ...]],
