@@ -4,6 +4,13 @@ The tree is small, so it lives in memory and every mutation is written through t
 in the same SQL transaction as whatever else the command changes (creating a table creates its SQL
 tables and its node atomically). Paths follow YPath: ``//a/b``, ``#<id>``, ``#<id>/child``,
 ``//a/@attr/sub`` for attributes, with ``\\`` escapes.
+
+Memory never outlives a rolled-back transaction: :meth:`Cypress.save` and :meth:`Cypress.detach`
+register undos (``storage.on_rollback``) that put the nodes back as the last commit left them, so
+a command that fails half-way (a value YSON cannot write, a check after a first change) leaves
+the tree in memory equal to the tree in SQL. Each node remembers the text of its last saved row
+(``Node.persisted``) for that: restoring it needs no SQL read, and it covers every caller that
+changes a node in place and then saves it, in whatever module.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import sqlalchemy as sa
 
 from .. import yson_util
 from ..errors import ErrorCode, ResolveError, YtError
-from ..storage import nodes_table
+from ..storage import nodes_table, on_rollback
 from ..tablets import DynamicTable
 
 ROOT_ID = "0-0-12f-0"
@@ -41,6 +48,9 @@ class Node:
     children: dict[str, Node] = field(default_factory=dict)
     value: Any = None
     table: DynamicTable | None = None
+    #: (type, attributes, value) as last written to SQL, None for a node not saved yet; changes only
+    #: under Storage.write_lock, with the row
+    persisted: tuple[str, str, str | None] | None = field(default=None, repr=False)
 
     @property
     def path(self) -> str:
@@ -49,6 +59,14 @@ class Node:
         parent_path = self.parent.path
         escaped = (self.name or "").replace("\\", "\\\\").replace("/", "\\/").replace("@", "\\@")
         return f"/{parent_path.rstrip('/')}/{escaped}" if parent_path == "/" else f"{parent_path}/{escaped}"
+
+    @property
+    def depth(self) -> int:
+        """How many nodes lie above this one (the root is at 0, ``//tmp`` at 1)."""
+        depth, node = 0, self.parent
+        while node is not None:
+            depth, node = depth + 1, node.parent
+        return depth
 
     def user_attributes(self) -> dict[str, Any]:
         return {k: v for k, v in self.attributes.items() if not k.startswith(INTERNAL_PREFIX)}
@@ -184,12 +202,21 @@ class Cypress:
     # -- persistence -----------------------------------------------------------------------------
 
     def attach(self, node: Node) -> None:
+        """Link a node into the tree (a new node is unlinked again if its first save rolls back)."""
         self.by_id[node.id] = node
         if node.parent is not None and node.name is not None:
             node.parent.children[node.name] = node
 
-    def detach(self, node: Node) -> list[Node]:
-        """Remove a subtree from memory; returns the removed nodes, deepest first."""
+    def _unattach(self, node: Node) -> None:
+        if self.by_id.get(node.id) is node:
+            del self.by_id[node.id]
+        if node.parent is not None and node.name is not None and node.parent.children.get(node.name) is node:
+            del node.parent.children[node.name]
+
+    def detach(self, node: Node, conn: sa.Connection | None = None) -> list[Node]:
+        """Remove a subtree from memory; returns the removed nodes, deepest first.
+
+        With ``conn`` (a write transaction) the subtree comes back if that transaction rolls back."""
         removed: list[Node] = []
 
         def walk(n: Node) -> None:
@@ -202,16 +229,52 @@ class Cypress:
             self.by_id.pop(n.id, None)
         if node.parent is not None and node.name is not None:
             node.parent.children.pop(node.name, None)
+        if conn is not None:
+            on_rollback(conn, lambda: self._reattach(removed))
         return removed
 
-    @staticmethod
-    def save(conn: sa.Connection, node: Node) -> None:
+    def _reattach(self, removed: list[Node]) -> None:
+        for n in reversed(removed):  # the subtree's root first; links inside the subtree were kept
+            self.attach(n)
+
+    def save(self, conn: sa.Connection, node: Node) -> None:
+        """Write a node's row; if the transaction rolls back, the node in memory goes back to its
+        last saved row (a node never saved before leaves the tree).
+
+        A value YSON cannot write or read back is refused with a YT error naming the node; the
+        caller's transaction rolls back, and with it whatever it changed in memory."""
+        previous = node.persisted
+        on_rollback(conn, lambda: self._restore(node, previous))
+        try:
+            if node.name is not None:
+                yson_util.check_key(node.name, node_name=True, kind="node name")
+            attributes = yson_util.dumps_stored(node.attributes)
+            value = None if node.value is None else yson_util.dumps_stored(node.value)
+        except yson_util.InvalidValue as exc:
+            raise YtError(f"Cannot store node {node.path}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": node.path}) from None
         values = {"parent_id": node.parent.id if node.parent else None, "name": node.name, "type": node.type,
-                  "attributes": yson_util.dumps_text(node.attributes),
-                  "value": None if node.value is None else yson_util.dumps_text(node.value)}
+                  "attributes": attributes, "value": value}
         updated = conn.execute(nodes_table.update().where(nodes_table.c.id == node.id).values(**values))
         if updated.rowcount == 0:
             conn.execute(nodes_table.insert().values(id=node.id, **values))
+        node.persisted = (node.type, attributes, value)
+
+    def _restore(self, node: Node, saved: tuple[str, str, str | None] | None) -> None:
+        """Undo of :meth:`save`: the node as its last saved row has it. The attributes are a new
+        map, not the old one cleared: a reader iterating the old one (no lock) is not disturbed."""
+        if saved is None:
+            if node.id == ROOT_ID:
+                node.attributes = {}
+            else:
+                self._unattach(node)
+            node.persisted = None
+            return
+        node_type, attributes, value = saved
+        node.type = node_type
+        node.attributes = yson_util.loads_text(attributes) or {}
+        node.value = None if value is None else yson_util.loads_text(value)
+        node.persisted = saved
 
     @staticmethod
     def delete(conn: sa.Connection, nodes: list[Node]) -> None:
@@ -225,11 +288,13 @@ class Cypress:
         for r in rows:
             attrs = yson_util.loads_text(r.attributes) or {}
             value = yson_util.loads_text(r.value) if r.value is not None else None
-            nodes[r.id] = Node(id=r.id, type=r.type, name=r.name, parent=None, attributes=attrs, value=value)
+            nodes[r.id] = Node(id=r.id, type=r.type, name=r.name, parent=None, attributes=attrs, value=value,
+                               persisted=(r.type, r.attributes, r.value))
         for r in rows:
             node = nodes[r.id]
             if r.id == ROOT_ID:
                 self.root.attributes = node.attributes
+                self.root.persisted = node.persisted
                 continue
             parent = self.root if r.parent_id == ROOT_ID else nodes.get(r.parent_id)
             node.parent = parent

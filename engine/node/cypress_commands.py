@@ -1,7 +1,16 @@
 """Changing the tree: create, set, remove, the cluster directory, collocations.
 
 Every command validates and prepares everything before it changes memory, and changes memory and
-SQL together inside one write transaction (under the storage writer lock).
+SQL together inside one write transaction (under the storage writer lock). Values from a request
+are checked whole first (``yson_util.checked_python``: integer range, lone surrogates, ``$`` keys,
+depth), names and the depth a node would have too, and every node a removal would take is checked
+before the first goes: removing a replicated table also forgets its replicas, which no rollback
+brings back. Whatever still fails half-way (SQL, a value the tree refuses to store) rolls back
+with the transaction: the tree's own undos put the nodes back (``cypress/tree.py``).
+
+``//sys/clusters`` is changed only as a whole, validated (``peers.parse_directory``), whichever
+path or object id names it; a masked token written back keeps the stored one only while the
+cluster's ``proxy_url`` is unchanged (``peers.keep_stored_tokens``).
 """
 
 from __future__ import annotations
@@ -22,13 +31,14 @@ from ..cypress import (
     parse_ypath,
 )
 from ..errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateError, YtError
-from ..peers import MASKED_TOKEN, parse_directory
+from ..peers import parse_directory
+from ..peers.directory import keep_stored_tokens
 from ..replication import (
     validate_replicated_table_options,
     validate_throttler,
 )
 from ..schema import TableSchema
-from ..storage import meta_table, tablets_table
+from ..storage import meta_table, on_rollback, tablets_table
 from ..tablets import (
     TabletState,
     parse_pivot_keys,
@@ -51,7 +61,8 @@ class CypressCommands(CypressReads):
 
     def create(self, type: str, path: Any, attributes: dict[str, Any] | None = None, recursive: bool = False,
                ignore_existing: bool = False, force: bool = False) -> str:
-        attributes = yson_util.to_python(attributes or {})
+        where = "" if path is None else f" {yson_util.printable(yson_util.to_str(yson_util.strip(path)))}"
+        attributes = self._checked(attributes or {}, f"Cannot create {type}{where}", yson_util.MAX_DEPTH)
         if not isinstance(attributes, dict):
             raise YtError("Parameter \"attributes\" must be a map", code=ErrorCode.INVALID_PARAMETER)
         if type == "table_replica":
@@ -67,6 +78,7 @@ class CypressCommands(CypressReads):
         if type not in ("map_node", "table", "replicated_table", "document", "string_node", "int64_node",
                         "uint64_node", "double_node", "boolean_node", "list_node"):
             raise YtError(f"Unknown or unsupported object type {type!r}", code=ErrorCode.INVALID_PARAMETER)
+        self._check_names(ypath.segments, f"Cannot create {yson_util.printable(ypath.text)}")
         with self.storage.write() as conn:
             existing = self.cypress.resolve(ypath, missing_ok=True)
             if existing is not None:
@@ -75,14 +87,19 @@ class CypressCommands(CypressReads):
                 if not force:
                     raise AlreadyExistsError(f"Node {ypath.text} already exists",
                                              attributes={"path": ypath.text})
-                self._remove_node(conn, existing, recursive=True)
             parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
+            # everything is checked before the first change (a forced create removes the old node)
+            action = f"Cannot create {yson_util.printable(ypath.text)}"
+            depth = self._check_node_depth(parent.depth + len(missing) + 1, action)
+            self._check_depth(attributes, yson_util.MAX_DEPTH - depth, action, what="its attributes", extra=1)
             if type in TABLE_TYPES:
                 if type == "replicated_table":
                     attributes["dynamic"] = attributes.get("dynamic", True)
                 self._validate_table_attributes(attributes, ypath.text, replicated=type == "replicated_table")
             if parent is self._clusters_node() or self._under_directory(parent):
                 raise YtError(f"Use set to change {CLUSTERS_PATH}", code=ErrorCode.INVALID_PARAMETER)
+            if existing is not None:
+                self._remove_node(conn, existing, recursive=True)
             for seg in missing:
                 parent = self._new_node(conn, parent, seg, MAP_NODE, {})
             if type in TABLE_TYPES:
@@ -91,6 +108,40 @@ class CypressCommands(CypressReads):
                 node = self._new_node(conn, parent, name, type, attributes,
                                       value=None if type == MAP_NODE else attributes.pop("value", None))
             return node.id
+
+    # -- checks of input, before anything changes ----------------------------------------------------
+
+    @staticmethod
+    def _checked(value: Any, action: str, max_depth: int, *, node_keys: bool = False) -> Any:
+        """A request's value as plain Python, or a 4xx naming ``action`` (\"Cannot set //tmp/x\") and
+        the reason: too deep, an integer out of range, a lone surrogate, a ``$`` key."""
+        try:
+            return yson_util.checked_python(value, max(max_depth, 0), node_keys=node_keys)
+        except yson_util.InvalidValue as exc:
+            raise YtError(f"{action}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER) from None
+
+    @staticmethod
+    def _check_depth(value: Any, max_depth: int, action: str, what: str = "the value", extra: int = 0) -> None:
+        """Refuse a (checked) value nested deeper than the tree has room for at its place."""
+        if yson_util.depth(value) - extra > max_depth:
+            raise YtError(f"{action}: depth limit of {yson_util.MAX_DEPTH} exceeded ({what} would nest "
+                          f"deeper than the tree allows there)", code=ErrorCode.INVALID_PARAMETER)
+
+    @staticmethod
+    def _check_node_depth(depth: int, action: str) -> int:
+        if depth > yson_util.MAX_DEPTH:
+            raise YtError(f"{action}: depth limit of {yson_util.MAX_DEPTH} exceeded (the node would be at "
+                          f"depth {depth})", code=ErrorCode.INVALID_PARAMETER)
+        return depth
+
+    @staticmethod
+    def _check_names(names: tuple[str, ...], action: str, kind: str = "node name") -> None:
+        """Names a path gives to nodes (or attributes): each one storable and addressable."""
+        for name in names:
+            try:
+                yson_util.check_key(name, node_name=True, kind=kind)
+            except yson_util.InvalidValue as exc:
+                raise YtError(f"{action}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER) from None
 
     def _validate_table_attributes(self, attrs: dict[str, Any], path: str, replicated: bool = False) -> None:
         if not _flag(attrs.get("dynamic")):
@@ -167,49 +218,59 @@ class CypressCommands(CypressReads):
                 node.table.tablet_rows[i] = [0, 0]
         return node
 
-    def _remove_node(self, conn: sa.Connection, node: Node, recursive: bool) -> None:
+    def _check_removable(self, node: Node, recursive: bool) -> None:
+        """Refuse the removal of ``node`` before anything is removed: the root, a system node, a
+        non-empty node without ``recursive``, a subtree holding a table that is not unmounted."""
         if node.id == ROOT_ID:
             raise YtError("Cannot remove the root node", code=ErrorCode.INVALID_PARAMETER)
         if node is self._clusters_node() or (node.parent is not None and node.parent.id == ROOT_ID
                                               and node.name == "sys"):
             raise YtError(f"Cannot remove {node.path}: it is a system node", code=ErrorCode.INVALID_PARAMETER)
-        if node.type == "table_replica":
-            self.replication.remove_replica(conn, node.id)
-            self.cypress.delete(conn, self.cypress.detach(node))
-            return
-        if node.type == "table_collocation":
-            self._drop_collocation(conn, node)
+        if node.type in ("table_replica", "table_collocation"):
             return
         if node.children and not recursive:
             raise YtError(f"Cannot remove non-empty composite node {node.path} (use recursive=%true)",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
-        subtree: list[Node] = []
-
-        def walk(n: Node) -> None:
-            subtree.append(n)
-            for c in n.children.values():
-                walk(c)
-
-        walk(node)
-        for n in subtree:
+        for n in self._subtree(node):
             if n.table is not None and n.table.state != TabletState.UNMOUNTED:
                 raise TabletStateError(f"Cannot remove table {n.path}: it is {n.table.state.value}; "
                                        "unmount it first", attributes={"path": n.path})
-        for n in subtree:
+
+    @staticmethod
+    def _subtree(node: Node) -> list[Node]:
+        subtree: list[Node] = []
+        pending = [node]
+        while pending:
+            n = pending.pop()
+            subtree.append(n)
+            pending.extend(n.children.values())
+        return subtree
+
+    def _remove_node(self, conn: sa.Connection, node: Node, recursive: bool) -> None:
+        self._check_removable(node, recursive)
+        if node.type == "table_replica":
+            self.replication.remove_replica(conn, node.id)
+            self.cypress.delete(conn, self.cypress.detach(node, conn))
+            return
+        if node.type == "table_collocation":
+            self._drop_collocation(conn, node)
+            return
+        for n in self._subtree(node):
             if n.table is not None:
                 for replica in self.replication.replicas_of(n.id):
                     self.replication.remove_replica(conn, replica.id)
-                    self.cypress.delete(conn, self.cypress.detach(replica.node))
+                    self.cypress.delete(conn, self.cypress.detach(replica.node, conn))
                 collocation = self._collocation_of(n)
                 if collocation is not None:
                     self._leave_collocation(conn, collocation, n)
                 n.table.sql.drop(conn)
                 conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
-        removed = self.cypress.detach(node)
+        removed = self.cypress.detach(node, conn)
         self.cypress.delete(conn, removed)
 
     def remove(self, path: Any, recursive: bool = False, force: bool = False) -> None:
         ypath = parse_ypath(path)
+        directory = False
         with self.storage.write() as conn:
             node = self.cypress.resolve(ypath, missing_ok=force)
             if node is None:
@@ -224,7 +285,16 @@ class CypressCommands(CypressReads):
                     return
                 self._remove_attribute(conn, node, ypath, force)
                 return
-            directory = self._under_directory(node)
+            relative = self._directory_relative(ypath)
+            if relative:
+                # the directory left behind must be valid, or the engine would keep using the old one
+                updated = self._node_value(self._directory(), None, reveal_secrets=True) or {}
+                target = updated
+                for key in relative[:-1]:
+                    target = target[key]
+                del target[relative[-1]]
+                parse_directory(updated)
+                directory = True
             self._remove_node(conn, node, recursive)
         if directory:
             self._refresh_directory()
@@ -249,51 +319,100 @@ class CypressCommands(CypressReads):
 
     def set(self, path: Any, value: Any, recursive: bool = False, force: bool = False) -> None:
         ypath = parse_ypath(path)
-        value = yson_util.to_python(value)
-        if ypath.attribute_path is None and ypath.start is None and ypath.segments[:2] == ("sys", "clusters"):
-            self._set_directory(ypath.segments[2:], value)
-            return
+        action = f"Cannot set {yson_util.printable(ypath.text)}"
+        if ypath.attribute_path is None:
+            self._check_names(ypath.segments, action)
+        elif ypath.attribute_path:
+            self._check_names(ypath.attribute_path, action, kind="attribute name")
+        # the value is checked whole before the writer lock, its depth at its place below
+        value = self._checked(value, action, yson_util.MAX_DEPTH, node_keys=ypath.attribute_path is None)
+        directory = False
         with self.storage.write() as conn:
             if ypath.attribute_path is not None:
                 node = self.cypress.resolve(ypath)
                 assert node is not None
+                # an attribute's value nests below the node's map of attributes
+                self._check_depth(value, yson_util.MAX_DEPTH - node.depth - max(len(ypath.attribute_path) - 1, 0),
+                                  action)
                 self._set_attribute(conn, node, ypath.attribute_path, value)
                 return
-            node = self.cypress.resolve(ypath, missing_ok=True)
-            if node is not None:
-                self._replace_node_value(conn, node, value)
-                return
-            parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
-            for seg in missing:
-                parent = self._new_node(conn, parent, seg, MAP_NODE, {})
-            self._build_value_node(conn, parent, name, value)
+            relative = self._directory_relative(ypath)
+            if relative is not None:
+                self._set_directory(conn, relative, value)
+                directory = True
+            else:
+                node = self.cypress.resolve(ypath, missing_ok=True)
+                if node is not None:
+                    self._check_depth(value, yson_util.MAX_DEPTH - node.depth, action)
+                    self._replace_node_value(conn, node, value)
+                    return
+                parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
+                depth = self._check_node_depth(parent.depth + len(missing) + 1, action)
+                self._check_depth(value, yson_util.MAX_DEPTH - depth, action)
+                for seg in missing:
+                    parent = self._new_node(conn, parent, seg, MAP_NODE, {})
+                self._build_value_node(conn, parent, name, value)
+        if directory:
+            self._refresh_directory()
 
-    def _set_directory(self, relative: tuple[str, ...], value: Any) -> None:
-        """Change //sys/clusters as a whole: validated first, masked tokens keep their secret."""
+    def _directory(self) -> Node:
         clusters = self._clusters_node()
         assert clusters is not None
-        current = self._node_value(clusters, None) or {}
-        updated = copy.deepcopy(current)
+        return clusters
+
+    def _directory_relative(self, ypath: YPath) -> tuple[str, ...] | None:
+        """Where a node path lands in ``//sys/clusters`` (``()`` for the directory itself), or None.
+
+        Found by the nodes the path walks, not by its text: ``#<id>/b`` or ``#<id of b>/token``
+        are the directory as much as ``//sys/clusters/b/token`` is."""
+        clusters = self._directory()
+        node = self.cypress.root if ypath.start is None else self.cypress.by_id.get(ypath.start)
+        if node is None:
+            return None
+        names: list[str] | None = None
+        above: Node | None = node
+        trail: list[str] = []
+        while above is not None:
+            if above is clusters:
+                names = trail[::-1]
+                break
+            trail.append(above.name or "")
+            above = above.parent
+        for seg in ypath.segments:
+            if names is not None:
+                names.append(seg)
+                continue
+            child = node.children.get(seg) if node.type == MAP_NODE else None
+            if child is None:
+                return None
+            node = child
+            if node is clusters:
+                names = []
+        return tuple(names) if names is not None else None
+
+    def _set_directory(self, conn: sa.Connection, relative: tuple[str, ...], value: Any) -> None:
+        """Change //sys/clusters as a whole: validated first; a masked token keeps its secret only
+        while its cluster's proxy_url is unchanged (peers.keep_stored_tokens)."""
+        clusters = self._directory()
+        stored = self._node_value(clusters, None, reveal_secrets=True) or {}
+        updated: Any = self._node_value(clusters, None) or {}  # as users see it: tokens masked
+        where = f"{CLUSTERS_PATH}/{'/'.join(relative)}".rstrip("/")
         if not relative:
             updated = value
         else:
             target = updated
             for key in relative[:-1]:
                 if not isinstance(target, dict) or key not in target:
-                    raise ResolveError(f"Error resolving path {CLUSTERS_PATH}/{'/'.join(relative)}: "
-                                       f"{key!r} does not exist")
+                    raise ResolveError(f"Error resolving path {where}: {key!r} does not exist",
+                                       attributes={"path": where})
                 target = target[key]
             if not isinstance(target, dict):
-                raise YtError(f"Cannot set {CLUSTERS_PATH}/{'/'.join(relative)}", code=ErrorCode.INVALID_PARAMETER)
+                raise YtError(f"Cannot set {where}: its parent is not a map", code=ErrorCode.INVALID_PARAMETER)
             target[relative[-1]] = value
-        if isinstance(updated, dict):
-            for name, entry in updated.items():
-                if isinstance(entry, dict) and entry.get("token") == MASKED_TOKEN:
-                    entry["token"] = (current.get(name) or {}).get("token", "")
+        updated = keep_stored_tokens(stored, copy.deepcopy(updated))
         parse_directory(updated)
-        with self.storage.write() as conn:
-            self._replace_node_value(conn, clusters, updated)
-        self._refresh_directory()
+        self._check_depth(updated, yson_util.MAX_DEPTH - clusters.depth, f"Cannot set {where}")
+        self._replace_node_value(conn, clusters, updated)
 
     def _build_value_node(self, conn: sa.Connection, parent: Node, name: str, value: Any) -> Node:
         if isinstance(value, dict):
@@ -312,7 +431,10 @@ class CypressCommands(CypressReads):
             if not isinstance(value, dict):
                 raise YtError(f"Cannot set a {yson_util.type_name(value)} value to map node {node.path}",
                               code=ErrorCode.INVALID_PARAMETER)
-            for child in list(node.children.values()):
+            children = list(node.children.values())
+            for child in children:  # all checked before the first is removed
+                self._check_removable(child, recursive=True)
+            for child in children:
                 self._remove_node(conn, child, recursive=True)
             for k, v in value.items():
                 self._build_value_node(conn, node, k, v)
@@ -370,11 +492,17 @@ class CypressCommands(CypressReads):
             if table.state != TabletState.UNMOUNTED:
                 raise TabletStateError(f"Cannot change atomicity of table {node.path}: table must be unmounted",
                                        attributes={"path": node.path})
+            previous = table.atomicity
+            on_rollback(conn, lambda: setattr(table, "atomicity", previous))
             table.atomicity = value
         if table is not None and name == "min_data_ttl" and (
                 len(attr_path) != 1 or isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise YtError("Attribute \"min_data_ttl\" must be a non-negative number of milliseconds",
                           code=ErrorCode.INVALID_PARAMETER)
+        self._set_in_attributes(conn, node, attr_path, value)
+
+    def _set_in_attributes(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...], value: Any) -> None:
+        """Set a user attribute (or a key inside one); the parents it names must exist as maps."""
         container: Any = node.attributes
         for key in attr_path[:-1]:
             if not isinstance(container, dict) or key not in container:
@@ -403,11 +531,7 @@ class CypressCommands(CypressReads):
             hint = " use alter_table_replica" if attr_path[0] in ("mode", "state") else ""
             raise YtError(f"Attribute {attr_path[0]!r} of replica {node.id} cannot be set;{hint}".rstrip(";"),
                           code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": node.id})
-        container: Any = node.attributes
-        for key in attr_path[:-1]:
-            container = container.setdefault(key, {})
-        container[attr_path[-1]] = value
-        self.cypress.save(conn, node)
+        self._set_in_attributes(conn, node, attr_path, value)
 
     def load_directory(self, value: Any) -> None:
         """Merge a directory (e.g. from a config file at start-up) into //sys/clusters."""
@@ -458,4 +582,4 @@ class CypressCommands(CypressReads):
         self.cypress.save(conn, collocation)
 
     def _drop_collocation(self, conn: sa.Connection, collocation: Node) -> None:
-        self.cypress.delete(conn, self.cypress.detach(collocation))
+        self.cypress.delete(conn, self.cypress.detach(collocation, conn))

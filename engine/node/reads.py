@@ -18,7 +18,7 @@ from ..cypress import (
     parse_ypath,
 )
 from ..errors import ErrorCode, ResolveError, YtError
-from ..peers import MASKED_TOKEN, mask_tokens, parse_directory
+from ..peers import MASKED_TOKEN, parse_directory
 from ..replication import (
     DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
 )
@@ -76,15 +76,23 @@ class CypressReads(NodeBase):
         node, ypath = self._resolve(path)
         if ypath.attribute_path is not None:
             return self._get_attribute(node, ypath.attribute_path)
-        value = self._node_value(node, attributes)
-        if self._under_directory(node):
-            # tokens of other clusters are secrets: never returned in clear
-            value = MASKED_TOKEN if node.name == "token" and value else mask_tokens(value)
-        return value
+        return self._node_value(node, attributes)
 
-    def _node_value(self, node: Node, attributes: builtins.list[str] | None) -> Any:
-        if node.type == MAP_NODE:
-            value: Any = {name: self._node_value(c, attributes) for name, c in list(node.children.items())}
+    def _node_value(self, node: Node, attributes: builtins.list[str] | None, *, reveal_secrets: bool = False) -> Any:
+        """The value of a node and its subtree: the one place node values leave the tree.
+
+        Tokens of other clusters (a node named ``token`` anywhere under ``//sys/clusters``) are
+        secrets: they come out as ``<hidden>`` whatever the path, object id or attributes asked
+        for. Only the engine's own use of the directory passes ``reveal_secrets``."""
+        directory = None if reveal_secrets else self._clusters_node()
+        return self._subtree_value(node, attributes, directory)
+
+    def _subtree_value(self, node: Node, attributes: builtins.list[str] | None, directory: Node | None) -> Any:
+        value: Any
+        if directory is not None and node.name == "token" and self._is_below(node, directory):
+            value = MASKED_TOKEN if node.value or node.children else node.value
+        elif node.type == MAP_NODE:
+            value = {name: self._subtree_value(c, attributes, directory) for name, c in list(node.children.items())}
         elif node.type in TABLE_TYPES:
             value = None
         else:
@@ -93,6 +101,15 @@ class CypressReads(NodeBase):
             return yson_util.with_attributes(value if value is not None else yson_util.yson.YsonEntity(),
                                              self._pick_attributes(node, attributes))
         return value
+
+    @staticmethod
+    def _is_below(node: Node, ancestor: Node) -> bool:
+        parent = node.parent
+        while parent is not None:
+            if parent is ancestor:
+                return True
+            parent = parent.parent
+        return False
 
     def _pick_attributes(self, node: Node, names: builtins.list[str]) -> dict[str, Any]:
         all_attrs = self._all_attributes(node)
@@ -177,7 +194,7 @@ class CypressReads(NodeBase):
 
     def _refresh_directory(self) -> None:
         node = self._clusters_node()
-        value = self._node_value(node, None) if node is not None else {}
+        value = self._node_value(node, None, reveal_secrets=True) if node is not None else {}
         try:
             self.peers.update(parse_directory(value))
         except YtError as exc:

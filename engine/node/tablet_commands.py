@@ -14,7 +14,7 @@ from ..cypress import (
 )
 from ..errors import ErrorCode, TabletStateError, YtError
 from ..schema import validate_row
-from ..storage import tablets_table
+from ..storage import on_rollback, tablets_table
 from ..tablets import (
     DynamicTable,
     TabletState,
@@ -137,6 +137,8 @@ class TabletCommands(CypressCommands):
                 raise TabletStateError(f"Cannot alter table {table_path}: table must be unmounted",
                                        attributes={"path": table_path})
             value = None if upstream_replica_id in ("", "0-0-0-0") else upstream_replica_id
+            previous = table.upstream_replica_id
+            on_rollback(conn, lambda: setattr(table, "upstream_replica_id", previous))
             table.upstream_replica_id = value
             if value is None:
                 node.attributes.pop("upstream_replica_id", None)

@@ -2,7 +2,10 @@
 
 Every engine knows its peers through ``//sys/clusters``, a map from cluster name to
 ``{proxy_url=...; token=...}`` kept by the operator (or the local runner, or a config file at
-start-up). Tokens are secrets: Cypress never returns them in clear (see ``cluster.py``).
+start-up). Tokens are secrets: Cypress never returns them in clear (``node/reads.py`` masks them
+where node values leave the tree), and a token belongs to a URL: when a cluster's ``proxy_url``
+changes, its stored token is dropped (:func:`keep_stored_tokens`) and calls to that cluster fail
+with :class:`NoCredential` until a new token is set — an old secret is never sent to a new address.
 
 Cluster-to-cluster calls go to ``/internal/v1/...`` on the target and authenticate with the
 *target's* token. They have short, explicit timeouts: a sync replica that does not answer must
@@ -37,6 +40,15 @@ class ClusterUnknown(YtError):
                          attributes={"cluster_name": name})
 
 
+class NoCredential(UnavailableError):
+    """The directory knows the cluster but holds no token for it (dropped when its URL changed)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No credential for cluster {name}: //sys/clusters/{name} has no token (a stored "
+                         f"token is dropped when proxy_url changes); set //sys/clusters/{name}/token",
+                         attributes={"cluster_name": name})
+
+
 def parse_directory(value: Any) -> dict[str, ClusterConnection]:
     """Validate a ``//sys/clusters`` value; errors name the cluster and the field."""
     if value is None:
@@ -57,6 +69,33 @@ def parse_directory(value: Any) -> dict[str, ClusterConnection]:
             raise YtError(f"//sys/clusters/{name}/token must be a string", code=ErrorCode.INVALID_PARAMETER)
         out[str(name)] = ClusterConnection(str(name), url.rstrip("/"), token)
     return out
+
+
+def _url(entry: Any) -> str | None:
+    url = entry.get("proxy_url") if isinstance(entry, dict) else None
+    return url.rstrip("/") if isinstance(url, str) else None
+
+
+def keep_stored_tokens(stored: Any, updated: Any) -> Any:
+    """``updated`` (a directory a user wrote, tokens possibly masked) with the secrets it may keep.
+
+    A masked token (``<hidden>``, as ``get`` shows it) stands for the stored token of that cluster,
+    but only while the cluster's ``proxy_url`` is unchanged: at a new URL the token is dropped (the
+    entry keeps no ``token``), so the old secret is never sent to the new address. A token given in
+    clear is taken as it is."""
+    if not isinstance(updated, dict):
+        return updated
+    stored = stored if isinstance(stored, dict) else {}
+    for name, entry in updated.items():
+        if not isinstance(entry, dict) or entry.get("token") != MASKED_TOKEN:
+            continue
+        old = stored.get(name)
+        old_token = old.get("token") if isinstance(old, dict) else None
+        if isinstance(old_token, str) and old_token and _url(old) is not None and _url(old) == _url(entry):
+            entry["token"] = old_token
+        else:
+            del entry["token"]
+    return updated
 
 
 def mask_tokens(value: Any) -> Any:
@@ -140,12 +179,15 @@ class Peers:
         return conn
 
     def client(self, name: str) -> InternalClient:
+        """The ``/internal/v1`` client of a peer; :class:`NoCredential` if the directory holds no token."""
         with self._lock:
             client = self._clients.get(name)
             if client is None:
                 conn = self._directory.get(name)
                 if conn is None:
                     raise ClusterUnknown(name)
+                if not conn.token:
+                    raise NoCredential(name)
                 client = self._clients[name] = InternalClient(conn, self.timeout)
             return client
 
@@ -157,6 +199,8 @@ class Peers:
                 conn = self._directory.get(name)
                 if conn is None:
                     raise ClusterUnknown(name)
+                if not conn.token:
+                    raise NoCredential(name)
                 client = self._public[name] = Client(conn.proxy_url, conn.token, timeout=30.0)
             return client
 
