@@ -161,14 +161,16 @@ class TableSchema:
             if not name:
                 raise YtError(f"Invalid schema for table {path}: column #{i} has no name",
                               code=ErrorCode.INVALID_PARAMETER)
-            if name.startswith(RESERVED_PREFIXES):
+            # SQL names are case-insensitive: "_RT_TS" would be the hidden "_rt_ts", "V" the column "v"
+            if name.lower().startswith(RESERVED_PREFIXES):
                 raise YtError(f"Invalid schema for table {path}: column name {name!r} is reserved "
                               f"(names starting with {' or '.join(RESERVED_PREFIXES)} are system columns)",
                               code=ErrorCode.INVALID_PARAMETER)
-            if name in seen:
-                raise YtError(f"Invalid schema for table {path}: duplicate column {name!r}",
+            if name.lower() in seen:
+                raise YtError(f"Invalid schema for table {path}: duplicate column {name!r} (names that differ "
+                              "only in case count as one: they are one SQL column)",
                               code=ErrorCode.INVALID_PARAMETER)
-            seen.add(name)
+            seen.add(name.lower())
             type_name = yson_util.to_str(item.get("type") or item.get("type_v3") or "")
             try:
                 col_type = _TYPE_ALIASES.get(type_name) or ColumnType(type_name)

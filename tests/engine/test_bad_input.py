@@ -692,6 +692,8 @@ VALUE = {"name": "v", "type": "string"}
     pytest.param([KEY, {"name": "v", "type": "int128"}], "'int128'", id="unknown-type"),
     pytest.param([KEY, {"name": "v"}], "unsupported type", id="no-type"),
     pytest.param([KEY, VALUE, {"name": "v", "type": "int64"}], "duplicate column 'v'", id="duplicate-column"),
+    pytest.param([KEY, VALUE, {"name": "V", "type": "int64"}], "duplicate column 'V'", id="duplicate-column-in-case"),
+    pytest.param([KEY, VALUE, {"name": "_RT_TS", "type": "int64"}], "is reserved", id="reserved-prefix-in-case"),
     pytest.param([KEY, VALUE, {"name": "k2", "type": "int64", "sort_order": "ascending"}], "'k2'",
                  id="key-after-value"),
     pytest.param([KEY, {"name": "_rt_x", "type": "string"}], "'_rt_x'", id="reserved-prefix"),
