@@ -199,6 +199,8 @@ def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
     with c.storage.write() as conn:
         conn.execute(meta_table.delete().where(meta_table.c.name == "storage_format"))
     c.close()
+    # an engine of format 1 wrote neither the storage_format row nor the data directory's marker
+    (tmp_path / "data" / "engine.marker").unlink()
     with pytest.raises(YtError, match="storage format 1"):
         Cluster.open("local", tmp_path / "data")
 
