@@ -178,17 +178,21 @@ class Peers:
             raise ClusterUnknown(name)
         return conn
 
+    def _credentialed(self, name: str) -> ClusterConnection:
+        """The directory entry of a peer that has a token (called under ``_lock``)."""
+        conn = self._directory.get(name)
+        if conn is None:
+            raise ClusterUnknown(name)
+        if not conn.token:
+            raise NoCredential(name)
+        return conn
+
     def client(self, name: str) -> InternalClient:
         """The ``/internal/v1`` client of a peer; :class:`NoCredential` if the directory holds no token."""
         with self._lock:
             client = self._clients.get(name)
             if client is None:
-                conn = self._directory.get(name)
-                if conn is None:
-                    raise ClusterUnknown(name)
-                if not conn.token:
-                    raise NoCredential(name)
-                client = self._clients[name] = InternalClient(conn, self.timeout)
+                client = self._clients[name] = InternalClient(self._credentialed(name), self.timeout)
             return client
 
     def public_client(self, name: str) -> Client:
@@ -196,11 +200,7 @@ class Peers:
         with self._lock:
             client = self._public.get(name)
             if client is None:
-                conn = self._directory.get(name)
-                if conn is None:
-                    raise ClusterUnknown(name)
-                if not conn.token:
-                    raise NoCredential(name)
+                conn = self._credentialed(name)
                 client = self._public[name] = Client(conn.proxy_url, conn.token, timeout=30.0)
             return client
 
