@@ -111,7 +111,8 @@ class Engine(LocalEngine):
 
     def server_stats(self, command: str) -> tuple[float, int, int]:
         """(seconds, requests, failed requests) of ``command`` so far, from the engine's ``/metrics``."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = httpx.get(f"{self.url}/metrics", timeout=10,
+                         headers={"Authorization": f"OAuth {self.read_token()}"}).text
 
         def value(pattern: str) -> float:
             m = re.search(pattern + r" (\S+)$", text, re.M)

@@ -194,10 +194,11 @@ class Retries:
         return ", ".join(f"{n}x {code}" for code, n in sorted(self.by_code.items())) or "0"
 
 
-def engine_command_stats(url: str, command: str) -> tuple[float, int]:
-    """(seconds, requests) of ``command`` so far, from an engine's ``/metrics`` histogram."""
+def engine_command_stats(url: str, command: str, token: str) -> tuple[float, int]:
+    """(seconds, requests) of ``command`` so far, from an engine's ``/metrics`` histogram (which
+    takes the engine's API token on its API port)."""
     try:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = httpx.get(f"{url}/metrics", timeout=10, headers={"Authorization": f"OAuth {token}"}).text
     except httpx.HTTPError:
         return 0.0, 0
     label = re.escape(f'{{command="{command}"}}')
@@ -369,13 +370,13 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
         ids = {cluster: es.replica(TABLE, cluster, REPLICA_TABLE, SCHEMA, mode=mode) for cluster, mode in modes.items()}
         if sync_replica:
             es.wait_in_sync(TABLE, ids["replica_0"])
-        meta_url = es.engines[es.meta_name].url
-        before = engine_command_stats(meta_url, "insert_rows")
+        meta_url, meta_token = es.engines[es.meta_name].url, es.engines[es.meta_name].read_token()
+        before = engine_command_stats(meta_url, "insert_rows", meta_token)
         retries = Retries()
         load = load_average()
 
         t0, insert_seconds, batch_times = _insert_all(es, batches, threads, retries, timeout)
-        after = engine_command_stats(meta_url, "insert_rows")
+        after = engine_command_stats(meta_url, "insert_rows", meta_token)
 
         # poll: replication progress on the meta, then a count on the replica to confirm
         done_at: dict[str, float] = {}
@@ -428,7 +429,7 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
         replica_id = es.replica(TABLE, "replica_0", REPLICA_TABLE, SCHEMA, mode="sync")
         es.wait_in_sync(TABLE, replica_id)
         retries = Retries()
-        meta_url = es.engines[es.meta_name].url
+        meta_url, meta_token = es.engines[es.meta_name].url, es.engines[es.meta_name].read_token()
         client = es.meta
 
         def commit(k: int) -> None:
@@ -437,7 +438,7 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
 
         for i in range(LATENCY_WARMUP):
             commit(-1 - i)
-        before = engine_command_stats(meta_url, "insert_rows")
+        before = engine_command_stats(meta_url, "insert_rows", meta_token)
         deadline = time.monotonic() + timeout
         times: list[float] = []
         for k in range(samples):
@@ -446,7 +447,7 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
             times.append((time.perf_counter() - t) * 1000.0)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(times)} of {samples} commits took over {timeout:.0f} s")
-        after = engine_command_stats(meta_url, "insert_rows")
+        after = engine_command_stats(meta_url, "insert_rows", meta_token)
         # a sync replica has the row when insert_rows returns; its count proves it
         replica_count = _replica_count(es.client("replica_0"), REPLICA_TABLE)
         n = after[1] - before[1]

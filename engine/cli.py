@@ -3,6 +3,15 @@
 The token is taken from ``--token``, else ``REPTABLES_TOKEN``, else generated and written to
 ``DATA_DIR/token`` (mode 0600) *before* the port opens, so ``YT_TOKEN=$(cat DATA_DIR/token)``
 works for the official client as soon as the engine answers.
+
+Transport (docs/security.md): ``--tls-cert-file``/``--tls-key-file`` make the API listener HTTPS
+only; ``--tls-ca-file`` is the CA bundle that verifies peers with an ``https://`` proxy_url;
+``--metrics-port`` opens a second, plain-HTTP listener that serves ``/metrics`` alone, without a
+token, for Prometheus (the API listener's ``/metrics`` always takes the token). Each has an
+environment fallback (``REPTABLES_TLS_CERT_FILE``, ``REPTABLES_TLS_KEY_FILE``,
+``REPTABLES_TLS_CA_FILE``, ``REPTABLES_METRICS_PORT``), read here as ``REPTABLES_TOKEN`` is. The
+files are checked before the data directory is opened: a wrong path or a key that does not match
+its certificate stops the engine with one line, not at its first connection.
 """
 
 from __future__ import annotations
@@ -13,18 +22,20 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import uvicorn
 import yt.yson as yson
 
 from . import logs
-from .api import create_app, server_options
+from .api import create_app
+from .api.server import check_tls_files, metrics_app, run_servers
 from .config import DEFAULT_CONFIG, EngineConfig
 from .errors import DataDirError
+from .httpconn import client_ssl_context
 from .node import Cluster
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
@@ -80,6 +91,18 @@ def serve(
         "--header-timeout", help="Seconds a client has to send a request's headers")] = DEFAULT_CONFIG.header_timeout,
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Open client connections served at once")] = DEFAULT_CONFIG.max_connections,
+    tls_cert_file: Annotated[Path | None, typer.Option(
+        "--tls-cert-file", envvar="REPTABLES_TLS_CERT_FILE",
+        help="PEM certificate (chain) of the API listener: it then serves HTTPS only")] = None,
+    tls_key_file: Annotated[Path | None, typer.Option(
+        "--tls-key-file", envvar="REPTABLES_TLS_KEY_FILE", help="PEM private key of --tls-cert-file")] = None,
+    tls_ca_file: Annotated[Path | None, typer.Option(
+        "--tls-ca-file", envvar="REPTABLES_TLS_CA_FILE",
+        help="PEM CA bundle that verifies peers with an https:// proxy_url (default: the system trust store)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", envvar="REPTABLES_METRICS_PORT", min=0, max=65535,
+        help="Also serve /metrics, and only /metrics, without a token over plain HTTP on this port "
+        "(0 or unset: no such listener; /metrics on --port always needs the token)")] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
@@ -87,13 +110,20 @@ def serve(
     # a 10,000-row batch allocates ~100k objects: with the default thresholds the cyclic collector
     # runs several full passes per batch (tens of ms); the engine creates few reference cycles
     gc.set_threshold(100_000, 50, 100)
-    secret = resolve_token(data_dir, token)
     # the one place that reads the environment: the process' settings, handed down as one object
     config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
                                    max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
                                    max_output_bytes=max_output_bytes,
                                    query_timeout=query_timeout, header_timeout=header_timeout,
-                                   max_connections=max_connections)
+                                   max_connections=max_connections,
+                                   tls_cert_file=str(tls_cert_file) if tls_cert_file else None,
+                                   tls_key_file=str(tls_key_file) if tls_key_file else None,
+                                   peer_ca_file=str(tls_ca_file) if tls_ca_file else None)
+    problem = _transport_problem(config, port, metrics_port)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        raise typer.Exit(2)
+    secret = resolve_token(data_dir, token)
     try:
         cluster = Cluster.open(cluster_name, data_dir, config)
     except DataDirError as exc:
@@ -107,16 +137,32 @@ def serve(
     cluster.start_background()
     gc.freeze()
     log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
+                                       "tls": bool(config.tls_cert_file), "metrics_port": metrics_port or None,
                                        "data_dir": str(data_dir)})
     # uvicorn stops serving on SIGTERM and then raises the signal again: with this handler that ends
     # in SystemExit, so the cluster below is closed (checkpoint, WAL removed, data dir marked stopped)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(create_app(cluster, secret), host=host, port=port, log_level="warning", **server_options(config),
-                    access_log=False, timeout_graceful_shutdown=10)
+        run_servers(create_app(cluster, secret), host, port, config,
+                    metrics=(metrics_app(cluster.metrics.registry), metrics_port) if metrics_port else None)
     finally:
         cluster.close()
         log.info("engine stopped", extra={"cluster": cluster_name})
+
+
+def _transport_problem(config: EngineConfig, port: int, metrics_port: int | None) -> str | None:
+    """Why the listeners or the peer CA cannot work as configured (None if they can)."""
+    problem = check_tls_files(config)
+    if problem is not None:
+        return problem
+    if config.peer_ca_file:
+        try:
+            client_ssl_context(config.peer_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load the peer CA bundle {config.peer_ca_file} (--tls-ca-file): {exc}"
+    if metrics_port and metrics_port == port:
+        return f"--metrics-port must differ from --port ({port})"
+    return None
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

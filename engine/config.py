@@ -106,6 +106,15 @@ class EngineConfig:
     #: open client connections; a request on a connection beyond them is answered 503 (retriable)
     max_connections: int = 1000
 
+    # -- transport (docs/security.md) --------------------------------------------------------------------
+    #: PEM certificate chain and private key of the API listener: both set, it serves HTTPS only;
+    #: neither, plain HTTP (``--tls-cert-file``/``--tls-key-file``)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: CA bundle (PEM) that verifies the certificates of peers with an ``https://`` proxy_url;
+    #: None: the system trust store (``--tls-ca-file``)
+    peer_ca_file: str | None = None
+
     # -- fault tests -----------------------------------------------------------------------------------
     #: named crash points at which the process SIGKILLs itself (``REPTABLES_CRASH_AT``)
     crash_points: frozenset[str] = field(default_factory=frozenset)

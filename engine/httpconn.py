@@ -11,6 +11,14 @@ check that the server has not closed them meanwhile, so a request is never sent 
 known to be dead; a request that fails is not retried here (a write may have been applied), the
 caller gets :class:`HttpTransportError` and decides. Connect and read timeouts are separate: an
 unreachable peer fails within the connect timeout whatever the read timeout of a big request.
+
+``https://`` origins go through ``http.client.HTTPSConnection`` with an ``ssl.SSLContext`` that
+verifies the server's certificate *and* its name (``check_hostname``): the caller's context (a CA
+bundle for the peers, :func:`client_ssl_context`) or, without one, the system trust store, which
+also honours ``SSL_CERT_FILE``/``SSL_CERT_DIR`` (OpenSSL reads them when the context is made, not at
+import). The TLS handshake is part of connecting, so it is bounded by the connect timeout. An idle
+TLS connection is reused only if neither its socket nor its TLS buffer holds unread bytes (a
+``close_notify`` from the server is such bytes).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import math
 import select
 import socket
+import ssl
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +36,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+
+def client_ssl_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """A client context that verifies servers: against ``ca_file`` (PEM, one or more CA certificates)
+    if given, else the system trust store. Hostname checking is on, TLS 1.2 is the oldest accepted.
+
+    Raises ``OSError`` or ``ssl.SSLError`` if the file cannot be read or holds no certificate: a bad
+    CA bundle must stop a process at start-up, not fail its first peer call."""
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
 
 
 def has_non_finite(value: Any) -> bool:
@@ -112,10 +132,14 @@ class HttpResponse:
 
 
 class ConnectionPool:
-    """Connections to one ``http://`` or ``https://`` origin, shared by threads."""
+    """Connections to one ``http://`` or ``https://`` origin, shared by threads.
+
+    ``ssl_context`` verifies an ``https://`` server (default: :func:`client_ssl_context`, the system
+    trust store); it is not used for ``http://``."""
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 30.0,
-                 connect_timeout: float | None = None, max_idle: int = 8) -> None:
+                 connect_timeout: float | None = None, max_idle: int = 8,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"Not an http(s) URL: {base_url!r}")
@@ -124,6 +148,7 @@ class ConnectionPool:
         self._host = parts.hostname
         self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
+        self._ssl_context = (ssl_context or client_ssl_context()) if self._https else None
         self.headers = dict(headers or {})
         self.timeout = timeout
         self.connect_timeout = connect_timeout if connect_timeout is not None else timeout
@@ -167,12 +192,16 @@ class ConnectionPool:
             conn.close()
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=timeout)
+        conn: http.client.HTTPConnection
+        if self._ssl_context is not None:
+            # connect() also runs the handshake and the certificate and hostname checks, all within
+            # ``timeout`` (the socket's timeout until request() sets the read timeout)
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl_context)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         conn.connect()
         assert conn.sock is not None
-        if not self._https:
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
     def _take(self) -> http.client.HTTPConnection | None:
@@ -199,6 +228,8 @@ def _still_open(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False  # decrypted bytes nobody asked for
     try:
         poller = select.poll()
         poller.register(sock, select.POLLIN)

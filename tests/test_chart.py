@@ -560,13 +560,15 @@ def test_helm_engines(tmp_path: Path) -> None:
         assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == f"{name}-headless"
         assert services[f"{name}-headless"]["spec"]["clusterIP"] == "None"
         service = services[name]
-        assert service["spec"]["ports"] == [{"name": "http", "port": 9012, "targetPort": "http", "protocol": "TCP"}]
+        assert service["spec"]["ports"] == [{"name": "http", "port": 9012, "targetPort": "http", "protocol": "TCP"},
+                                            {"name": "metrics", "port": 9013, "targetPort": "metrics",
+                                             "protocol": "TCP"}]
         assert service["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
         assert sts["spec"]["template"]["metadata"]["labels"].items() >= service["spec"]["selector"].items()
         pod = sts["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}", "--data-dir=/data",
-                                     "--port=9012", "--host=0.0.0.0"]
+                                     "--port=9012", "--host=0.0.0.0", "--metrics-port=9013"]
         assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -588,7 +590,8 @@ def test_helm_engines(tmp_path: Path) -> None:
     assert set(monitors) == {"rt-reptables-engines", "rt-reptables-operator"}
     engines_monitor = monitors["rt-reptables-engines"]
     assert engines_monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert engines_monitor["spec"]["endpoints"][0]["port"] == "http"
+    # the metrics listener: /metrics without a token (the API port's /metrics takes the token)
+    assert engines_monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert engines_monitor["spec"]["endpoints"][0]["path"] == "/metrics"
     selector = engines_monitor["spec"]["selector"]["matchLabels"]
     scraped = [s for s in by_kind(docs, "Service") if s["metadata"]["labels"].items() >= selector.items()]

@@ -1,4 +1,5 @@
-"""The HTTP server's own limits: a header-read timeout and a connection limit.
+"""The engine's listeners over uvicorn: a header-read timeout and a connection limit, TLS, and the
+separate metrics listener.
 
 uvicorn times out idle keep-alive connections, but not a connection that never finishes its
 headers: a client sending one byte a second (slowloris) keeps a socket, a protocol object and a
@@ -15,6 +16,20 @@ a plain-text 503. So the engine runs uvicorn's httptools protocol with two addit
 This relies on uvicorn's protocol hooks (``connection_made``, ``on_message_begin``,
 ``on_headers_complete``, ``connection_lost``) and its ``app`` attribute; the tests in
 ``tests/engine/test_limits.py`` fail if a uvicorn release changes them.
+
+**TLS** (``EngineConfig.tls_cert_file``/``tls_key_file``, docs/security.md): uvicorn wraps the same
+protocol in asyncio's TLS layer, so the hooks above run on decrypted bytes and both limits hold
+over HTTPS (``tests/engine/test_tls.py``). ``connection_made`` runs only once the handshake is
+done: a client that never finishes its handshake is dropped by asyncio's handshake timeout (60 s),
+not by ``header_timeout``. The context takes Python's default ciphers (uvicorn's own default,
+``"TLSv1"``, offers TLS 1.2 clients only CBC-SHA1 suites) and TLS 1.2 at least. Certificates
+are read at start-up: a renewed certificate takes a restart.
+
+**The metrics listener** (``--metrics-port``): a second uvicorn server, in a thread with its own
+event loop, that serves ``/metrics`` and nothing else, without a token and without TLS, for
+Prometheus; the API listener then still serves ``/metrics``, but only with the API token. Its
+socket is bound before the API port opens, so a port already taken stops the engine at start-up
+instead of leaving it running without metrics.
 """
 
 from __future__ import annotations
@@ -22,9 +37,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
+import sys
+import threading
 import time
 from typing import Any
 
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config import EngineConfig
@@ -36,11 +61,83 @@ log = logging.getLogger("reptables.engine.http")
 #: a warning about refused or timed-out connections is logged at most this often (seconds)
 _WARNING_PERIOD = 60.0
 
+#: seconds the metrics listener waits for its open connections when the engine stops
+_METRICS_GRACE = 2.0
+
 
 def server_options(config: EngineConfig) -> dict[str, Any]:
-    """Keyword arguments of ``uvicorn.run`` that apply the engine's connection limits."""
-    return {"http": guarded_protocol(config.header_timeout, config.max_connections),
-            "timeout_keep_alive": config.keep_alive_timeout}
+    """Keyword arguments of ``uvicorn.run`` that apply the engine's connection limits and, when the
+    config names a certificate and key, serve HTTPS."""
+    options: dict[str, Any] = {"http": guarded_protocol(config.header_timeout, config.max_connections),
+                               "timeout_keep_alive": config.keep_alive_timeout}
+    if config.tls_cert_file or config.tls_key_file:
+        options.update(ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file, ssl_ciphers=None)
+    return options
+
+
+def check_tls_files(config: EngineConfig) -> str | None:
+    """Why the TLS settings cannot work (None if they can): both files or neither, and a key that
+    matches the certificate. Checked before the engine opens its data, so a bad Secret fails fast."""
+    if not config.tls_cert_file and not config.tls_key_file:
+        return None
+    if not (config.tls_cert_file and config.tls_key_file):
+        return "--tls-cert-file and --tls-key-file go together: give both, or neither for plain HTTP"
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(config.tls_cert_file,
+                                                                            config.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        return (f"cannot load the TLS certificate {config.tls_cert_file} with key {config.tls_key_file}: "
+                f"{exc}")
+    return None
+
+
+def metrics_app(registry: CollectorRegistry) -> Starlette:
+    """The ASGI app of the metrics listener: ``GET /metrics`` of one engine's registry, and only that
+    (every other path is 404: the listener needs no token because it serves nothing else)."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+def _config(app: ASGIApp, host: str, port: int, **extra: Any) -> uvicorn.Config:
+    server_config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, **extra)
+    server_config.load()
+    if server_config.ssl is not None:
+        server_config.ssl.minimum_version = ssl.TLSVersion.TLSv1_2
+    return server_config
+
+
+def run_servers(app: ASGIApp, host: str, port: int, config: EngineConfig,
+                metrics: tuple[ASGIApp, int] | None = None) -> None:
+    """Serve ``app`` on ``host:port`` (HTTPS if ``config`` names a certificate) until SIGTERM or
+    SIGINT, and ``metrics`` = (app, port) on a plain-HTTP listener of the same host beside it.
+
+    Returns when the API server stopped; exits the process (status 3, as ``uvicorn.run``) if a
+    listener could not start."""
+    main = uvicorn.Server(_config(app, host, port, timeout_graceful_shutdown=10, **server_options(config)))
+    metrics_server: uvicorn.Server | None = None
+    thread: threading.Thread | None = None
+    if metrics is not None:
+        metrics_config = _config(metrics[0], host, metrics[1], log_config=None, lifespan="off",
+                                 timeout_graceful_shutdown=_METRICS_GRACE,
+                                 http=guarded_protocol(config.header_timeout, config.max_connections),
+                                 timeout_keep_alive=config.keep_alive_timeout)
+        sock = metrics_config.bind_socket()  # exits the process if the port is taken
+        metrics_server = uvicorn.Server(metrics_config)
+        # not the main thread: uvicorn installs no signal handlers there; the API server's do
+        thread = threading.Thread(target=metrics_server.run, kwargs={"sockets": [sock]}, name="metrics-listener",
+                                  daemon=True)
+        thread.start()
+    try:
+        main.run()
+    finally:
+        if metrics_server is not None and thread is not None:
+            metrics_server.should_exit = True
+            thread.join(timeout=_METRICS_GRACE + 3)
+    if not main.started:
+        sys.exit(3)  # uvicorn's STARTUP_FAILURE: the port was taken or the app did not start
 
 
 class _Throttled:

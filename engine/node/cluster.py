@@ -26,6 +26,7 @@ from ..cypress import (
 )
 from ..errors import DataDirError, ErrorCode, StorageCorruptedError, YtError
 from ..faults import Faults
+from ..httpconn import client_ssl_context
 from ..metrics import EngineMetrics
 from ..peers import Peers
 from ..replication import (
@@ -63,7 +64,8 @@ class Cluster(RowCommands):
         self.timestamps = TimestampProvider(reservation.read(), reservation.write)
         self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id, self.metrics,
                                                self.faults, config)
-        self.peers = Peers(timeout=config.sync_timeout)
+        self.peers = Peers(timeout=config.sync_timeout, ssl_context=client_ssl_context(config.peer_ca_file)
+                           if config.peer_ca_file else None)
         self.replication = ReplicationManager(self, self.peers, self.config)
         self.transactions.register_commit_hooks(self.replication)
         self._stop = threading.Event()  # set once by close(): the background loop ends

@@ -94,13 +94,29 @@ Returned as a JSON list: use with fromJsonArray.
 {{- else }}token{{ end }}
 {{- end }}
 
-{{/* The engine's in-cluster URL, the endpoint of its TableCluster. */}}
-{{- define "reptables.engineEndpoint" -}}
-{{- printf "http://%s.%s.svc.%s:%d" (include "reptables.engineFullname" .) .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.engineDefaults.port) }}
+{{/* "true" when the engines serve HTTPS (tls.secretName is set). Takes the root context. */}}
+{{- define "reptables.tls" -}}
+{{- if (.Values.tls).secretName }}true{{ end }}
 {{- end }}
 
-{{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids. */}}
+{{/* Where the tls Secret is mounted, in the engines (all its keys) and the operator (ca.crt only). */}}
+{{- define "reptables.tlsDir" -}}/etc/reptables/tls{{- end }}
+
+{{/* The engine's in-cluster URL, the endpoint of its TableCluster: https:// when TLS is on. */}}
+{{- define "reptables.engineEndpoint" -}}
+{{- $scheme := ternary "https" "http" (eq (include "reptables.tls" .root) "true") }}
+{{- printf "%s://%s.%s.svc.%s:%d" $scheme (include "reptables.engineFullname" .) .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.engineDefaults.port) }}
+{{- end }}
+
+{{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids; and on a
+ServiceMonitor with nothing it could scrape without a token. */}}
 {{- define "reptables.validateEngines" -}}
+{{- if and .Values.serviceMonitor.enabled .Values.engines (not (int .Values.engineDefaults.metricsPort)) }}
+{{- fail "serviceMonitor.enabled scrapes the engines' metrics listener: set engineDefaults.metricsPort (the API port's /metrics needs each engine's token)" }}
+{{- end }}
+{{- if eq (int .Values.engineDefaults.metricsPort) (int .Values.engineDefaults.port) }}
+{{- fail "engineDefaults.metricsPort must differ from engineDefaults.port" }}
+{{- end }}
 {{- $names := dict }}
 {{- $ids := dict }}
 {{- range .Values.engines }}
