@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from reptables.engine.client import Client
+from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine, free_port
 
@@ -109,8 +110,9 @@ class EngineSet:
         try:
             for engine in self.engines.values():
                 engine.start()
-            directory = {n: {"proxy_url": e.url, "token": e.token} for n, e in self.engines.items()}
             for name in self.names:
+                directory = {n: {"proxy_url": e.url, "token": peer_credential(e.read_token(), name)}
+                             for n, e in self.engines.items()}
                 self.client(name).set("//sys/clusters", directory)
         except BaseException:
             self.stop()

@@ -1,4 +1,5 @@
-"""The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``operator``.
+"""The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``operator``,
+``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds).
 
 The operator depends on the engine (never the reverse), so the top-level command lives here and
 mounts the engine's own sub-command. ``operator`` resolves its options and the environment into one
@@ -34,6 +35,28 @@ def up(
     from .local import run
 
     raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running))
+
+
+@app.command("peer-credential")
+def peer_credential_command(
+    caller: Annotated[str, typer.Option("--caller", help="Name of the calling cluster (as its engine's "
+                                                         "--cluster-name and the target's //sys/clusters call it)")],
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="The TARGET cluster's API token file (e.g. its DATA_DIR/token); default: "
+                             "$REPTABLES_TOKEN")] = None,
+) -> None:
+    """Print the credential with which cluster CALLER calls the target cluster (its //sys/clusters entry's token).
+
+    It is good only for cluster-to-cluster calls from CALLER to the target, and only for the target's
+    replica tables whose replicas CALLER made; the operator writes these itself."""
+    from reptables.engine.credentials import peer_credential
+
+    token = token_file.read_text().strip() if token_file is not None else os.environ.get("REPTABLES_TOKEN", "")
+    if not token:
+        raise typer.BadParameter("no target token: give --token-file or set REPTABLES_TOKEN")
+    if not caller or ":" in caller:
+        raise typer.BadParameter(f"invalid cluster name {caller!r}")
+    typer.echo(peer_credential(token, caller))
 
 
 @app.command()

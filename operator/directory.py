@@ -8,11 +8,13 @@ cluster X lists exactly
 * the replica clusters of the ReplicatedTables whose ``cluster`` is X, and
 * the meta-clusters of the TableReplicas whose ``cluster`` is X,
 
-(X itself only when a table on X has a replica on X), each with its URL and token — never the
-whole set. Before, every engine got every cluster's token, so one TableCluster with any endpoint
-collected them all; now a cluster no table relates to gets an empty directory. Resources being
-deleted still count (their finalizers may still need the link), and a TableCluster the
-credential policy refused is not registered in :class:`~.world.Engines` and so is in no directory.
+(X itself only when a table on X has a replica on X), each with its URL and the peer credential for
+X calling it (``reptables.engine.credentials``: good for that ordered pair's cluster-to-cluster
+calls only, never the peer's API token) — never the whole set. Before, every engine got every
+cluster's token, so one TableCluster with any endpoint collected them all; now a cluster no table
+relates to gets an empty directory. Resources being deleted still count (their finalizers may still
+need the link), and a TableCluster the credential policy refused is not registered in
+:class:`~.world.Engines` and so is in no directory.
 
 A replica kept on the engines after its TableReplica is deleted with ``deletionPolicy: Retain``
 no longer links the two clusters: it stops replicating until a TableReplica adopts it again.
@@ -23,6 +25,8 @@ never in a status. A restarted operator rewrites each directory once.
 """
 
 from __future__ import annotations
+
+from reptables.engine.credentials import peer_credential
 
 from .world import Directory, World
 
@@ -45,7 +49,8 @@ def needed_clusters(name: str, world: World) -> set[str]:
 def desired_directory(name: str, world: World) -> Directory:
     """The ``//sys/clusters`` value for ``name``'s engine: the needed clusters that are registered."""
     known = world.engines.clusters()
-    return {peer: {"proxy_url": known[peer].endpoint, "token": known[peer].token}
+    # a credential for this ordered pair only (engine/credentials.py), never the peer's API token
+    return {peer: {"proxy_url": known[peer].endpoint, "token": peer_credential(known[peer].token, name)}
             for peer in sorted(needed_clusters(name, world)) if peer in known}
 
 

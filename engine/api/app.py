@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
+from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
 from .body import read_body
@@ -114,6 +115,10 @@ def _internal_error(what: str, exc: BaseException, **context: str) -> YtError:
 
 
 
+#: the API commands a peer credential may run (on its own replica tables): reads served by replicas
+_PEER_READS = frozenset({"lookup_rows", "select_rows"})
+
+
 def create_app(cluster: Cluster, token: str) -> Starlette:
     """The ASGI app of one engine; ``token`` is required on every API command."""
     engine_metrics = cluster.metrics
@@ -127,14 +132,46 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             child = children[key] = metric.labels(*labels)
         return child
 
-    def authenticate(request: Request) -> None:
+    def _presented(request: Request) -> str:
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
-        if scheme.lower() not in ("oauth", "bearer") or not value:
+        if scheme.lower() not in ("oauth", "bearer") or not value.strip():
             raise AuthenticationError("Authentication failed: this engine requires a token "
                                       "(header \"Authorization: OAuth <token>\")")
-        if not hmac.compare_digest(value.strip().encode(), token.encode()):
-            raise AuthenticationError("Authentication failed: the token is not valid for this cluster")
+        return value.strip()
+
+    def authenticate(request: Request, command: str | None = None) -> str | None:
+        """The API takes the cluster's token (answer: None). A peer credential is good for
+        /internal/v1, and here only for the reads a meta-cluster serves from its in-sync replicas
+        (answer: the caller, whose read :meth:`Cluster.check_peer_read` then checks)."""
+        value = _presented(request)
+        if hmac.compare_digest(value.encode(), token.encode()):
+            return None
+        if is_peer_credential(value):
+            if command in _PEER_READS:
+                return authenticate_peer(request)
+            raise AuthenticationError("Authentication failed: a peer credential is valid only for "
+                                      "cluster-to-cluster calls and replica reads, not for this command")
+        raise AuthenticationError("Authentication failed: the token is not valid for this cluster")
+
+    def authenticate_peer(request: Request) -> str:
+        """The calling cluster's name, from its peer credential (engine/credentials.py)."""
+        value = _presented(request)
+        caller = verify_peer_credential(token, value)
+        if caller is None:
+            if hmac.compare_digest(value.encode(), token.encode()):
+                raise AuthenticationError(
+                    f"Authentication failed: cluster {cluster.name} takes cluster-to-cluster calls only with a "
+                    "peer credential (the caller's //sys/clusters entry for this cluster must hold "
+                    "\"peer:<caller>:<mac>\", see `reptables peer-credential`), not with its API token")
+            raise AuthenticationError(f"Authentication failed: the peer credential is not valid for cluster "
+                                      f"{cluster.name}")
+        if not cluster.peers.known(caller):
+            # a cluster removed from the directory is cut off, whatever credential it still holds
+            raise YtError(f"Cluster {caller} may not call cluster {cluster.name}: it is not in "
+                          f"//sys/clusters of {cluster.name}", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"cluster_name": caller})
+        return caller
 
     async def api(request: Request) -> Response:
         return JSONResponse(["v3", "v4"])
@@ -163,6 +200,12 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         return JSONResponse({"status": "ready", "cluster_name": cluster.name})
 
     async def metrics(request: Request) -> Response:
+        # the API token here; Prometheus without one scrapes the metrics listener (--metrics-port,
+        # api/server.py), which serves nothing else (docs/security.md)
+        try:
+            authenticate(request)
+        except YtError as error:
+            return _error_response(error, os.urandom(8).hex())
         return Response(generate_latest(engine_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def command(request: Request) -> Response:
@@ -175,8 +218,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             if cmd is None:
                 raise YtError(f"Command {name!r} is not supported by this proxy (API v4)",
                               code=ErrorCode.NO_SUCH_METHOD, http_status=404)
-            authenticate(request)
-            response = await _execute(request, cmd)
+            caller = authenticate(request, cmd.name)
+            response = await _execute(request, cmd, caller)
             outcome = "ok"
             response.headers["X-YT-Request-Id"] = request_id
             return response
@@ -200,7 +243,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         except YtError:
             return False  # the handler, in the pool, gives the error
 
-    async def _execute(request: Request, cmd: Command) -> Response:
+    async def _execute(request: Request, cmd: Command, caller: str | None = None) -> Response:
         header_format = _header_format(request)
         params: dict[str, Any] = {k: _query_value(v) for k, v in request.query_params.items()}
         raw_header = request.headers.get("x-yt-parameters")
@@ -226,6 +269,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                     else load_rows(body, fmt, limit)
             else:
                 input_value = load_structured(body, fmt)
+        if caller is not None:
+            cluster.check_peer_read(caller, cmd.name, params)
         if cmd.inline is not None and _safe_inline(cmd, params, len(body)):
             result = cmd.handler(cluster, params, input_value)
         else:
@@ -269,13 +314,15 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             "narrow the query with a WHERE condition or a LIMIT, or read fewer keys at once",
             code=ErrorCode.INVALID_PARAMETER, attributes={"max_output_bytes": size}))
 
-    internal_methods: dict[str, Callable[[dict[str, Any]], Any]] = {
+    # each takes the request body and the calling cluster's name
+    internal_methods: dict[str, Callable[[dict[str, Any], str], Any]] = {
         "prepare": cluster.replication.handle_prepare,
         "commit": cluster.replication.handle_commit,
         "abort": cluster.replication.handle_abort,
         "push": cluster.replication.handle_push,
-        "transaction_status": lambda body: cluster.transactions.transaction_status(str(body["transaction_id"])),
-        "table_info": lambda body: cluster.replication.table_info(str(body["path"])),
+        "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
+            str(body["transaction_id"])),
+        "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),
     }
 
     async def internal(request: Request) -> Response:
@@ -286,7 +333,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             handler = internal_methods.get(method)
             if handler is None:
                 raise YtError(f"Unknown internal method {method!r}", code=ErrorCode.NO_SUCH_METHOD, http_status=404)
-            authenticate(request)
+            caller = authenticate_peer(request)
             raw = await read_body(request, cluster.config.max_body_bytes) or b"{}"
             try:
                 # pushes carry up to 90,000 rows: orjson, unless the standard parser is needed for
@@ -303,9 +350,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                 raise YtError("Internal request body must be a JSON object", code=ErrorCode.PROTOCOL_ERROR)
             try:
                 if inline_internal(cluster, method, body, len(raw)):
-                    result = handler(body)
+                    result = handler(body, caller)
                 else:
-                    result = await run_in_threadpool(handler, body)
+                    result = await run_in_threadpool(handler, body, caller)
             except KeyError as exc:
                 raise YtError(f"Internal request {method} misses field {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="ok").inc()

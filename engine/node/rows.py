@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import yson_util
+from ..credentials import cell_tag, id_cell_tag
 from ..errors import ErrorCode, YtError
 from ..query import compile_query, parse_query
 from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
@@ -348,6 +349,28 @@ class RowCommands(TabletCommands):
                     if row.get(n) is not None:
                         row[n] = yson_util.loads_text(row[n])
         return rows
+
+    def check_peer_read(self, caller: str, command: str, params: dict[str, Any]) -> None:
+        """A peer credential reads only the replica tables of its own replicas, and only with
+        ``lookup_rows``/``select_rows``: what a meta-cluster needs to serve reads of its replicated
+        tables from an in-sync replica (:meth:`_from_replica`)."""
+        if command == "lookup_rows":
+            path = params.get("path")
+        elif command == "select_rows":
+            query = params.get("query")
+            path = parse_query(query).table_path if isinstance(query, str) else None
+        else:
+            path = None
+        if not isinstance(path, str):
+            raise YtError(f"Cluster {caller} may not run {command} here: a peer credential reads only replica "
+                          "tables, with lookup_rows and select_rows", code=ErrorCode.AUTHORIZATION_ERROR,
+                          http_status=403, attributes={"cluster_name": caller})
+        table, table_path, _ = self._table(path)
+        upstream = table.upstream_replica_id
+        if upstream is None or id_cell_tag(upstream) != cell_tag(caller):
+            raise YtError(f"Cluster {caller} may not read table {table_path}: it is not a replica table of "
+                          f"a replica on cluster {caller}", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"cluster_name": caller, "path": table_path})
 
     def _from_replica(self, replica: Any, read: Any) -> Any:
         """Serve a read of a replicated table from its in-sync replica (seed 002, "Reading data")."""

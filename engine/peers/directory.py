@@ -14,11 +14,15 @@ fail a commit within about a second, not hang it.
 
 from __future__ import annotations
 
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from ..client import Client
+from ..credentials import cell_tag
 from ..errors import ErrorCode, UnavailableError, YtError
 from ..httpconn import ConnectionPool, HttpTransportError, dumps_json, loads_json
 
@@ -68,6 +72,15 @@ def parse_directory(value: Any) -> dict[str, ClusterConnection]:
         if not isinstance(token, str):
             raise YtError(f"//sys/clusters/{name}/token must be a string", code=ErrorCode.INVALID_PARAMETER)
         out[str(name)] = ClusterConnection(str(name), url.rstrip("/"), token)
+    tags: dict[int, str] = {}
+    for name in out:
+        other = tags.setdefault(cell_tag(name), name)
+        if other != name:
+            # a replica's id names its meta-cluster by cell tag: two clusters with one tag could
+            # write each other's replicas
+            raise YtError(f"//sys/clusters: clusters {other} and {name} have the same cell tag "
+                          f"{cell_tag(name):#x} (derived from the name): rename one of them",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"cluster_name": name})
     return out
 
 
@@ -108,13 +121,14 @@ def mask_tokens(value: Any) -> Any:
 class InternalClient:
     """Calls ``/internal/v1`` of one peer cluster."""
 
-    def __init__(self, conn: ClusterConnection, timeout: float) -> None:
+    def __init__(self, conn: ClusterConnection, timeout: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self.conn = conn
         self._connect_timeout = timeout
         # keep-alive connections on http.client: a sync replica's prepare and commit are on the
-        # latency path of every write (engine/httpconn.py)
+        # latency path of every write (engine/httpconn.py); an https:// peer is verified with
+        # ssl_context (None: the system trust store)
         self._pool = ConnectionPool(conn.proxy_url, {"Authorization": f"OAuth {conn.token}"},
-                                    timeout=timeout, connect_timeout=timeout)
+                                    timeout=timeout, connect_timeout=timeout, ssl_context=ssl_context)
 
     def call(self, method: str, body: dict[str, Any] | None = None, timeout: float | None = None,
              raw_body: bytes | None = None) -> Any:
@@ -147,8 +161,10 @@ class InternalClient:
 class Peers:
     """Connections to the clusters of the directory, rebuilt when the directory changes."""
 
-    def __init__(self, timeout: float = DEFAULT_SYNC_TIMEOUT) -> None:
+    def __init__(self, timeout: float = DEFAULT_SYNC_TIMEOUT, ssl_context: ssl.SSLContext | None = None) -> None:
         self.timeout = timeout
+        #: verifies peers with an https:// proxy_url (EngineConfig.peer_ca_file); None: system trust store
+        self.ssl_context = ssl_context
         #: guards the three maps below; a leaf lock (nothing is taken while holding it, no network I/O:
         #: closing a connection only closes its sockets)
         self._lock = threading.Lock()
@@ -192,7 +208,8 @@ class Peers:
         with self._lock:
             client = self._clients.get(name)
             if client is None:
-                client = self._clients[name] = InternalClient(self._credentialed(name), self.timeout)
+                client = self._clients[name] = InternalClient(self._credentialed(name), self.timeout,
+                                                              self.ssl_context)
             return client
 
     def public_client(self, name: str) -> Client:
@@ -201,7 +218,9 @@ class Peers:
             client = self._public.get(name)
             if client is None:
                 conn = self._credentialed(name)
-                client = self._public[name] = Client(conn.proxy_url, conn.token, timeout=30.0)
+                # with a CA of our own, httpx verifies with it (Client's own pool takes no context)
+                transport = httpx.HTTPTransport(verify=self.ssl_context) if self.ssl_context else None
+                client = self._public[name] = Client(conn.proxy_url, conn.token, timeout=30.0, transport=transport)
             return client
 
     def close(self) -> None:

@@ -115,23 +115,24 @@ class ReplicationManager:
 
     # -- the replica side (/internal/v1) -----------------------------------------------------------
 
-    def table_info(self, path: str) -> dict[str, Any]:
-        return self.sink.table_info(path)
+    def table_info(self, path: str, caller: str | None) -> dict[str, Any]:
+        return self.sink.table_info(path, caller)
 
     def prepare_may_wait(self, body: dict[str, Any]) -> bool:
         return self.sink.prepare_may_wait(body)
 
-    def handle_prepare(self, body: dict[str, Any]) -> None:
-        self.sink.handle_prepare(body)
+    # ``caller``: the cluster a peer credential names (engine/credentials.py); None in process
+    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> None:
+        self.sink.handle_prepare(body, caller)
 
-    def handle_commit(self, body: dict[str, Any]) -> None:
-        self.sink.handle_commit(body)
+    def handle_commit(self, body: dict[str, Any], caller: str | None) -> None:
+        self.sink.handle_commit(body, caller)
 
-    def handle_abort(self, body: dict[str, Any]) -> None:
-        self.sink.handle_abort(body)
+    def handle_abort(self, body: dict[str, Any], caller: str | None) -> None:
+        self.sink.handle_abort(body, caller)
 
-    def handle_push(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.sink.handle_push(body)
+    def handle_push(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        return self.sink.handle_push(body, caller)
 
     # -- reads and status ----------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..credentials import cell_tag
 from ..cypress import OBJECT_TYPES, Node
 from ..errors import ErrorCode, YtError
 from ..peers import Peers
@@ -437,8 +438,9 @@ class ReplicaRegistry:
                         other.replica_path == replica_path:
                     raise YtError(f"Replica {other.id} of {path} already points to {cluster_name}:{replica_path}",
                                   code=ErrorCode.ALREADY_EXISTS)
-            node = Node(id=make_object_id(OBJECT_TYPES["table_replica"]), type="table_replica", name=None,
-                        parent=None, attributes={})
+            # the id carries this cluster's cell tag: replica clusters accept its rows only from here
+            node = Node(id=make_object_id(OBJECT_TYPES["table_replica"], cell_tag(self.host.name)),
+                        type="table_replica", name=None, parent=None, attributes={})
             # a new replica starts at the oldest change still in the queue
             progress = {tablet: TabletProgress(table.tablet_rows.get(tablet, [0, 0])[1], 0)
                         for tablet in range(table.tablet_count)}

@@ -21,6 +21,11 @@ refused request changes nothing: no row, no sink record, no prepare record. One 
 ``any`` value travels as the YSON text the meta-cluster stored, so it is parsed (and must parse)
 before the schema check turns it back into the stored text. A prepare must name a coordinator
 this cluster knows (``//sys/clusters``): an unknown one could never be asked for its decision.
+
+And who sends it is checked first (``caller``, the cluster named by the peer credential the HTTP
+layer verified, ``engine/credentials.py``): a push, a prepare or ``table_info`` for a replica table
+only from the meta-cluster whose cell tag its ``upstream_replica_id`` carries, a prepare naming its
+caller as coordinator, a commit or abort only from the transaction's coordinator.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import sqlalchemy as sa
 
 from .. import yson_util
 from ..config import DEFAULT_CONFIG, EngineConfig
+from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag
 from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
@@ -125,10 +131,27 @@ class ReplicaSink:
                           code=ErrorCode.UPSTREAM_REPLICA_MISMATCH, attributes={"path": table_path})
         return table, table_path
 
-    def table_info(self, path: str) -> dict[str, Any]:
+    def check_caller(self, caller: str | None, replica_id: str, what: str, path: str) -> None:
+        """Only a replica's meta-cluster may write it: the cell tag of the replica's id (made by
+        its meta-cluster, see engine/credentials.py) must be the calling cluster's. ``caller``
+        None is an in-process call (no HTTP, nothing to authenticate)."""
+        if caller is None:
+            return
+        tag = id_cell_tag(replica_id)
+        if tag != cell_tag(caller):
+            owner = ("was made before cell tags and names no meta-cluster (re-create the replica)"
+                     if tag == NO_CELL_TAG else f"belongs to the cluster with cell tag {tag:#x}")
+            raise YtError(f"Cluster {caller} may not write table {path} as replica {replica_id} ({what}): "
+                          f"the replica {owner}, not to cluster {caller} (cell tag {cell_tag(caller):#x})",
+                          code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"path": path, "replica_id": replica_id, "cluster_name": caller})
+
+    def table_info(self, path: str, caller: str | None) -> dict[str, Any]:
         if not isinstance(path, str):
             raise _bad(f"Invalid path {str(path)[:100]!r}: expected a string", field="path")
-        table, _, _ = self.host.resolve_table(path)
+        table, table_path, _ = self.host.resolve_table(path)
+        if table.upstream_replica_id:
+            self.check_caller(caller, table.upstream_replica_id, "table_info", table_path)
         return {"sorted": table.sorted, "key_columns": table.schema.key_names,
                 "columns": [{"name": c.name, "type": c.type.value} for c in table.schema.columns],
                 "upstream_replica_id": table.upstream_replica_id, "tablet_state": table.state.value}
@@ -229,15 +252,20 @@ class ReplicaSink:
 
     # -- sync writes ---------------------------------------------------------------------------------
 
-    def handle_prepare(self, body: dict[str, Any]) -> None:
+    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> None:
         tx_id = str_field(body, "transaction_id", "prepare", MAX_TRANSACTION_ID_LENGTH)
         what = f"prepare of transaction {tx_id}"
         coordinator = str_field(body, "coordinator", what)
         replica_id = str_field(body, "replica_id", what)
+        if caller is not None and coordinator != caller:
+            raise YtError(f"Cluster {caller} may not prepare transaction {tx_id} in the name of coordinator "
+                          f"{coordinator}", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"transaction_id": tx_id, "cluster_name": caller})
         tablet_index = int_field(body, "tablet_index", what, MAX_PEER_TABLET_INDEX)
         start_ts = self.check_timestamp(body.get("start_timestamp"), f"start timestamp of transaction {tx_id}")
         prepare_ts = self.check_timestamp(body.get("prepare_timestamp"), f"prepare timestamp of transaction {tx_id}")
         table, path = self.replica_table(body.get("replica_path"), replica_id)
+        self.check_caller(caller, replica_id, what, path)
         if self.peers is not None and not self.peers.known(coordinator):
             # its decision could never be asked for: the prepare would hold rows and reads forever
             raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: its coordinator, cluster "
@@ -273,7 +301,7 @@ class ReplicaSink:
              "meta_tablet_index": tablet_index},
             participant=f"{table.table_id}/{replica_id}/{tablet_index}")
 
-    def handle_commit(self, body: dict[str, Any]) -> None:
+    def handle_commit(self, body: dict[str, Any], caller: str | None) -> None:
         tx_id = str_field(body, "transaction_id", "commit", MAX_TRANSACTION_ID_LENGTH)
         what = f"commit of transaction {tx_id}"
         commit_ts = self.check_timestamp(body.get("commit_timestamp"), f"commit timestamp of transaction {tx_id}")
@@ -289,15 +317,15 @@ class ReplicaSink:
                 advance_sink(conn, extra["upstream_replica_id"], extra["meta_tablet_index"], row_index,
                              int(extra["commit_timestamp"]))
 
-        self.host.transactions.commit_participant(tx_id, commit_ts, advance)
+        self.host.transactions.commit_participant(tx_id, commit_ts, advance, coordinator=caller)
 
-    def handle_abort(self, body: dict[str, Any]) -> None:
+    def handle_abort(self, body: dict[str, Any], caller: str | None) -> None:
         self.host.transactions.abort_participant(
-            str_field(body, "transaction_id", "abort", MAX_TRANSACTION_ID_LENGTH))
+            str_field(body, "transaction_id", "abort", MAX_TRANSACTION_ID_LENGTH), coordinator=caller)
 
     # -- replicator batches -------------------------------------------------------------------------
 
-    def handle_push(self, body: dict[str, Any]) -> dict[str, Any]:
+    def handle_push(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         """Apply one replicator batch exactly once; answer with the stored progress."""
         replica_id = str_field(body, "upstream_replica_id", "push")
         what = f"push of replica {replica_id}"
@@ -306,6 +334,7 @@ class ReplicaSink:
             raise _bad(f"Invalid preserve_timestamps {str(preserve)[:100]!r} in internal request {what}: "
                        "expected a boolean", field="preserve_timestamps")
         table, path = self.replica_table(body.get("replica_path"), replica_id, preserve)
+        self.check_caller(caller, replica_id, what, path)
         tablet = int_field(body, "tablet_index", what, MAX_PEER_TABLET_INDEX)
         prev, end = int_field(body, "prev_row_index", what), int_field(body, "row_index", what)
         entries = body.get("entries")

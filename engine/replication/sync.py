@@ -265,7 +265,7 @@ class SyncCommits:
                 participants = []
             mine = [m for m in participants if isinstance(m, dict) and m.get("cluster") == self.host.name]
             for message in mine or [{"transaction_id": tx_id, "commit_timestamp": status.get("commit_timestamp")}]:
-                self.sink.handle_commit(message)
+                self.sink.handle_commit(message, None)  # asked of its own coordinator: in process
             metrics.in_doubt.labels(outcome="committed").inc()
             log.info("in-doubt transaction committed by its coordinator's record", extra={"transaction_id": tx_id})
             return True

@@ -397,12 +397,15 @@ class TransactionManager:
         """Durably prepare writes of a transaction coordinated elsewhere (see ``ParticipantSide.prepare``)."""
         self.participants.prepare(tx_id, coordinator, table, path, writes, start_ts, prepare_ts, extra, participant)
 
-    def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
-        """Apply a prepared remote transaction with the coordinator's commit timestamp."""
-        return self.participants.commit(tx_id, commit_ts, on_apply)
+    def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None,
+                           coordinator: str | None = None) -> bool:
+        """Apply a prepared remote transaction with the coordinator's commit timestamp (``coordinator``:
+        the calling cluster, which must be the one that prepared it; None for this cluster's own
+        in-doubt resolution)."""
+        return self.participants.commit(tx_id, commit_ts, on_apply, coordinator)
 
-    def abort_participant(self, tx_id: str) -> None:
-        self.participants.abort(tx_id)
+    def abort_participant(self, tx_id: str, coordinator: str | None = None) -> None:
+        self.participants.abort(tx_id, coordinator)
 
     def pending_participants(self, older_than: float) -> list[tuple[str, str]]:
         """Remotely coordinated transactions prepared here for at least ``older_than`` seconds:

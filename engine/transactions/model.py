@@ -44,10 +44,11 @@ class TxState(StrEnum):
     ABORTED = "aborted"
 
 
-def make_object_id(object_type: int, counter: int = 0) -> str:
-    """A YT-shaped object id ``a-b-c-d`` whose third part carries the object type."""
+def make_object_id(object_type: int, cell_tag: int = 0) -> str:
+    """A YT-shaped object id ``a-b-c-d`` whose third part carries the cell tag of the cluster that
+    made it (high 16 bits) and the object type (low 16 bits), as YTsaurus ids do."""
     raw = uuid.uuid4().int
-    return f"{(raw >> 96) & 0xFFFFFFFF:x}-{(raw >> 64) & 0xFFFFFFFF:x}-{((counter & 0xFFFF) << 16) | object_type:x}-" \
+    return f"{(raw >> 96) & 0xFFFFFFFF:x}-{(raw >> 64) & 0xFFFFFFFF:x}-{((cell_tag & 0xFFFF) << 16) | object_type:x}-" \
            f"{raw & 0xFFFFFFFF:x}"
 
 

@@ -51,13 +51,23 @@ from .visibility import InFlight
 # the statements on the latency path of every sync replica commit (storage.FastStatement)
 _INSERT_PREPARED = FastStatement.insert(prepared_table)
 _FIND_PREPARED = FastStatement.select(prepared_table, ("transaction_id",), "transaction_id", "participant")
-_PARTICIPANTS = FastStatement.select(prepared_table, ("participant", "prepare_timestamp"), "transaction_id")
+_PARTICIPANTS = FastStatement.select(prepared_table, ("participant", "prepare_timestamp", "coordinator"),
+                                     "transaction_id")
 _DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
 
 #: a participant's prepared writes: (table, writes, writes by key, extra)
 PreparedWrites = tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None, dict[str, Any]]
 
 log = logging.getLogger("reptables.engine.transactions")
+
+
+def _check_coordinator(tx_id: str, what: str, caller: str | None, coordinators: set[str | None]) -> None:
+    """Only the cluster that prepared a transaction here may decide it."""
+    if caller is not None and coordinators - {caller}:
+        raise YtError(f"Cluster {caller} may not {what} transaction {tx_id}: it was prepared here by "
+                      f"coordinator {', '.join(sorted(str(c) for c in coordinators))}",
+                      code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                      attributes={"transaction_id": tx_id, "cluster_name": caller})
 
 
 class ParticipantSide:
@@ -137,13 +147,16 @@ class ParticipantSide:
         self._prepared_writes.pop(tx_id, None)
         self._inflight.release_remote(tx_id)
 
-    def commit(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None) -> bool:
-        """Apply a prepared remote transaction with the coordinator's commit timestamp."""
+    def commit(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None,
+               coordinator: str | None = None) -> bool:
+        """Apply a prepared remote transaction with the coordinator's commit timestamp; ``coordinator``
+        (if given) must be the one its prepare named."""
         rows = 0
         what = f"commit timestamp of transaction {tx_id}"
         self.timestamps.check(commit_ts, what, self.config.max_peer_clock_skew)
         with self.storage.write() as conn:
             records = _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()
+            _check_coordinator(tx_id, "commit", coordinator, {r[2] for r in records})
             names = [r[0] for r in records]
             prepared_at = max((r[1] for r in records), default=0)
             if commit_ts < prepared_at:
@@ -179,8 +192,11 @@ class ParticipantSide:
                                        payload["extra"])
         return out
 
-    def abort(self, tx_id: str) -> None:
+    def abort(self, tx_id: str, coordinator: str | None = None) -> None:
         with self.storage.write() as conn:
+            if coordinator is not None:
+                records = _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()
+                _check_coordinator(tx_id, "abort", coordinator, {r[2] for r in records})
             # remembered so that a prepare arriving after its abort (a slow network) is refused
             self._aborted_remote[tx_id] = time.monotonic()
             cutoff = time.monotonic() - 2 * self.config.max_transaction_lifetime

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reptables.engine.client import Client
+from reptables.engine.credentials import peer_credential
 from tests.harness import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
@@ -105,7 +106,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EnginePro
     engine = EngineProcess("self", Path(tmp_path_factory.mktemp("fuzz"))).start()
     try:
         with Client(engine.url, engine.token) as client:
-            client.set("//sys/clusters", {"self": {"proxy_url": engine.url, "token": engine.token}})
+            client.set("//sys/clusters", {"self": {"proxy_url": engine.url,
+                                                     "token": peer_credential(engine.token, "self")}})
             client.create("table", "//tmp/t", attributes={"dynamic": True, "schema": SCHEMA})
             client.mount_table("//tmp/t")
             client.insert_rows("//tmp/t", [{"k": i, "v": f"v{i}", "d": i / 2} for i in range(5)])

@@ -30,6 +30,8 @@ import pytest
 
 from reptables.engine.api import create_app
 from reptables.engine.api.app import MAX_ERROR_HEADER
+from reptables.engine.client import Client
+from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import ErrorCode
 from reptables.engine.node import Cluster
 from tests.harness import EngineProcess
@@ -228,7 +230,12 @@ def test_chunked_body_within_the_limit_is_accepted(api):
 
 
 def test_internal_call_with_a_body_past_the_limit_is_refused_with_413(api, engine):
-    resp = api.http.post("/internal/v1/push", headers={"Authorization": f"OAuth {engine.token}"},
+    # a peer of its own (a cluster may hold replicas of its own tables): the credential is accepted
+    with Client(engine.url, engine.token) as client:
+        client.set("//sys/clusters", {"limited": {"proxy_url": engine.url,
+                                                  "token": peer_credential(engine.token, "limited")}})
+    resp = api.http.post("/internal/v1/push",
+                         headers={"Authorization": f"OAuth {peer_credential(engine.token, 'limited')}"},
                          content=_chunks(b" " * (MAX_BODY + 1)))
     yt_error(resp, 413, ErrorCode.PROTOCOL_ERROR, "max_body_bytes")
 
@@ -542,6 +549,7 @@ def test_unexpected_exception_in_a_command_is_a_500_with_one_short_log_line(loca
 def test_unexpected_exception_in_an_internal_call_is_a_500_with_one_short_log_line(local, monkeypatch, caplog):
     monkeypatch.setattr(local.transactions, "transaction_status", _fault)
     caplog.set_level(logging.DEBUG, logger="reptables.engine.http")
-    resp = _post(create_app(local, "token"), "/internal/v1/transaction_status", {"Authorization": "OAuth token"},
-                 b'{"transaction_id": "1-2-3-4"}')
+    local.set("//sys/clusters", {"local": {"proxy_url": "http://127.0.0.1:1", "token": "unused"}})
+    resp = _post(create_app(local, "token"), "/internal/v1/transaction_status",
+                 {"Authorization": f"OAuth {peer_credential('token', 'local')}"}, b'{"transaction_id": "1-2-3-4"}')
     _assert_internal_error(resp, caplog)

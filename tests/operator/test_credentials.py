@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client
+from reptables.engine.credentials import peer_credential
 from reptables.operator.directory import desired_directory, needed_clusters, sync_directory
 from reptables.operator.reconcile_clusters import reconcile_table_cluster
 from reptables.operator.registry import CredentialPolicy, Registry
@@ -163,7 +164,9 @@ def test_each_engine_needs_only_the_clusters_its_tables_and_replicas_link_it_to(
     assert needed_clusters("r1", world) == {"meta", "other-meta"}  # ReplicatedTables are per namespace
     assert needed_clusters("other-meta", world) == {"r1"}
     assert needed_clusters("rogue", world) == set()  # a replica of a table that does not exist links nothing
-    assert desired_directory("r0", world) == {"meta": {"proxy_url": "http://127.0.0.1:9000", "token": "token-meta"}}
+    # r0 calls meta with the credential for that pair, never with meta's API token
+    assert desired_directory("r0", world) == {"meta": {"proxy_url": "http://127.0.0.1:9000",
+                                                       "token": peer_credential("token-meta", "r0")}}
     assert desired_directory("rogue", world) == {}
 
 
@@ -217,6 +220,10 @@ def test_a_rogue_table_cluster_receives_no_other_clusters_token(clusters: Cluste
     assert clusters.rogue.wrote_directory()  # the operator did write the rogue's directory: an empty one
     for token in (clusters.meta.token, clusters.replica.token):
         assert token and token not in received
+    # and each engine holds a credential for its own calls to the other, never the other's API token
+    world = reg.world()
+    assert desired_directory("meta", world)["replica"]["token"] == peer_credential(clusters.replica.token or "", "meta")
+    assert desired_directory("replica", world)["meta"]["token"] == peer_credential(clusters.meta.token or "", "replica")
 
 
 def test_status_carries_nothing_derived_from_a_token_and_a_rotated_token_is_rewritten(clusters: Clusters) -> None:

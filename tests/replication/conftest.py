@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client
+from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
 from tests.harness import EngineProcess
 
@@ -37,8 +38,10 @@ class ClusterSet:
         return self
 
     def publish_directory(self) -> None:
-        directory = {n: {"proxy_url": e.url, "token": e.token} for n, e in self.engines.items()}
         for name in self.engines:
+            # each engine holds the credentials with which *it* calls the others (one per ordered pair)
+            directory = {n: {"proxy_url": e.url, "token": peer_credential(e.token, name)}
+                         for n, e in self.engines.items()}
             self.client(name).set("//sys/clusters", directory)
 
     def client(self, name: str, timeout: float = 30.0) -> Client:

@@ -28,18 +28,22 @@ import pytest
 import sqlalchemy as sa
 
 from reptables.engine.config import EngineConfig
+from reptables.engine.credentials import cell_tag, peer_credential
+from reptables.engine.cypress import OBJECT_TYPES
 from reptables.engine.errors import YtError
 from reptables.engine.httpconn import dumps_json
 from reptables.engine.process import free_port
 from reptables.engine.replication.sink import ReplicaSink, read_sink
 from reptables.engine.storage import prepared_table
 from reptables.engine.timestamps import COUNTER_BITS
+from reptables.engine.transactions import make_object_id
 from tests.harness import EngineProcess
 
 from .conftest import SCHEMA, ClusterSet, wait_for
 from .test_units import SORTED, FakeHost
 
 IN_DOUBT_TIMEOUT = 2.0
+META = "primary"
 REPLICA = "remote_0"
 MAX_ROW_WEIGHT = 16 * 1024 * 1024
 _names = itertools.count()
@@ -63,11 +67,12 @@ def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
         cs.stop()
 
 
-def internal(cs: ClusterSet, method: str, body: dict[str, Any], timeout: float = 30.0) -> httpx.Response:
-    """A raw ``/internal/v1`` call to the replica cluster, with its token."""
+def internal(cs: ClusterSet, method: str, body: dict[str, Any], timeout: float = 30.0,
+             caller: str = META) -> httpx.Response:
+    """A raw ``/internal/v1`` call to the replica cluster, as ``caller`` (with its peer credential)."""
     engine = cs.engines[REPLICA]
     return httpx.post(f"{engine.url}/internal/v1/{method}", json=body, timeout=timeout,
-                      headers={"Authorization": f"OAuth {engine.token}"})
+                      headers={"Authorization": f"OAuth {peer_credential(engine.token, caller)}"})
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
@@ -82,6 +87,17 @@ def replica_table(cs: ClusterSet, name: str, schema: list[dict[str, Any]] = SCHE
     meta_path = cs.replicated_table(f"//tmp/{name}_meta", schema)
     path = f"//tmp/{name}"
     return cs.replica(meta_path, REPLICA, path, schema=schema, enable=False), path
+
+
+def foreign_replica_table(cs: ClusterSet, name: str, meta: str) -> tuple[str, str]:
+    """A replica table on the replica cluster fed by a replica of cluster ``meta`` (its id carries
+    ``meta``'s cell tag): (replica id, path)."""
+    replica_id = make_object_id(OBJECT_TYPES["table_replica"], cell_tag(meta))
+    path = f"//tmp/{name}"
+    client = cs.client(REPLICA)
+    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "upstream_replica_id": replica_id})
+    client.mount_table(path)
+    return replica_id, path
 
 
 def change(ts: int, row: dict[str, Any], kind: str = "write") -> dict[str, Any]:
@@ -281,30 +297,33 @@ def test_prepared_rows_are_checked_against_the_replica_schema(peers: ClusterSet)
     assert time.monotonic() - started < 2
 
 
-def test_a_prepare_naming_an_unknown_coordinator_is_refused(peers: ClusterSet) -> None:
+def test_a_prepare_naming_another_coordinator_than_its_caller_is_refused(peers: ClusterSet) -> None:
+    """A prepare must name its caller as coordinator: one naming a cluster that does not exist (or
+    another one) could never be decided by it, and would hold rows and reads."""
     replica_id, path = replica_table(peers, "unknown_coordinator")
     ts = peers.meta.generate_timestamp()
     error = error_of(internal(peers, "prepare", prepare("1-2-3-6", replica_id, path, [{"k": 1, "v": "a"}], ts,
                                                         coordinator="nowhere")))
-    assert error["code"] == 500
-    assert "nowhere" in error["message"] and "//sys/clusters" in error["message"]
+    assert error["code"] == 901
+    assert "nowhere" in error["message"] and "primary" in error["message"]
     started = time.monotonic()
     assert peers.rows(REPLICA, path) == []
     assert time.monotonic() - started < 2
 
 
 def test_a_commit_timestamp_is_checked_and_a_refused_commit_keeps_the_prepare(peers: ClusterSet) -> None:
-    replica_id, path = replica_table(peers, "commit_ts")
     add_unreachable_cluster(peers, "silent")  # the prepare stays until this test decides it
+    replica_id, path = foreign_replica_table(peers, "commit_ts", "silent")
     ts = peers.meta.generate_timestamp()
     tx = "1-2-3-7"
     assert internal(peers, "prepare", prepare(tx, replica_id, path, [{"k": 1, "v": "a"}], ts,
-                                              coordinator="silent")).status_code == 200
+                                              coordinator="silent"), caller="silent").status_code == 200
     for bad in (2**63 - 1, seconds_ahead(3600), ts - 1, "soon"):
-        error = error_of(internal(peers, "commit", {"transaction_id": tx, "commit_timestamp": bad}))
+        error = error_of(internal(peers, "commit", {"transaction_id": tx, "commit_timestamp": bad}, caller="silent"))
         assert error["code"] == 1802 and "commit timestamp" in error["message"], error["message"]
     commit_ts = peers.meta.generate_timestamp()
-    assert internal(peers, "commit", {"transaction_id": tx, "commit_timestamp": commit_ts}).status_code == 200
+    assert internal(peers, "commit", {"transaction_id": tx, "commit_timestamp": commit_ts},
+                    caller="silent").status_code == 200
     assert peers.rows(REPLICA, path) == [{"k": 1, "v": "a"}]
     assert peers.client(REPLICA).lookup_rows(path, [{"k": 1}], timestamp=commit_ts - 1) == []
     peers.client(REPLICA).remove("//sys/clusters/silent", recursive=True)
@@ -312,13 +331,13 @@ def test_a_commit_timestamp_is_checked_and_a_refused_commit_keeps_the_prepare(pe
 
 def test_an_in_doubt_prepare_stops_blocking_reads_and_is_aborted_once_its_coordinator_is_gone(
         peers: ClusterSet) -> None:
-    replica_id, path = replica_table(peers, "in_doubt")
     add_unreachable_cluster(peers, "ghost")
+    replica_id, path = foreign_replica_table(peers, "in_doubt", "ghost")
     ts = peers.meta.generate_timestamp()
     tx = "1-2-3-8"
     stalled_before = in_doubt_count(peers, "stalled")
     assert internal(peers, "prepare", prepare(tx, replica_id, path, [{"k": 1, "v": "a"}], ts,
-                                              coordinator="ghost")).status_code == 200
+                                              coordinator="ghost"), caller="ghost").status_code == 200
     replica = peers.client(REPLICA)
 
     # past the bound, a read fails at once with YT's retriable BlockedRowWaitTimeout naming the
@@ -349,11 +368,11 @@ def test_an_in_doubt_prepare_stops_blocking_reads_and_is_aborted_once_its_coordi
 
 
 def test_a_late_read_at_a_timestamp_is_refused_at_once_while_a_prepare_is_stalled(peers: ClusterSet) -> None:
-    replica_id, path = replica_table(peers, "stalled_snapshot")
     add_unreachable_cluster(peers, "mute")
+    replica_id, path = foreign_replica_table(peers, "stalled_snapshot", "mute")
     ts = peers.meta.generate_timestamp()
     assert internal(peers, "prepare", prepare("1-2-3-9", replica_id, path, [{"k": 1, "v": "a"}], ts,
-                                              coordinator="mute")).status_code == 200
+                                              coordinator="mute"), caller="mute").status_code == 200
     replica = peers.client(REPLICA)
 
     def refused_at_once() -> bool:
@@ -367,7 +386,7 @@ def test_a_late_read_at_a_timestamp_is_refused_at_once_while_a_prepare_is_stalle
     wait_for(refused_at_once, IN_DOUBT_TIMEOUT + 15, "reads at a timestamp refused at once")
     # a read at a timestamp before the prepare needs nothing from it
     assert replica.lookup_rows(path, [{"k": 1}], timestamp=ts - 1) == []
-    assert internal(peers, "abort", {"transaction_id": "1-2-3-9"}).status_code == 200
+    assert internal(peers, "abort", {"transaction_id": "1-2-3-9"}, caller="mute").status_code == 200
     replica.remove("//sys/clusters/mute", recursive=True)
 
 
@@ -389,14 +408,14 @@ def test_a_batch_over_the_byte_bound_is_refused_with_413(host: FakeHost) -> None
     ts = host.timestamps.generate()
     batch = push("r-1", "//replica", [change(ts, {"k": k, "v": "x" * 100}) for k in range(20)])
     with pytest.raises(YtError) as refused:
-        sink.handle_push(batch)
+        sink.handle_push(batch, None)
     assert refused.value.http_status == 413 and "max_peer_batch_bytes" in refused.value.message
     with host.storage.read() as conn:
         assert read_sink(conn, "r-1", 0) is None
     assert host.rows(table) == []
     batch["entries"] = batch["entries"][:5]
     batch["row_index"] = 5
-    assert sink.handle_push(batch) == {"row_index": 5, "applied": True}
+    assert sink.handle_push(batch, None) == {"row_index": 5, "applied": True}
 
 
 def test_a_prepare_over_the_transaction_row_limit_is_refused(host: FakeHost) -> None:
@@ -404,7 +423,7 @@ def test_a_prepare_over_the_transaction_row_limit_is_refused(host: FakeHost) -> 
     sink = ReplicaSink(host, None, EngineConfig(max_rows_per_transaction=10))
     ts = host.timestamps.generate()
     with pytest.raises(YtError) as refused:
-        sink.handle_prepare(prepare("1-2-3-a", "r-1", "//replica", [{"k": k, "v": "a"} for k in range(11)], ts))
+        sink.handle_prepare(prepare("1-2-3-a", "r-1", "//replica", [{"k": k, "v": "a"} for k in range(11)], ts), None)
     assert refused.value.code == 1717
     assert not host.transactions.has_remote_prepared(host.resolve_table("//replica")[0].table_id)
 

@@ -130,10 +130,11 @@ class FakeClient:
             self.network.calls.append((self.cluster, method, request, None))
             raise YtError(f"Cannot connect to cluster {self.cluster}", code=ErrorCode.UNAVAILABLE)
         sink = self.network.sinks[self.cluster]
-        handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "push": sink.handle_push, "table_info": lambda b: sink.table_info(b["path"]),
+        # (in process: no caller to authenticate, the HTTP layer's part)
+        handlers: dict[str, Callable[[dict[str, Any], None], Any]] = {
+            "push": sink.handle_push, "table_info": lambda b, caller: sink.table_info(b["path"], caller),
             "prepare": sink.handle_prepare, "commit": sink.handle_commit, "abort": sink.handle_abort}
-        answer = json.loads(json.dumps(handlers[method](request) or {}))
+        answer = json.loads(json.dumps(handlers[method](request, None) or {}))
         self.network.calls.append((self.cluster, method, request, answer))
         if method == "push" and self.network.lose_push_answers > 0:
             self.network.lose_push_answers -= 1
@@ -230,10 +231,10 @@ def test_sink_applies_a_batch_once_and_a_retried_old_batch_never_overwrites_newe
     first = _batch("r-1", 0, 1, [(t1, {"k": 1, "v": "old"})])
     second = _batch("r-1", 1, 2, [(t2, {"k": 1, "v": "new"})])
 
-    assert sink.handle_push(first) == {"row_index": 1, "applied": True}
-    assert sink.handle_push(second) == {"row_index": 2, "applied": True}
+    assert sink.handle_push(first, None) == {"row_index": 1, "applied": True}
+    assert sink.handle_push(second, None) == {"row_index": 2, "applied": True}
     # the first batch again (its answer was lost): recognised, answered with the stored progress
-    assert sink.handle_push(first) == {"row_index": 2, "applied": False}
+    assert sink.handle_push(first, None) == {"row_index": 2, "applied": False}
     assert host.rows(table) == [(1, "new")]
 
 
@@ -243,8 +244,8 @@ def test_sink_applies_a_retried_batch_of_an_ordered_table_once(tmp_path: Path) -
     sink = ReplicaSink(host)
     ts = host.timestamps.generate()
     batch = _batch("r-1", 0, 2, [(ts, {"k": 1, "v": "a"}), (ts, {"k": 2, "v": "b"})])
-    assert sink.handle_push(batch)["applied"] is True
-    assert sink.handle_push(batch) == {"row_index": 2, "applied": False}
+    assert sink.handle_push(batch, None)["applied"] is True
+    assert sink.handle_push(batch, None) == {"row_index": 2, "applied": False}
     assert host.rows(table) == [(1, "a"), (2, "b")]  # not four rows
 
 
@@ -253,9 +254,9 @@ def test_sink_refuses_a_batch_that_would_leave_a_gap(tmp_path: Path) -> None:
     table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
     sink = ReplicaSink(host)
     t1, t2 = host.timestamps.generate(), host.timestamps.generate()
-    sink.handle_push(_batch("r-1", 0, 1, [(t1, {"k": 1, "v": "a"})]))
+    sink.handle_push(_batch("r-1", 0, 1, [(t1, {"k": 1, "v": "a"})]), None)
     # rows 1..4 never arrived: a batch starting at 5 is not applied; the answer says where to resume
-    assert sink.handle_push(_batch("r-1", 5, 7, [(t2, {"k": 2, "v": "b"})])) == {"row_index": 1, "applied": False}
+    assert sink.handle_push(_batch("r-1", 5, 7, [(t2, {"k": 2, "v": "b"})]), None) == {"row_index": 1, "applied": False}
     assert host.rows(table) == [(1, "a")]
 
 
@@ -263,7 +264,7 @@ def test_sink_refuses_batches_of_another_replica(tmp_path: Path) -> None:
     host = FakeHost("remote", tmp_path)
     table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
     with pytest.raises(YtError) as error:
-        ReplicaSink(host).handle_push(_batch("r-2", 0, 1, [(host.timestamps.generate(), {"k": 1, "v": "x"})]))
+        ReplicaSink(host).handle_push(_batch("r-2", 0, 1, [(host.timestamps.generate(), {"k": 1, "v": "x"})]), None)
     assert error.value.code == ErrorCode.UPSTREAM_REPLICA_MISMATCH
     assert host.rows(table) == []
 
