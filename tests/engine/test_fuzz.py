@@ -191,7 +191,9 @@ def test_internal_calls_never_fail_with_5xx(fuzzed: tuple[EngineProcess, httpx.C
                                             body: Any) -> None:
     engine, http = fuzzed
     before = _state(http)
-    answer = http.post(f"/internal/v1/{method}", content=json.dumps(body, ensure_ascii=True).encode())
+    # as the cluster itself (its directory names it "self"): a peer credential, which internal calls take
+    answer = http.post(f"/internal/v1/{method}", content=json.dumps(body, ensure_ascii=True).encode(),
+                       headers={"Authorization": f"OAuth {peer_credential(engine.token or '', 'self')}"})
     what = f"internal {method} {json.dumps(body, ensure_ascii=True)[:300]}"
     _check_answer(answer, what)
     if answer.status_code >= 400:
@@ -202,6 +204,8 @@ def test_the_engine_is_healthy_after_the_fuzzing(fuzzed: tuple[EngineProcess, ht
     engine, http = fuzzed
     assert http.get("/readyz").status_code == 200
     with Client(engine.url, engine.token) as client:
+        if not client.exists("//tmp/t"):  # the fuzzer may have removed it (remove is fuzzed too)
+            client.create("table", "//tmp/t", attributes={"dynamic": True, "schema": SCHEMA})
         state = client.get("//tmp/t/@tablet_state")  # the fuzzer may have frozen or unmounted it
         if state == "frozen":
             client.unfreeze_table("//tmp/t")
