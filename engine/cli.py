@@ -79,6 +79,9 @@ def serve(
     in_doubt_timeout: Annotated[float, typer.Option(
         "--in-doubt-timeout", help="Seconds a write prepared here by another cluster may stay undecided before "
         "reads stop waiting for it (docs/replication.md)")] = DEFAULT_CONFIG.in_doubt_timeout,
+    bootstrap_pin_ttl: Annotated[float, typer.Option(
+        "--bootstrap-pin-ttl", help="Seconds a replica never enabled holds the replication queue back "
+        "(docs/replication.md)")] = DEFAULT_CONFIG.bootstrap_pin_ttl,
     max_body_bytes: Annotated[int, typer.Option(
         "--max-body-bytes", help="Largest request body, after decompression")] = DEFAULT_CONFIG.max_body_bytes,
     max_lookup_keys: Annotated[int, typer.Option(
@@ -112,6 +115,7 @@ def serve(
     gc.set_threshold(100_000, 50, 100)
     # the one place that reads the environment: the process' settings, handed down as one object
     config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
+                                   bootstrap_pin_ttl=bootstrap_pin_ttl,
                                    max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
                                    max_output_bytes=max_output_bytes,
                                    query_timeout=query_timeout, header_timeout=header_timeout,

@@ -76,6 +76,12 @@ class EngineConfig:
     #: waiting; it is aborted if its coordinator has left //sys/clusters for this long
     in_doubt_timeout: float = 60.0
 
+    # -- replicas ----------------------------------------------------------------------------------------
+    #: a replica never enabled holds the replication queue back (it pins the history its bootstrap
+    #: copy will not carry) for at most this many seconds after its creation; past it, an abandoned
+    #: bootstrap no longer stops trimming, and the replica is marked as missing that history
+    bootstrap_pin_ttl: float = 24 * 3600.0
+
     # -- node ------------------------------------------------------------------------------------------
     #: period of the background jobs: transaction expiry, replication maintenance
     background_period: float = 1.0

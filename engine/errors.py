@@ -42,6 +42,8 @@ class ErrorCode(IntEnum):
     TABLE_MUST_BE_SORTED = 1716
     TOO_MANY_ROWS_IN_TRANSACTION = 1717
     UPSTREAM_REPLICA_MISMATCH = 1718
+    #: reptables: a replica whose history left the replication queue cannot be enabled
+    REPLICA_HISTORY_TRIMMED = 1740
     COLUMN_NOT_FOUND = 1726
     SYNC_REPLICA_NOT_IN_SYNC = 1732
     NO_IN_SYNC_REPLICAS = 1736

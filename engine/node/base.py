@@ -37,6 +37,7 @@ from ..faults import Faults
 from ..metrics import EngineMetrics
 from ..peers import Peers
 from ..replication import (
+    TRIMMED_TIMESTAMP_ATTRIBUTE,
     ReplicationManager,
 )
 from ..schema import TableSchema
@@ -130,6 +131,7 @@ class NodeBase:
             tablet_count_ordered=int(attrs.get(f"{INTERNAL_PREFIX}tablet_count", 1)),
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
             atomicity=attrs.get("atomicity", "full"),
+            trimmed_timestamp=int(attrs.get(TRIMMED_TIMESTAMP_ATTRIBUTE, 0)),
             pinned_by=self.transactions.oldest_active_start_timestamp,
             config=self.config,
         )

@@ -2,9 +2,14 @@
 
 from .host import ReplicationHost
 from .manager import ReplicationManager
-from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS, validate_replicated_table_options, validate_throttler
+from .options import (
+    DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
+    TRIMMED_TIMESTAMP_ATTRIBUTE,
+    validate_replicated_table_options,
+    validate_throttler,
+)
 
 __all__ = [
-    "DEFAULT_MIN_REPLICATION_LOG_TTL_MS", "ReplicationHost", "ReplicationManager", "validate_replicated_table_options",
-    "validate_throttler",
+    "DEFAULT_MIN_REPLICATION_LOG_TTL_MS", "ReplicationHost", "ReplicationManager", "TRIMMED_TIMESTAMP_ATTRIBUTE",
+    "validate_replicated_table_options", "validate_throttler",
 ]

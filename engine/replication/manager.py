@@ -111,7 +111,7 @@ class ReplicationManager:
         self.sync.resolve_in_doubt(older_than)
 
     def trim_queues(self) -> None:
-        trim_queues(self.host, self.registry)
+        trim_queues(self.host, self.registry, self.config)
 
     # -- the replica side (/internal/v1) -----------------------------------------------------------
 

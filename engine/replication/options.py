@@ -11,6 +11,9 @@ from typing import Any
 
 from ..errors import ErrorCode, YtError
 
+#: the replicated table's node attribute holding ``DynamicTable.trimmed_timestamp``
+TRIMMED_TIMESTAMP_ATTRIBUTE = "_rt_trimmed_timestamp"
+
 #: ``@min_replication_log_ttl`` when unset (ms): queue rows every replica has are kept this long
 DEFAULT_MIN_REPLICATION_LOG_TTL_MS = 5 * 60 * 1000
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -48,6 +49,10 @@ log = logging.getLogger("reptables.engine.replication")
 
 #: where a replica object keeps the id of its replicated table (hidden from users)
 TABLE_ID_ATTRIBUTE = "_rt_table_id"
+#: internal attributes of a replica's node: see Replica.history_trimmed, created_at, enabled_once
+HISTORY_TRIMMED_ATTRIBUTE = "_rt_history_trimmed"
+CREATED_AT_ATTRIBUTE = "_rt_created_at"
+ENABLED_ONCE_ATTRIBUTE = "_rt_enabled_once"
 
 # the statements on the latency path of every sync replica commit (storage.FastStatement)
 _UPDATE_PROGRESS = FastStatement.update(replica_progress_table, "replica_id", "tablet_index")
@@ -73,6 +78,19 @@ class TabletProgress:
     def copy(self) -> TabletProgress:
         # the error dict is replaced, never changed in place: sharing it is safe
         return replace(self)
+
+
+def history_trimmed_error(replica: Replica | ReplicaSnapshot, trimmed: int) -> YtError:
+    """Why a replica that misses history cannot be enabled, and what to do."""
+    return YtError(
+        f"Cannot enable replica {replica.id} of {replica.table_path}: the history it needs was trimmed — changes "
+        f"up to timestamp {trimmed:#x} left the replication queue, and the replica's "
+        f"start_replication_timestamp is {replica.start_replication_timestamp:#x}. The replica table needs a "
+        "bootstrap copy: copy the table as of a timestamp T >= the trimmed one into the replica table and "
+        "create the replica with start_replication_timestamp=T (a TableReplica with spec.bootstrap does this)",
+        code=ErrorCode.REPLICA_HISTORY_TRIMMED,
+        attributes={"replica_id": replica.id, "trimmed_timestamp": trimmed,
+                    "start_replication_timestamp": replica.start_replication_timestamp})
 
 
 def sync_not_in_sync(replica: Replica | ReplicaSnapshot) -> YtError:
@@ -105,6 +123,9 @@ class ReplicaSnapshot:
     progress: Mapping[int, TabletProgress] = field(default_factory=dict)
     errors: tuple[dict[str, Any], ...] = ()
     backoff_until: float = 0.0
+    history_trimmed: int = 0
+    created_at: float = 0.0
+    enabled_once: bool = False
 
     @property
     def writes_synchronously(self) -> bool:
@@ -128,7 +149,8 @@ class Replica:
     def __init__(self, *, id: str, node: Node, table_id: str, cluster_name: str, replica_path: str,
                  mode: ReplicaMode, state: ReplicaState, start_replication_timestamp: int,
                  preserve_timestamps: bool, atomicity: str, tracker_enabled: bool, table_path: str = "",
-                 phase: SyncPhase | None = None, progress: dict[int, TabletProgress] | None = None) -> None:
+                 phase: SyncPhase | None = None, progress: dict[int, TabletProgress] | None = None,
+                 history_trimmed: int = 0, created_at: float = 0.0, enabled_once: bool = False) -> None:
         # identity: set once, read without a lock
         self.id = id
         self.node = node
@@ -151,6 +173,14 @@ class Replica:
         self._progress: dict[int, TabletProgress] = dict(progress or {})
         self._errors: list[dict[str, Any]] = []
         self._backoff_until = 0.0
+        #: the timestamp of the newest change after start_replication_timestamp that left the queue
+        #: before this replica got it (0: its history is complete). Such a replica cannot be enabled:
+        #: its table needs a bootstrap copy (docs/replication.md, "Adding a replica to a table with history")
+        self._history_trimmed = history_trimmed
+        #: wall-clock creation time; whether it was ever enabled (a replica never enabled pins the
+        #: queue for at most bootstrap_pin_ttl)
+        self.created_at = created_at
+        self._enabled_once = enabled_once
 
     def __repr__(self) -> str:
         return f"Replica({self.id} of {self.table_path} on {self.cluster_name}:{self.replica_path})"
@@ -165,7 +195,8 @@ class Replica:
                 preserve_timestamps=self.preserve_timestamps, atomicity=self.atomicity, mode=self._mode,
                 state=self._state, phase=self._phase, tracker_enabled=self._tracker_enabled,
                 progress={t: p.copy() for t, p in self._progress.items()}, errors=tuple(self._errors),
-                backoff_until=self._backoff_until)
+                backoff_until=self._backoff_until, history_trimmed=self._history_trimmed,
+                created_at=self.created_at, enabled_once=self._enabled_once)
 
     def attributes(self) -> dict[str, Any]:
         return self.snapshot().attributes()
@@ -236,6 +267,7 @@ class Replica:
     def enable(self) -> None:
         """Enabled, with a clean slate: no errors, no backoff, a sync replica catching up."""
         with self._lock:
+            self._enabled_once = True
             self._errors = []
             self._backoff_until = 0.0
             self._phase = SyncPhase.CATCHING_UP if self._mode is ReplicaMode.SYNC else None
@@ -267,6 +299,16 @@ class Replica:
                 progress.error = None
             else:
                 self._progress[tablet] = TabletProgress()
+
+    @property
+    def history_trimmed(self) -> int:
+        with self._lock:
+            return self._history_trimmed
+
+    def mark_history_trimmed(self, timestamp: int) -> None:
+        """Changes up to ``timestamp`` this replica needs left the queue (its pin expired)."""
+        with self._lock:
+            self._history_trimmed = max(self._history_trimmed, timestamp)
 
     def record_error(self, tablet: int | None, entry: dict[str, Any], backoff_until: float) -> None:
         with self._lock:
@@ -370,11 +412,23 @@ class ReplicaRegistry:
             preserve_timestamps=bool(a.get("preserve_timestamps", True)), atomicity=a.get("atomicity", "full"),
             tracker_enabled=bool(a.get("enable_replicated_table_tracker", True)),
             phase=SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC and state is ReplicaState.ENABLED else None,
-            table_path=table_node.path if table_node is not None else a.get("table_path", ""), progress=progress)
+            table_path=table_node.path if table_node is not None else a.get("table_path", ""), progress=progress,
+            history_trimmed=int(a.get(HISTORY_TRIMMED_ATTRIBUTE, 0)),
+            # (replicas made before these were recorded: old, and taken as enabled once if enabled)
+            created_at=float(a.get(CREATED_AT_ATTRIBUTE, 0.0)),
+            enabled_once=bool(a.get(ENABLED_ONCE_ATTRIBUTE, state is not ReplicaState.DISABLED)))
+
+    def save(self, conn: sa.Connection, replica: Replica) -> None:
+        """Persist a replica's state on its node (in the caller's write transaction)."""
+        self._save(conn, replica)
 
     def _save(self, conn: sa.Connection, replica: Replica) -> None:
-        replica.node.attributes.update(replica.attributes())
+        snap = replica.snapshot()
+        replica.node.attributes.update(snap.attributes())
         replica.node.attributes[TABLE_ID_ATTRIBUTE] = replica.table_id
+        replica.node.attributes[HISTORY_TRIMMED_ATTRIBUTE] = snap.history_trimmed
+        replica.node.attributes[CREATED_AT_ATTRIBUTE] = snap.created_at
+        replica.node.attributes[ENABLED_ONCE_ATTRIBUTE] = snap.enabled_once
         self.host.cypress.save(conn, replica.node)
 
     # -- lookups -----------------------------------------------------------------------------------
@@ -441,16 +495,18 @@ class ReplicaRegistry:
             # the id carries this cluster's cell tag: replica clusters accept its rows only from here
             node = Node(id=make_object_id(OBJECT_TYPES["table_replica"], cell_tag(self.host.name)),
                         type="table_replica", name=None, parent=None, attributes={})
-            # a new replica starts at the oldest change still in the queue
+            # a new replica starts at the oldest change still in the queue; if changes after its
+            # start_replication_timestamp already left it, the replica misses them (and says so)
             progress = {tablet: TabletProgress(table.tablet_rows.get(tablet, [0, 0])[1], 0)
                         for tablet in range(table.tablet_count)}
+            history_trimmed = table.trimmed_timestamp if table.trimmed_timestamp > start_ts else 0
             replica = Replica(
                 id=node.id, node=node, table_id=table.table_id, cluster_name=cluster_name,
                 replica_path=replica_path, mode=ReplicaMode(mode), state=ReplicaState.DISABLED,
                 start_replication_timestamp=start_ts,
                 preserve_timestamps=bool(attrs.get("preserve_timestamps", True)), atomicity=atomicity,
                 tracker_enabled=bool(attrs.get("enable_replicated_table_tracker", True)), table_path=path,
-                progress=progress)
+                progress=progress, history_trimmed=history_trimmed, created_at=time.time())
             known = replica.attributes()
             for key, value in attrs.items():
                 if key not in known and key != "table_path":
@@ -482,6 +538,9 @@ class ReplicaRegistry:
             raise YtError(f"Replica {replica.id} has preserve_timestamps=%false and can only be asynchronous",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": replica.id})
         if enabled is True and replica.state is not ReplicaState.ENABLED:
+            trimmed = replica.history_trimmed
+            if trimmed:
+                raise history_trimmed_error(replica, trimmed)
             self._change(replica, lambda: replica.set_state(ReplicaState.ENABLING))
             try:
                 self.check_replica_table(replica)  # network: no lock held

@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import sqlalchemy as sa
+
 from ..config import EngineConfig
 from ..errors import YtError
 from ..peers import Peers
@@ -30,8 +32,8 @@ from ..storage import on_commit
 from ..tablets import DynamicTable
 from ..timestamps import COUNTER_BITS
 from .host import ReplicationHost
-from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS
-from .registry import Replica, ReplicaRegistry, SyncPhase, TabletProgress, save_progress
+from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS, TRIMMED_TIMESTAMP_ATTRIBUTE
+from .registry import Replica, ReplicaRegistry, SyncPhase, TabletProgress, history_trimmed_error, save_progress
 
 log = logging.getLogger("reptables.engine.replication")
 
@@ -219,12 +221,17 @@ class Replicator:
                                                 "error": error.message})
 
 
-def trim_queues(host: ReplicationHost, registry: ReplicaRegistry) -> None:
+def trim_queues(host: ReplicationHost, registry: ReplicaRegistry, config: EngineConfig) -> None:
     """Drop queue rows every replica has, once older than min_replication_log_ttl.
 
     The floor (the least progress of the table's replicas) is taken again under the storage
     writer, so a replica created meanwhile (it starts at the oldest row still queued) is counted.
+    A replica never enabled counts for ``bootstrap_pin_ttl`` after its creation (it pins the
+    history while its bootstrap copy runs); an abandoned one stops holding the queue back then, and
+    once rows it needs are trimmed it is marked as missing history (it cannot be enabled, and says
+    why) instead of silently missing rows.
     """
+    now = time.time()
     for node in list(host.cypress.by_id.values()):
         table = node.table
         if table is None or not table.replicated:
@@ -232,19 +239,51 @@ def trim_queues(host: ReplicationHost, registry: ReplicaRegistry) -> None:
         ttl_ms = int(node.attributes.get("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS))
         horizon = host.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
 
-        def floor(tablet: int, table: DynamicTable = table) -> tuple[int, int]:
+        def holding(table: DynamicTable = table) -> tuple[list[Replica], list[Replica]]:
+            """(replicas that hold the queue back, abandoned ones that no longer do)."""
+            hold, expired = [], []
+            for replica in registry.replicas_of(table.table_id):
+                snap = replica.snapshot()
+                if not snap.enabled_once and snap.state is ReplicaState.DISABLED and \
+                        now - snap.created_at > config.bootstrap_pin_ttl:
+                    expired.append(replica)
+                else:
+                    hold.append(replica)
+            return hold, expired
+
+        def floor(tablet: int, hold: list[Replica], table: DynamicTable = table) -> tuple[int, int]:
             rows, trimmed = table.tablet_rows.get(tablet, [0, 0])
-            low = min((r.progress_of(tablet).row_index for r in registry.replicas_of(table.table_id)), default=rows)
+            low = min((r.progress_of(tablet).row_index for r in hold), default=rows)
             return low, trimmed
 
         for tablet in range(table.tablet_count):
-            low, trimmed = floor(tablet)
+            hold, expired = holding()
+            low, trimmed = floor(tablet, hold)
             if low <= trimmed:
                 continue
             with host.storage.write() as conn:
-                low, trimmed = floor(tablet)
-                if low > trimmed:
-                    table.trim_queue(conn, tablet, low, horizon)
+                hold, expired = holding()
+                low, trimmed = floor(tablet, hold)
+                if low > trimmed and table.trim_queue(conn, tablet, low, horizon):
+                    node.attributes[TRIMMED_TIMESTAMP_ATTRIBUTE] = table.trimmed_timestamp
+                    host.cypress.save(conn, node)
+                    _mark_missing_history(registry, expired, table, tablet, conn)
+
+
+def _mark_missing_history(registry: ReplicaRegistry, expired: list[Replica], table: DynamicTable, tablet: int,
+                          conn: sa.Connection) -> None:
+    """Replicas whose pin expired and whose rows were just trimmed: they miss history now, and say so."""
+    trimmed_rows = table.tablet_rows.get(tablet, [0, 0])[1]
+    for replica in expired:
+        if replica.progress_of(tablet).row_index >= trimmed_rows or \
+                table.trimmed_timestamp <= replica.start_replication_timestamp or replica.history_trimmed:
+            continue
+        replica.mark_history_trimmed(table.trimmed_timestamp)
+        error = history_trimmed_error(replica, table.trimmed_timestamp)
+        replica.record_error(None, {"code": error.code, "message": error.message, "attributes": error.attributes}, 0.0)
+        registry.save(conn, replica)
+        log.warning("bootstrap pin expired: replica misses trimmed history", extra={
+            "replica_id": replica.id, "path": replica.table_path, "trimmed_timestamp": table.trimmed_timestamp})
 
 
 class ReplicatorPool:

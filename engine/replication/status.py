@@ -51,8 +51,8 @@ class ReplicationStatus:
         snapshots = [r.snapshot() for r in self.registry.replicas_of(table.table_id)]
         with self.host.storage.read() as conn:
             for snap in snapshots:
-                if snap.state is not ReplicaState.ENABLED:
-                    continue
+                if snap.state is not ReplicaState.ENABLED or snap.history_trimmed:
+                    continue  # (a replica missing history is never enabled: belt and braces)
                 if snap.mode is ReplicaMode.SYNC:
                     # a sync replica still catching up is not in sync, whatever it has already
                     if snap.writes_synchronously:

@@ -60,6 +60,7 @@ class QueueTable(Protocol):
     sql: UserTables
     config: EngineConfig
     tablet_rows: dict[int, list[int]]
+    trimmed_timestamp: int
     queue_tail: dict[int, tuple[int, list[QueueEntry]]]
 
 
@@ -126,7 +127,8 @@ def first_timestamp_from(table: QueueTable, conn: sa.Connection, tablet_index: i
 
 
 def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
-    """Drop queue rows below ``below_row`` committed at or before ``not_after_ts`` (under the writer lock)."""
+    """Drop queue rows below ``below_row`` committed at or before ``not_after_ts`` (under the writer
+    lock); ``table.trimmed_timestamp`` then covers the newest change dropped (the caller keeps it)."""
     data = table.sql.data
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
     oldest = first_timestamp_from(table, conn, tablet_index, counts[1])
@@ -144,12 +146,20 @@ def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: i
     last = low
     if last is None or last + 1 <= counts[1]:
         return 0
+    last_ts = first_timestamp_from(table, conn, tablet_index, last)
     removed = conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
                                                data.c[ROW_INDEX] <= last)).rowcount
     conn.execute(tablets_table.update().where(
         tablets_table.c.table_id == table.table_id,
         tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=last + 1))
-    counts[1] = last + 1
+    counts[1], trimmed_before, before = last + 1, counts[1], table.trimmed_timestamp
+    table.trimmed_timestamp = max(before, last_ts or 0)
+
+    def undo() -> None:
+        counts[1] = trimmed_before
+        table.trimmed_timestamp = before
+
+    on_rollback(conn, undo)
     return removed
 
 

@@ -96,6 +96,10 @@ class DynamicTable:
     tablet_rows: dict[int, list[int]] = field(default_factory=dict)
     #: a replicated table stores only its replication queue (seed 002)
     replicated: bool = False
+    #: replicated tables: the commit timestamp of the newest change trimmed from the queue (0: none
+    #: ever was). A replica that starts before it cannot get its history from the queue. Changed
+    #: only under Storage.write_lock; kept on the table's node (``_rt_trimmed_timestamp``)
+    trimmed_timestamp: int = 0
     #: a replica table accepts writes only from this upstream replica (None: from anyone)
     upstream_replica_id: str | None = None
     #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
