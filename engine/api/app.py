@@ -320,6 +320,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "commit": cluster.replication.handle_commit,
         "abort": cluster.replication.handle_abort,
         "push": cluster.replication.handle_push,
+        "bootstrap_write": cluster.replication.handle_bootstrap_write,
         "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
             str(body["transaction_id"])),
         "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),

@@ -31,6 +31,7 @@ from ..config import DEFAULT_CONFIG, EngineConfig
 from ..peers import Peers
 from ..tablets import DynamicTable
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
+from .bootstrap import handle_bootstrap_write
 from .host import ReplicationHost
 from .registry import Replica, ReplicaRegistry
 from .replicator import ReplicatorPool, trim_queues
@@ -133,6 +134,9 @@ class ReplicationManager:
 
     def handle_push(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         return self.sink.handle_push(body, caller)
+
+    def handle_bootstrap_write(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        return handle_bootstrap_write(self.sink, body, caller)
 
     # -- reads and status ----------------------------------------------------------------------------
 
