@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by hack/up.sh and hack/test.sh: make .venv and install reptables (with test extras) into it.
+# Sourced by hack/up.sh and hack/test.sh: make .venv and install reptables (with the test and spark
+# extras) into it.
 # Needs only python3 >= 3.11 with venv; everything else comes from PyPI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,9 +11,15 @@ if [ ! -x /usr/lib/postgresql/15/bin/initdb ] && command -v apt-get >/dev/null 2
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     postgresql-15 postgresql-client-15 >/dev/null
 fi
+# Java 17 or later runs local Spark (pyspark, the "spark" extra) in the tests of reptables.sparkapps
+if ! command -v java >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    openjdk-17-jre-headless >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # strict editable mode links every file of the package folders under build/: mypy and lint-imports
 # then resolve reptables.* like any installed package (re-run after adding a module)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' --config-settings editable_mode=strict
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]' --config-settings editable_mode=strict

@@ -6,6 +6,6 @@ source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/ruff check .
 # the architecture (pyproject.toml [tool.importlinter]; docs/architecture.md) and the types
 .venv/bin/lint-imports
-.venv/bin/mypy -p reptables.engine -p reptables.operator
+.venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 exec .venv/bin/python -m pytest "$@"
