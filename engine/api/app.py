@@ -116,7 +116,7 @@ def _internal_error(what: str, exc: BaseException, **context: str) -> YtError:
 
 
 #: the API commands a peer credential may run (on its own replica tables): reads served by replicas
-_PEER_READS = frozenset({"lookup_rows", "select_rows"})
+_PEER_READS = frozenset({"get", "lookup_rows", "select_rows"})
 
 
 def create_app(cluster: Cluster, token: str) -> Starlette:

@@ -65,6 +65,8 @@ log = logging.getLogger("reptables.engine")
 STORAGE_FORMAT = "2"
 #: YT's default min_data_ttl: versions younger than this are kept for reads at a timestamp
 DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
+#: a sorted table's node attribute holding ``DynamicTable.compacted_until``
+COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 #: a read timestamp may run ahead of this cluster's clock by at most this much
 MAX_FUTURE_READ_SECONDS = 60
 DEFAULT_OUTPUT_ROW_LIMIT = 1_000_000
@@ -132,6 +134,7 @@ class NodeBase:
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
             atomicity=attrs.get("atomicity", "full"),
             trimmed_timestamp=int(attrs.get(TRIMMED_TIMESTAMP_ATTRIBUTE, 0)),
+            compacted_until=int(attrs.get(COMPACTED_UNTIL_ATTRIBUTE, 0)),
             pinned_by=self.transactions.oldest_active_start_timestamp,
             config=self.config,
         )

@@ -42,6 +42,7 @@ from ..transactions import (
     TransactionManager,
 )
 from .base import (
+    COMPACTED_UNTIL_ATTRIBUTE,
     DEFAULT_MIN_DATA_TTL_MS,
     STORAGE_FORMAT,
     TABLE_TYPES,
@@ -188,5 +189,9 @@ class Cluster(RowCommands):
             if pinned is not None:
                 horizon = min(horizon, pinned)
             with self.storage.write() as conn:
+                before = node.table.compacted_until
                 removed += node.table.compact(conn, horizon)
+                if node.table.compacted_until != before:
+                    node.attributes[COMPACTED_UNTIL_ATTRIBUTE] = node.table.compacted_until
+                    self.cypress.save(conn, node)
         return removed

@@ -233,6 +233,7 @@ class RowCommands(TabletCommands):
                     raise YtError(f"Column {name!r} is not found in the schema of table {table_path}",
                                   code=ErrorCode.COLUMN_NOT_FOUND, attributes={"column": name, "path": table_path})
         ts = self._snapshot_timestamp(timestamp, transaction_id)
+        table.check_snapshot(ts, table_path)
         if ts is None and not table.replicated:
             self.transactions.wait_prepared_writes(table.table_id)
         key_tuples = []
@@ -270,6 +271,7 @@ class RowCommands(TabletCommands):
         table, table_path, _ = self._table(parsed.table_path)
         table.check_readable(table_path)
         ts = self._snapshot_timestamp(timestamp, transaction_id)
+        table.check_snapshot(ts, table_path)
         if table.replicated:
             replica = self.replication.in_sync_read_replica(table, table_path)
             rewritten = _retarget_query(query, parsed.table_path, replica.replica_path)
@@ -352,9 +354,17 @@ class RowCommands(TabletCommands):
 
     def check_peer_read(self, caller: str, command: str, params: dict[str, Any]) -> None:
         """A peer credential reads only the replica tables of its own replicas, and only with
-        ``lookup_rows``/``select_rows``: what a meta-cluster needs to serve reads of its replicated
-        tables from an in-sync replica (:meth:`_from_replica`)."""
-        if command == "lookup_rows":
+        ``lookup_rows``/``select_rows`` (what a meta-cluster needs to serve reads of its replicated
+        tables from an in-sync replica, :meth:`_from_replica`) and ``get`` of such a table or its
+        attributes (what a bootstrap copy's reader plans with: schema, tablets, pivot keys)."""
+        if command == "get":
+            node, _ = self._resolve(params.get("path"))
+            if node.table is None:
+                raise YtError(f"Cluster {caller} may not read {node.path}: a peer credential reads only replica "
+                              "tables", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                              attributes={"cluster_name": caller, "path": node.path})
+            path: Any = node.path
+        elif command == "lookup_rows":
             path = params.get("path")
         elif command == "select_rows":
             query = params.get("query")
@@ -363,7 +373,7 @@ class RowCommands(TabletCommands):
             path = None
         if not isinstance(path, str):
             raise YtError(f"Cluster {caller} may not run {command} here: a peer credential reads only replica "
-                          "tables, with lookup_rows and select_rows", code=ErrorCode.AUTHORIZATION_ERROR,
+                          "tables, with get, lookup_rows and select_rows", code=ErrorCode.AUTHORIZATION_ERROR,
                           http_status=403, attributes={"cluster_name": caller})
         table, table_path, _ = self._table(path)
         upstream = table.upstream_replica_id

@@ -100,6 +100,10 @@ class DynamicTable:
     #: ever was). A replica that starts before it cannot get its history from the queue. Changed
     #: only under Storage.write_lock; kept on the table's node (``_rt_trimmed_timestamp``)
     trimmed_timestamp: int = 0
+    #: sorted tables: versions superseded at or before this timestamp were compacted away, so a read
+    #: at an earlier timestamp could see a wrong row; such reads are refused (1708). Changed only under
+    #: Storage.write_lock; kept on the table's node (``_rt_compacted_until``)
+    compacted_until: int = 0
     #: a replica table accepts writes only from this upstream replica (None: from anyone)
     upstream_replica_id: str | None = None
     #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
@@ -547,6 +551,14 @@ class DynamicTable:
         return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in self.schema.columns},
                            column_types=types, key_columns=tuple(self.schema.key_names))
 
+    def check_snapshot(self, timestamp: int | None, path: str) -> None:
+        """Refuse a read at a timestamp whose versions may have been compacted away."""
+        if timestamp is not None and timestamp < self.compacted_until:
+            raise YtError(f"Cannot read table {path} at timestamp {timestamp:#x}: its versions before "
+                          f"{self.compacted_until:#x} were compacted (min_data_ttl); read at a later timestamp, or "
+                          "raise @min_data_ttl before a long snapshot read", code=ErrorCode.TABLET_SNAPSHOT_EXPIRED,
+                          attributes={"path": path, "timestamp": timestamp, "compacted_until": self.compacted_until})
+
     def compact(self, conn: sa.Connection, horizon: int) -> int:
         """Drop versions no read at or after ``horizon`` can see; returns the number removed.
 
@@ -566,6 +578,10 @@ class DynamicTable:
             versions.c[TS] <= horizon, sa.or_(versions.c[DELETED] == sa.true(), superseded))).rowcount
         rl = read_locks_table
         conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
+        if removed and horizon > self.compacted_until:
+            before = self.compacted_until
+            self.compacted_until = horizon
+            on_rollback(conn, lambda: setattr(self, "compacted_until", before))
         return int(removed or 0)
 
 

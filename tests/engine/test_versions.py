@@ -193,6 +193,37 @@ def test_compaction_keeps_what_reads_after_its_horizon_see(cluster: Cluster) -> 
     assert cluster.select_rows(f"k from [{PATH}]", timestamp=horizon) == [{"k": 1}]
 
 
+def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_path: Path) -> None:
+    """After compaction a read at an older timestamp could see a row a later version replaced (or
+    miss a deleted one): it is refused with YT's TabletSnapshotExpired (1708), also after a restart."""
+    c = Cluster.open("local", tmp_path / "data")
+    try:
+        c.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
+        c.mount_table(PATH)
+        c.insert_rows(PATH, [{"k": 1, "v": "old"}])
+        old = c.generate_timestamp()
+        c.insert_rows(PATH, [{"k": 1, "v": "new"}])
+        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # before compaction: exact
+        assert c.compact() > 0
+        for read in (lambda: c.lookup_rows(PATH, [{"k": 1}], timestamp=old),
+                     lambda: c.select_rows(f"v from [{PATH}]", timestamp=old)):
+            with pytest.raises(YtError) as refused:
+                read()
+            error = refused.value
+            assert error.code == 1708 and PATH in error.message and "min_data_ttl" in error.message
+        assert c.lookup_rows(PATH, [{"k": 1}])[0]["v"] == "new"
+        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=c.generate_timestamp())[0]["v"] == "new"
+    finally:
+        c.close()
+    c = Cluster.open("local", tmp_path / "data")
+    try:
+        with pytest.raises(YtError) as again:
+            c.lookup_rows(PATH, [{"k": 1}], timestamp=old)
+        assert again.value.code == 1708
+    finally:
+        c.close()
+
+
 def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
     c = Cluster.open("local", tmp_path / "data")
     c.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
