@@ -146,9 +146,12 @@ def test_the_api_token_is_refused_on_internal_calls_and_a_peer_credential_on_the
     refused(call(cs, "transaction_status", {"transaction_id": "1-2-3-4"}, credential=engine.token), 401, 900,
             "peer credential", "API token")
     credential = peer_credential(engine.token, PRIMARY)
+    answer = httpx.post(f"{engine.url}/api/v4/create", params={"path": "//tmp/made_by_a_peer", "type": "map_node"},
+                        timeout=30, headers={"Authorization": f"OAuth {credential}"})
+    refused(answer, 401, 900, "peer credential")
     answer = httpx.get(f"{engine.url}/api/v4/get", params={"path": "//sys/clusters"}, timeout=30,
                        headers={"Authorization": f"OAuth {credential}"})
-    refused(answer, 401, 900, "peer credential")
+    refused(answer, 403, 901, "replica tables")
 
 
 def test_a_forged_or_misdirected_credential_is_refused(cs: ClusterSet) -> None:
@@ -218,7 +221,8 @@ def test_reptables_peer_credential_prints_what_the_target_accepts(cs: ClusterSet
 
 def test_a_peer_credential_reads_only_its_own_replica_tables(cs: ClusterSet) -> None:
     """A meta-cluster serves reads of its replicated tables from an in-sync replica with its peer
-    credential: lookup_rows and select_rows of its own replica tables, nothing else."""
+    credential, and a bootstrap reads a source replica with it: get, lookup_rows and select_rows of
+    its own replica tables, nothing else."""
     _, own_id, own_path = replicated_pair(cs, PRIMARY, enable=False)
     _, other_id, other_path = replicated_pair(cs, ROGUE, enable=False)
     ts = cs.meta.generate_timestamp()
@@ -238,6 +242,9 @@ def test_a_peer_credential_reads_only_its_own_replica_tables(cs: ClusterSet) -> 
     refused(api("lookup_rows", {"path": other_path, "input_format": "json"}, b'{"k":1}'), 403, 901, other_path)
     cs.client(REPLICA).create("table", "//tmp/plain_auth", attributes={"dynamic": True, "schema": SCHEMA})
     refused(api("select_rows", {"query": "* from [//tmp/plain_auth]"}), 403, 901, "//tmp/plain_auth")
-    refused(api("get", {"path": "//sys/clusters"}), 401, 900, "peer credential")
+    refused(api("get", {"path": "//sys/clusters"}), 403, 901, "replica tables")
+    refused(api("get", {"path": f"{other_path}/@schema"}), 403, 901, other_path)
+    assert api("get", {"path": f"{own_path}/@schema"}).status_code == 200  # what a bootstrap's reader plans with
+    refused(api("set", {"path": f"{own_path}/@x"}, b"1"), 401, 900, "peer credential")
     refused(api("insert_rows", {"path": own_path, "input_format": "json"}, b'{"k":2,"v":"x"}'), 401, 900)
     assert cs.rows(REPLICA, own_path) == [{"k": 1, "v": "a"}]
