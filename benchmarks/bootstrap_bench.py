@@ -1,0 +1,182 @@
+"""Bootstrap of a new replica with local Spark: the copy's rate beside its two ceilings, in one run.
+
+Issue 9's targets: the copy of 1,000,000 rows end to end (``reptables.sparkapps.bootstrap.copy``:
+plan, read the source replica at T in Spark tasks, write chunks through ``bootstrap_write``) should
+reach >= 80 % of the lower of two ceilings measured on the same rows in the same run, and >= 100,000
+rows/s:
+
+* **write ceiling**: the target engine's own bulk write path, ``bootstrap_write`` of the same rows
+  in the same chunks from one Python client, no Spark (into a second, fresh replica table);
+* **read ceiling**: a Spark pass that reads the source at T with the data source's reader in the
+  same partitions and only counts the rows.
+
+Spark start-up (session creation) is reported separately and is in none of the three figures.
+Three engines (meta, source, target) on loopback in their own sessions, stopped by pid
+(``benchmarks/_clusters.py``). ``--json out.json`` writes the figures.
+
+    .venv/bin/python benchmarks/bootstrap_bench.py --rows 1000000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _clusters import EngineSet, wait_until  # noqa: E402
+
+from reptables.engine.credentials import peer_credential  # noqa: E402
+from reptables.engine.httpconn import ConnectionPool, dumps_json  # noqa: E402
+from reptables.sparkapps.bootstrap import copy, resolve  # noqa: E402
+from reptables.sparkapps.options import SourceOptions  # noqa: E402
+from reptables.sparkapps.reader import ReptablesReader, plan_partitions  # noqa: E402
+from reptables.sparkapps.schema_mapping import spark_schema  # noqa: E402
+from reptables.sparkapps.tables import TableInfo  # noqa: E402
+
+SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
+          {"name": "d", "type": "double"}]
+TABLE = "//tmp/bench"
+NAMES = ("meta", "source", "target")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def load(es: EngineSet, rows: int) -> tuple[str, str]:
+    """The replicated table with ``rows`` rows, replicated to ``source`` and trimmed: (source replica id, path)."""
+    es.replicated_table(TABLE, SCHEMA, attributes={"min_replication_log_ttl": 0})
+    source = es.replica(TABLE, "source", "//tmp/source", SCHEMA)
+    batch = 10_000
+    for start in range(0, rows, batch):
+        es.meta.insert_rows(TABLE, [{"k": k, "v": f"value-{k:012d}", "d": k * 0.5}
+                                    for k in range(start, min(rows, start + batch))], require_sync_replica=False)
+    wait_until(lambda: es.meta.get(f"{TABLE}/@tablets")[0]["trimmed_row_count"] >= rows, 600, "replicated, trimmed")
+    return source, "//tmp/source"
+
+
+def new_replica(es: EngineSet, ts: int, path: str) -> str:
+    replica_id: str = es.meta.call("create", {"type": "table_replica", "attributes": {
+        "table_path": TABLE, "cluster_name": "target", "replica_path": path, "start_replication_timestamp": ts}})[
+        "node_id"]
+    es.client("target").create("table", path, attributes={"dynamic": True, "schema": SCHEMA,
+                                                          "upstream_replica_id": replica_id})
+    es.client("target").mount_table(path)
+    return replica_id
+
+
+def write_ceiling(es: EngineSet, replica_id: str, path: str, ts: int, rows: list[dict[str, Any]],
+                  chunk_rows: int) -> float:
+    target = es.engines["target"]
+    pool = ConnectionPool(target.url, {"Authorization": f"OAuth {peer_credential(target.read_token(), 'meta')}"},
+                          timeout=300.0)
+    try:
+        started = time.perf_counter()
+        for seq, start in enumerate(range(0, len(rows), chunk_rows)):
+            body = {"upstream_replica_id": replica_id, "replica_path": path, "timestamp": ts,
+                    "chunk": seq, "rows": rows[start:start + chunk_rows]}
+            answer = pool.request("POST", "/internal/v1/bootstrap_write", body=dumps_json(body),
+                                  headers={"Content-Type": "application/json"})
+            assert answer.status_code == 200, answer.text[:300]
+        return time.perf_counter() - started
+    finally:
+        pool.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--chunk-rows", type=int, default=5000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    results: dict[str, Any] = {"rows": args.rows, "partitions": args.partitions, "chunk_rows": args.chunk_rows,
+                               "load_average_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="reptables-boot-") as tmp, EngineSet(Path(tmp), NAMES) as es:
+        log(f"engines {es.pids()}; loading {args.rows:,} rows")
+        source, source_path = load(es, args.rows)
+        ts = es.meta.generate_timestamp()
+        wait_until(lambda: source in es.in_sync_replicas(TABLE), 120, "source in sync")
+        source_cred = peer_credential(es.engines["source"].read_token(), "meta")
+        target_cred = peer_credential(es.engines["target"].read_token(), "meta")
+
+        from pyspark.sql import SparkSession
+
+        started = time.perf_counter()
+        spark = (SparkSession.builder.master("local[2]").appName("reptables-bootstrap-bench")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.host", "127.0.0.1")
+                 .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.sparkContext.parallelize([0], 1).count()  # the Python workers too
+        results["spark_startup_s"] = time.perf_counter() - started
+        try:
+            # the read ceiling: the same plan and reader, rows only counted
+            opts = SourceOptions.parse({"proxy": es.engines["source"].url, "token": source_cred,
+                                        "path": source_path, "timestamp": str(ts), "partitions": str(args.partitions)})
+            with opts.client() as client:
+                info = TableInfo.fetch(client, source_path)
+                ranges = plan_partitions(client, info, ts, opts.partitions)
+            reader = ReptablesReader(opts, spark_schema(info.columns))
+            started = time.perf_counter()
+            counted = spark.sparkContext.parallelize(ranges, len(ranges)).map(
+                lambda r: sum(b.num_rows for b in reader.read(r))).sum()
+            read_s = time.perf_counter() - started
+            assert counted == args.rows, counted
+            results["read_ceiling_rows_per_s"] = args.rows / read_s
+
+            # the copy, end to end (its own replica, plan resolved on the meta-cluster)
+            replica_id = new_replica(es, ts, "//tmp/target")
+            plan = resolve(es.meta, replica_id, source, wait=60)
+            started = time.perf_counter()
+            totals = copy(spark, plan, source_cred, target_cred, args.partitions, args.chunk_rows)
+            copy_s = time.perf_counter() - started
+            assert totals["rows"] == args.rows, totals
+            results["copy_rows_per_s"] = args.rows / copy_s
+            results["copy_seconds"] = copy_s
+        finally:
+            spark.stop()
+
+        # the write ceiling: the same rows, same chunks, one client, no Spark
+        rows = _all_rows(es, source_path, ts, args.rows)
+        other = new_replica(es, ts, "//tmp/target_ceiling")
+        write_s = write_ceiling(es, other, "//tmp/target_ceiling", ts, rows, args.chunk_rows)
+        results["write_ceiling_rows_per_s"] = args.rows / write_s
+        # the copy is whole: enabled, the replica catches up and equals the source in count
+        es.meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
+        count = es.client("target").select_rows("sum(1) as n from [//tmp/target] group by 1")[0]["n"]
+        results["verified_rows"] = count
+    lower = min(results["read_ceiling_rows_per_s"], results["write_ceiling_rows_per_s"])
+    results["copy_vs_lower_ceiling"] = results["copy_rows_per_s"] / lower
+    results["load_average_after"] = os.getloadavg()
+    log(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _all_rows(es: EngineSet, path: str, ts: int, total: int) -> list[dict[str, Any]]:
+    """Every row at ``ts`` in key pages (the engine bounds one answer)."""
+    out: list[dict[str, Any]] = []
+    after = -1
+    client = es.client("source")
+    while len(out) < total:
+        page = client.select_rows(f"* from [{path}] where k > {after} order by k limit 100000", timestamp=ts)
+        if not page:
+            break
+        out.extend(page)
+        after = page[-1]["k"]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
