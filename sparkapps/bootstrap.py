@@ -15,6 +15,9 @@ every change after T from its replicator. The job:
    partition and position, the same for the same T and partition count);
 4. with ``--enable``, enables the replica.
 
+While it reads, it holds a snapshot lease on the source table at T (renewed from the driver), so
+compaction keeps the versions a read at T needs however long the copy takes.
+
 Secrets come from files or the environment, never from the command line (which ``ps`` shows):
 ``--meta-token-file`` (the meta-cluster's API token), ``--source-credential-file`` and
 ``--target-credential-file`` (the meta-cluster's peer credentials for the source and target
@@ -29,6 +32,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -175,6 +179,58 @@ def _call(pool: ConnectionPool, plan: Plan, body: dict[str, Any], attempts: int 
     raise AssertionError("unreachable")
 
 
+class SnapshotLease:
+    """Holds the source's compaction at T while the copy runs (``/internal/v1/lease_snapshot``), renewed
+    from the driver every third of its life; released at the end. A driver that dies stops renewing
+    and the lease expires on its own."""
+
+    def __init__(self, proxy: str, credential: str, path: str, timestamp: int, seconds: float = 600.0) -> None:
+        self.pool = ConnectionPool(proxy, {"Authorization": f"OAuth {credential}"}, timeout=60.0)
+        self.proxy, self.path, self.timestamp, self.seconds = proxy, path, timestamp, seconds
+        self.lease_id: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="snapshot-lease", daemon=True)
+
+    def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = self.pool.request("POST", f"/internal/v1/{method}", body=dumps_json(body),
+                                     headers={"Content-Type": "application/json"})
+        if response.status_code >= 400:
+            error = YtError.from_dict(response.json())
+            raise ReptablesSparkError(f"bootstrap: cannot hold the snapshot of {self.path} at {self.proxy} at "
+                                      f"{self.timestamp:#x}: {error.message} (YT error code {error.code})")
+        answer: dict[str, Any] = loads_json(response.content)
+        return answer
+
+    def _grant(self) -> None:
+        body: dict[str, Any] = {"path": self.path, "timestamp": self.timestamp, "seconds": self.seconds}
+        if self.lease_id:
+            body["lease_id"] = self.lease_id
+        self.lease_id = str(self._call("lease_snapshot", body)["lease_id"])
+
+    def __enter__(self) -> SnapshotLease:
+        self._grant()  # the first grant is checked: a snapshot already compacted cannot be leased
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                self._grant()
+            except (ReptablesSparkError, HttpTransportError) as exc:
+                log.warning("snapshot lease renewal failed (retried): %s", exc)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        try:
+            if self.lease_id:
+                self._call("release_snapshot", {"lease_id": self.lease_id})
+        except (ReptablesSparkError, HttpTransportError):
+            pass  # it expires on its own
+        finally:
+            self.pool.close()
+
+
 def copy(spark: Any, plan: Plan, source_credential: str, target_credential: str, partitions: int | None = None,
          chunk_rows: int = DEFAULT_CHUNK_ROWS) -> dict[str, int]:
     """Read the source at T in the data source's key-range partitions and write each; the totals.
@@ -186,19 +242,21 @@ def copy(spark: Any, plan: Plan, source_credential: str, target_credential: str,
     opts = SourceOptions.parse({"proxy": plan.source_proxy, "token": source_credential, "path": plan.source_path,
                                 "timestamp": str(plan.timestamp),
                                 **({"partitions": str(partitions)} if partitions else {})})
-    try:
-        with opts.client() as client:
-            info = TableInfo.fetch(client, plan.source_path)
-            ranges = plan_partitions(client, info, plan.timestamp, opts.partitions)
-    except (YtError, ValueError) as exc:
-        raise opts.failure("read", exc) from None
-    reader = ReptablesReader(opts, spark_schema(info.columns))
+    with SnapshotLease(plan.source_proxy, source_credential, plan.source_path, plan.timestamp):
+        try:
+            with opts.client() as client:
+                info = TableInfo.fetch(client, plan.source_path)
+                ranges = plan_partitions(client, info, plan.timestamp, opts.partitions)
+        except (YtError, ValueError) as exc:
+            raise opts.failure("read", exc) from None
+        reader = ReptablesReader(opts, spark_schema(info.columns))
 
-    def per_partition(item: tuple[int, KeyRange]) -> tuple[int, int, int, int]:
-        index, key_range = item
-        return (index, *write_partition(plan, target_credential, chunk_rows, index, reader.read(key_range)))
+        def per_partition(item: tuple[int, KeyRange]) -> tuple[int, int, int, int]:
+            index, key_range = item
+            return (index, *write_partition(plan, target_credential, chunk_rows, index, reader.read(key_range)))
 
-    results = spark.sparkContext.parallelize(list(enumerate(ranges)), max(1, len(ranges))).map(per_partition).collect()
+        results = spark.sparkContext.parallelize(list(enumerate(ranges)), max(1, len(ranges))).map(
+            per_partition).collect()
     return {"partitions": len(results), "rows": sum(r[1] for r in results),
             "chunks_applied": sum(r[2] for r in results), "chunks_skipped": sum(r[3] for r in results)}
 

@@ -321,6 +321,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "abort": cluster.replication.handle_abort,
         "push": cluster.replication.handle_push,
         "bootstrap_write": cluster.replication.handle_bootstrap_write,
+        "lease_snapshot": cluster.lease_snapshot,
+        "release_snapshot": cluster.release_snapshot,
         "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
             str(body["transaction_id"])),
         "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),

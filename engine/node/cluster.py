@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -33,6 +34,7 @@ from ..replication import (
     ReplicationManager,
 )
 from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
+from ..tablets import MAX_LEASE_SECONDS, SnapshotLeases
 from ..timestamps import (
     COUNTER_BITS,
     ReservationFile,
@@ -69,6 +71,8 @@ class Cluster(RowCommands):
                            if config.peer_ca_file else None)
         self.replication = ReplicationManager(self, self.peers, self.config)
         self.transactions.register_commit_hooks(self.replication)
+        #: long reads at one timestamp (bootstrap copies) hold compaction back while they renew
+        self.snapshot_leases = SnapshotLeases()
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
         #: the checked data directory when opened through ``open`` (marked stopped by ``close``)
@@ -176,6 +180,36 @@ class Cluster(RowCommands):
         if self.data_dir is not None:
             self.data_dir.mark_stopped()
 
+    # -- snapshot leases (/internal/v1/lease_snapshot, release_snapshot) ----------------------------------
+
+    def lease_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """Hold compaction of a table at ``timestamp`` for ``seconds`` (a new lease, or ``lease_id``
+        renewed). A peer leases only its own replica tables, as it reads them."""
+        path = body.get("path")
+        if caller is not None:
+            self.check_peer_read(caller, "lookup_rows", {"path": path})
+        table, table_path, _ = self._table(path)
+        ts, seconds, lease_id = body.get("timestamp"), body.get("seconds", 600), body.get("lease_id")
+        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+            raise YtError("lease_snapshot: timestamp must be a non-negative integer", code=ErrorCode.INVALID_PARAMETER)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_LEASE_SECONDS:
+            raise YtError(f"lease_snapshot: seconds must be in (0, {MAX_LEASE_SECONDS:g}]",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if lease_id is not None and not isinstance(lease_id, str):
+            raise YtError("lease_snapshot: lease_id must be a string", code=ErrorCode.INVALID_PARAMETER)
+        with self.storage.write():
+            # under the writer, as compaction: a snapshot already compacted away cannot be leased back
+            table.check_snapshot(ts, table_path)
+            lease = self.snapshot_leases.grant(table.table_id, ts, float(seconds), lease_id)
+        return {"lease_id": lease.lease_id, "timestamp": lease.timestamp, "seconds": float(seconds)}
+
+    def release_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        lease_id = body.get("lease_id")
+        if not isinstance(lease_id, str):
+            raise YtError("release_snapshot: lease_id must be a string", code=ErrorCode.INVALID_PARAMETER)
+        self.snapshot_leases.release(lease_id)
+        return {}
+
     def compact(self) -> int:
         """Drop versions older than each table's min_data_ttl, never past an active snapshot."""
         removed = 0
@@ -189,8 +223,10 @@ class Cluster(RowCommands):
             if pinned is not None:
                 horizon = min(horizon, pinned)
             with self.storage.write() as conn:
+                # (under the writer: a lease granted meanwhile is checked against compacted_until)
+                leased = self.snapshot_leases.pinned(node.id)
                 before = node.table.compacted_until
-                removed += node.table.compact(conn, horizon)
+                removed += node.table.compact(conn, horizon if leased is None else min(horizon, leased))
                 if node.table.compacted_until != before:
                     node.attributes[COMPACTED_UNTIL_ATTRIBUTE] = node.table.compacted_until
                     self.cypress.save(conn, node)

@@ -10,6 +10,7 @@ or after its horizon sees; and a data directory of the old layout is refused, no
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,6 +221,35 @@ def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_
         with pytest.raises(YtError) as again:
             c.lookup_rows(PATH, [{"k": 1}], timestamp=old)
         assert again.value.code == 1708
+    finally:
+        c.close()
+
+
+def test_a_snapshot_lease_holds_compaction_until_it_expires(tmp_path: Path) -> None:
+    """A long read at T (a bootstrap copy) leases the snapshot: compaction keeps what a read at T
+    needs while the lease lives, and resumes once it expires unrenewed."""
+    c = Cluster.open("local", tmp_path / "data")
+    try:
+        c.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
+        c.mount_table(PATH)
+        c.insert_rows(PATH, [{"k": 1, "v": "old"}])
+        old = c.generate_timestamp()
+        lease = c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5}, None)
+        c.insert_rows(PATH, [{"k": 1, "v": "new"}])
+        c.compact()
+        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # held
+        renewed = c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5, "lease_id": lease["lease_id"]},
+                                   None)
+        assert renewed["lease_id"] == lease["lease_id"]
+        time.sleep(1.7)  # not renewed again: it expires
+        assert c.compact() > 0
+        with pytest.raises(YtError) as expired:
+            c.lookup_rows(PATH, [{"k": 1}], timestamp=old)
+        assert expired.value.code == 1708
+        # and a snapshot already compacted away cannot be leased back
+        with pytest.raises(YtError) as too_late:
+            c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 60}, None)
+        assert too_late.value.code == 1708
     finally:
         c.close()
 
