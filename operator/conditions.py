@@ -15,6 +15,7 @@ from typing import Any
 READY = "Ready"
 REPLICATING = "Replicating"
 WRITABLE = "Writable"
+BOOTSTRAPPED = "Bootstrapped"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ It shares the operator's core, not its Kubernetes front end: the reconcile funct
 table in ``reconcile.py`` and the engines, registry and tracker from a :class:`~.runtime.Runtime`,
 so this module never imports ``handlers.py`` or the operator framework. Mode switches made by the
 tracker are printed like the reconcilers' events (the operator posts them as Kubernetes Events).
+
+A replica added to a table whose history was trimmed is bootstrapped with local Spark: the runtime's
+:class:`~.bootstrap.LocalLauncher` runs the copy and verify jobs as child processes (own process
+groups, secrets in 0600 files under the data directory), stopped with the engines.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine
 
 from . import models
+from .bootstrap import LocalLauncher
 from .reconcile import ORDER, is_ready, reconcile
 from .registry import (
     CREDENTIALS_LABEL,
@@ -65,7 +70,9 @@ class LocalRunner:
         self.namespace = namespace
         # the manifests are the user's own files, not a shared API: any namespace, and a Secret
         # without the credentials label is used with a warning (the operator would not read it)
-        self.runtime = Runtime.start(namespace, policy=CredentialPolicy(None, require_label=False))
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime = Runtime.start(namespace, policy=CredentialPolicy(None, require_label=False),
+                                     launcher=LocalLauncher(base_dir=data_dir))
         self.processes: dict[str, LocalEngine] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         for doc in manifests:
@@ -231,7 +238,10 @@ def _status_summary(res: Resource) -> str:
     if res.kind == "ReplicatedTable":
         return f"sync={','.join(status.get('syncReplicas', [])) or '-'} lag={status.get('maxLagSeconds', '-')}s"
     if res.kind == "TableReplica":
-        return f"mode={status.get('mode', '-')} state={status.get('state', '-')} lag={status.get('lagSeconds', '-')}s"
+        boot = status.get("bootstrap") or {}
+        phase = f" bootstrap={boot['phase']}" if boot.get("phase") else ""
+        return (f"mode={status.get('mode', '-')} state={status.get('state', '-')} "
+                f"lag={status.get('lagSeconds', '-')}s{phase}")
     if res.kind == "TableCluster":
         return f"version={status.get('version', '-')} latency={status.get('latencyMs', '-')}ms"
     return f"id={status.get('collocationId', '-')}"

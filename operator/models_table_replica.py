@@ -45,10 +45,19 @@ class Bootstrap(ApiModel):
     """Copying the existing rows into a new replica before it is enabled."""
 
     enabled: StrictBool = True
-    """Copy a snapshot with a Spark job when the table already holds data; when false the replica
-    starts empty and receives only new changes."""
+    """Bootstrap a new replica when it needs one: the table's replication queue was trimmed (the
+    engine refuses to enable a replica whose history is gone) and another enabled replica can be
+    copied from. When false the replica starts from the queue and receives only what it still holds."""
+    always: StrictBool = False
+    """Bootstrap even when the queue was never trimmed (the copy then replaces replaying the queue)."""
     parallelism: StrictInt = Field(default=2, ge=1, le=1024)
     """Number of parallel Spark partitions (and executors) of the copy."""
+    verify: StrictBool = True
+    """Compare the copy with its source at the snapshot timestamp (the verify job) before enabling."""
+    max_attempts: StrictInt = Field(default=3, ge=1, le=100)
+    """Attempts of the copy (and verification) before the bootstrap is Failed."""
+    backoff_seconds: StrictInt = Field(default=10, ge=1, le=3600)
+    """Wait before the second attempt; doubled before each further one (at most 10 minutes)."""
 
 
 class TableReplicaSpec(ApiModel):
@@ -123,22 +132,34 @@ class ReplicaError(StatusModel):
 
 class BootstrapPhase(StrEnum):
     PENDING = "Pending"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
+    COPYING = "Copying"
+    VERIFYING = "Verifying"
+    ENABLING = "Enabling"
+    DONE = "Done"
     FAILED = "Failed"
-    SKIPPED = "Skipped"
 
 
 class BootstrapStatus(StatusModel):
     """Progress of the initial copy."""
 
     phase: BootstrapPhase | None = None
-    """Pending, Running, Succeeded, Failed, or Skipped (nothing to copy, or bootstrap disabled)."""
-    spark_application: StrictStr | None = None
-    """Name of the SparkApplication of the current attempt."""
+    """Pending (the replica exists, disabled; the next attempt is about to start), Copying, Verifying,
+    Enabling, Done, or Failed (every attempt failed; the message is in the Bootstrapped condition)."""
     snapshot_timestamp: StrictInt | None = Field(default=None, ge=0, le=MAX_TIMESTAMP,
                                                 json_schema_extra={"format": "int64"})
     """The snapshot timestamp copied; the replica's start_replication_timestamp."""
+    source_replica_id: StrictStr | None = None
+    """The replica copied from (enabled, in sync at the snapshot timestamp)."""
+    attempts: StrictInt | None = Field(default=None, ge=0)
+    """Attempts started so far."""
+    rows_copied: StrictInt | None = Field(default=None, ge=0)
+    """Rows the last successful copy wrote (the job's log)."""
+    job_ref: StrictStr | None = None
+    """The running (or last) job: ``local:<name>`` for a local run."""
+    next_attempt_time: StrictStr | None = None
+    """When a failed attempt is retried (RFC 3339)."""
+    last_error: StrictStr | None = None
+    """The failed job's error line."""
 
 
 class TableReplicaStatus(BaseStatus):

@@ -8,6 +8,11 @@ table with ``upstream_replica_id`` on the replica cluster and mount it; (3) enab
 and for the replica), in which case the spec's mode is only the starting point. Before the
 first step the two clusters' directories are brought up to date (``directory.py``): each engine
 knows only the peers its tables link it to, and this replica is a new link.
+
+A replica created for a table whose queue was trimmed is bootstrapped (``bootstrap.py``): created
+disabled at a snapshot timestamp T, filled by a copy job, verified, then enabled. While
+``status.bootstrap`` says a bootstrap is under way the replica is not enabled here and its mode is
+left alone; each reconcile advances the bootstrap by one step and returns.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from reptables.engine.errors import YtError
 
-from . import conditions
+from . import bootstrap, conditions
 from .conditions import Cond
 from .directory import sync_directory
 from .reconcile_tables import not_ready, yt_schema
@@ -76,7 +81,10 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             sync_directory(table.spec.cluster, world)
             sync_directory(spec.cluster, world)
         replica_id = _find_replica(meta, table_path, spec.cluster, spec.replica_path, res.status.get("replicaId"))
+        boot: dict[str, Any] = dict(res.status.get("bootstrap") or {})
+        start: bootstrap.Start | None = None
         if replica_id is None:
+            start = None if boot else bootstrap.plan(res, table, meta, world)
             attrs: dict[str, Any] = {
                 "table_path": table_path, "cluster_name": spec.cluster, "replica_path": spec.replica_path,
                 "mode": "async" if owned_by_tracker else spec.mode.value,
@@ -84,8 +92,15 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
                 "enable_replicated_table_tracker": spec.enable_replicated_table_tracker}
             if spec.start_replication_timestamp is not None:
                 attrs["start_replication_timestamp"] = spec.start_replication_timestamp
+            if start is not None:
+                attrs["start_replication_timestamp"] = start.timestamp
             replica_id = meta.call("create", {"type": "table_replica", "attributes": attrs})["node_id"]
             events.append(Event("Normal", "ReplicaCreated", f"table_replica {replica_id} of {table_path} created"))
+            if start is not None:
+                boot = bootstrap.pending_status(start)
+                events.append(Event("Normal", "BootstrapPending",
+                                    f"the history of {table_path} was trimmed: replica {replica_id} starts at "
+                                    f"{start.timestamp:#x} and is filled from replica {start.source_replica_id}"))
         try:
             events += _ensure_replica_table(remote, table, res, replica_id)
         except YtError as exc:
@@ -93,11 +108,26 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             info = meta.get(f"#{replica_id}/@")
             out = not_ready(res, "ReplicaClusterUnavailable", f"{spec.cluster}: {describe_error(exc)}", 5.0)
             out.status = {**_status(res, replica_id, info), "conditions": out.status["conditions"]}
+            if boot:
+                out.status["bootstrap"] = boot
             out.events = events + out.events
             return out
         info = meta.get(f"#{replica_id}/@")
         if info.get("enable_replicated_table_tracker") != spec.enable_replicated_table_tracker:
             meta.set(f"#{replica_id}/@enable_replicated_table_tracker", spec.enable_replicated_table_tracker)
+        if start is not None:
+            step: bootstrap.Step | None = bootstrap.created_step(boot)
+        else:
+            step = bootstrap.advance(res, table, meta, world, replica_id, boot) if boot else None
+        if step is not None and step.phase != "Done":
+            # under way or failed: the replica stays disabled, its mode as created
+            info = meta.get(f"#{replica_id}/@")
+            out = Outcome(retry_after=step.retry_after, events=events + step.events)
+            out.status = _status(res, replica_id, info, step)
+            return out
+        if step is not None and step.events:
+            events += step.events
+            info = meta.get(f"#{replica_id}/@")  # the bootstrap just enabled it
         want_enabled = spec.enabled
         if want_enabled and info["state"] != "enabled":
             meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
@@ -113,7 +143,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
         return not_ready(res, reason, describe_error(exc), 15.0)
     out = Outcome(retry_after=REFRESH_SECONDS, events=events)
-    out.status = _status(res, replica_id, info)
+    out.status = _status(res, replica_id, info, step)
     return out
 
 
@@ -144,14 +174,22 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
     return events
 
 
-def _status(res: Resource, replica_id: str, info: dict[str, Any]) -> dict[str, Any]:
+def _status(res: Resource, replica_id: str, info: dict[str, Any],
+            step: bootstrap.Step | None = None) -> dict[str, Any]:
     tablets = info.get("tablets") or []
     tablet_errors = [t for t in tablets if t.get("replication_error")]
     lag = int(info.get("replication_lag_time", 0)) // 1000
     errors = [{"code": e.get("code"), "message": e.get("message", "")} for e in info.get("errors") or []][:100]
     conds = []
     enabled_as_wanted = (info["state"] == "enabled") == res.spec.enabled
-    if errors:
+    if step is not None:
+        conds.append(step.condition)
+    if step is not None and step.phase == "Failed":
+        conds.append(Cond(conditions.READY, False, "BootstrapFailed", step.condition.message))
+    elif step is not None and step.phase != "Done":
+        conds.append(Cond(conditions.READY, False, "Bootstrapping",
+                          f"bootstrap {step.phase}: {step.condition.message}"))
+    elif errors:
         conds.append(Cond(conditions.READY, False, "ReplicationError", errors[0]["message"]))
     elif not enabled_as_wanted:
         conds.append(Cond(conditions.READY, False, "StateMismatch", f"replica is {info['state']}"))
@@ -161,12 +199,15 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any]) -> dict[str, A
     replicating = info["state"] == "enabled" and not errors
     conds.append(Cond(conditions.REPLICATING, replicating, "Replicating" if replicating else (
         "ReplicationError" if errors else "Disabled"), f"state {info['state']}, mode {info['mode']}"))
-    return {"replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
-            "tablets": {"count": len(tablets), "errors": len(tablet_errors),
-                        "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets),
-                                             default=0)},
-            "errors": errors, "observedGeneration": res.generation,
-            "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
+    status: dict[str, Any] = {
+        "replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
+        "tablets": {"count": len(tablets), "errors": len(tablet_errors),
+                    "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets), default=0)},
+        "errors": errors, "observedGeneration": res.generation,
+        "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
+    if step is not None:
+        status["bootstrap"] = step.status
+    return status
 
 
 def finalize_table_replica(res: Resource, world: World) -> Outcome:

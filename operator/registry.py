@@ -23,10 +23,13 @@ import binascii
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models import InvalidResourceError, parse_resource
 from .world import ClusterRef, Engines, Resource, World
+
+if TYPE_CHECKING:
+    from .bootstrap import Launcher
 
 DEFAULT_SECRET_KEY = "token"
 #: the label that marks a Secret as reptables credentials; the operator watches no other Secret
@@ -116,6 +119,8 @@ class Registry:
         self.engines = engines
         self.default_namespace = default_namespace
         self.policy = policy if policy is not None else CredentialPolicy(frozenset({default_namespace}))
+        #: runs bootstrap jobs; handed to the reconcile core in every World (None: none can run)
+        self.launcher: Launcher | None = None
         #: guards the two maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
@@ -250,5 +255,5 @@ class Registry:
         return None
 
     def world(self) -> World:
-        return World(engines=self.engines, resources=self.of_kind)
+        return World(engines=self.engines, resources=self.of_kind, launcher=self.launcher)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from .bootstrap import Launcher
 from .registry import CredentialPolicy, Registry
 from .tracking import CHECK_PERIOD, TrackerLoop
 from .world import Engines, Resource, World
@@ -48,13 +49,15 @@ class Runtime:
 
     @classmethod
     def start(cls, namespace: str, tracker_period: float = CHECK_PERIOD,
-              policy: CredentialPolicy | None = None) -> Runtime:
+              policy: CredentialPolicy | None = None, launcher: Launcher | None = None) -> Runtime:
         """A runtime whose Secrets default to ``namespace`` and whose tracker checks every ``tracker_period`` s.
 
-        ``policy`` says which Secrets TableClusters may use (default: labelled ones in ``namespace``).
+        ``policy`` says which Secrets TableClusters may use (default: labelled ones in ``namespace``);
+        ``launcher`` runs the bootstrap jobs of new replicas (default: none, they wait).
         """
         engines = Engines()
         registry = Registry(engines, namespace, policy)
+        registry.launcher = launcher
         switches: deque[ModeSwitch] = deque(maxlen=MAX_PENDING_SWITCHES)
 
         def queue_switch(table: Resource, replica_id: str, mode: str, reason: str) -> None:
@@ -77,4 +80,6 @@ class Runtime:
 
     def close(self) -> None:
         self.tracker.close()
+        if self.registry.launcher is not None:
+            self.registry.launcher.close()
         self.engines.close()

@@ -15,10 +15,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+
+if TYPE_CHECKING:
+    from .bootstrap import Launcher
 
 #: how long an operator call to an engine may take before the cluster counts as unreachable
 ENGINE_TIMEOUT = 5.0
@@ -180,6 +183,8 @@ class World:
 
     engines: Engines
     resources: Callable[[str], list[Resource]]
+    #: runs the bootstrap and verify jobs of new replicas (None: this front end cannot run them)
+    launcher: Launcher | None = None
 
     def of_kind(self, kind: str, namespace: str | None = None) -> list[Resource]:
         return [r for r in self.resources(kind) if namespace is None or r.namespace == namespace]

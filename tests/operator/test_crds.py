@@ -462,7 +462,8 @@ def test_status_written_by_the_operator_parses() -> None:
     manifest["status"] = {
         "observedGeneration": 3, "replicaId": "1-2-3-4", "state": "enabled", "mode": "sync", "lagSeconds": 0,
         "tablets": {"count": 2, "maxLagSeconds": 0, "errors": 0}, "errors": [],
-        "bootstrap": {"phase": "Succeeded", "sparkApplication": "orders-remote-0-1", "snapshotTimestamp": 2**62},
+        "bootstrap": {"phase": "Done", "jobRef": "local:orders-remote-0-copy-1", "snapshotTimestamp": 2**62,
+                      "attempts": 1, "rowsCopied": 10},
         "conditions": [{"type": "Ready", "status": "True", "reason": "Replicating", "message": "ok",
                         "observedGeneration": 3, "lastTransitionTime": "2025-01-01T00:00:00Z"}],
         "fieldFromANewerOperator": 1,
