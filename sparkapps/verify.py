@@ -10,8 +10,9 @@ differing keys listed (the first ``--max-keys``) otherwise, 2 when a side cannot
 
 Both sides are read at the same T: for two replicas of one replicated table that is the
 meta-cluster's timestamp, which both carry (replicated rows keep their commit timestamps); give
-``--timestamp`` (e.g. one in sync for both: ``get_in_sync_replicas``). Default: a timestamp
-generated on the left cluster. Tokens or peer credentials come from files or the environment.
+``--timestamp`` (e.g. one in sync for both: ``get_in_sync_replicas``). Default: the later of a
+timestamp generated on each cluster (each has its own clock). Tokens or peer credentials come from
+files or the environment.
 
     python -m reptables.sparkapps.verify --left-proxy URL --left-token-file F --left-path //t \\
         --right-proxy URL --right-token-file G --right-path //t [--timestamp T] [--partitions N]
@@ -142,10 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        probe = _options(args.left_proxy, args.left_token_file, "REPTABLES_LEFT_TOKEN", args.left_path, 1)
         if args.timestamp is None:
-            with probe.client() as client:
-                args.timestamp = client.generate_timestamp()
+            # each cluster has its own clock: the later of the two "now"s sees every change either
+            # side had acknowledged when the job started
+            stamps = []
+            for proxy, secret, env, path in ((args.left_proxy, args.left_token_file, "REPTABLES_LEFT_TOKEN",
+                                              args.left_path),
+                                             (args.right_proxy, args.right_token_file, "REPTABLES_RIGHT_TOKEN",
+                                              args.right_path)):
+                with _options(proxy, secret, env, path, 1).client() as client:
+                    stamps.append(int(client.generate_timestamp()))
+            args.timestamp = max(stamps)
         left = _options(args.left_proxy, args.left_token_file, "REPTABLES_LEFT_TOKEN", args.left_path, args.timestamp)
         right = _options(args.right_proxy, args.right_token_file, "REPTABLES_RIGHT_TOKEN", args.right_path,
                          args.timestamp)
