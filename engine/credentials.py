@@ -60,6 +60,12 @@ def cell_tag(cluster_name: str) -> int:
     return zlib.crc32(cluster_name.encode()) % 0xFFFE + 1
 
 
+def made_by(object_id: str, cluster_name: str) -> bool:
+    """Whether the object with this id was made by cluster ``cluster_name`` (its cell tag says so):
+    the one rule behind "only a replica's meta-cluster writes or reads its replica table"."""
+    return id_cell_tag(object_id) == cell_tag(cluster_name)
+
+
 def id_cell_tag(object_id: str) -> int:
     """The cell tag an object id carries (:data:`NO_CELL_TAG` for ids without one or malformed ids)."""
     parts = object_id.split("-")

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import yson_util
-from ..credentials import cell_tag, id_cell_tag
+from ..credentials import made_by
 from ..errors import ErrorCode, YtError
 from ..query import compile_query, parse_query
 from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
@@ -377,7 +377,7 @@ class RowCommands(TabletCommands):
                           http_status=403, attributes={"cluster_name": caller})
         table, table_path, _ = self._table(path)
         upstream = table.upstream_replica_id
-        if upstream is None or id_cell_tag(upstream) != cell_tag(caller):
+        if upstream is None or not made_by(upstream, caller):
             raise YtError(f"Cluster {caller} may not read table {table_path}: it is not a replica table of "
                           f"a replica on cluster {caller}", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
                           attributes={"cluster_name": caller, "path": table_path})

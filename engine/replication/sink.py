@@ -39,7 +39,7 @@ import sqlalchemy as sa
 
 from .. import yson_util
 from ..config import DEFAULT_CONFIG, EngineConfig
-from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag
+from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag, made_by
 from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
@@ -137,8 +137,8 @@ class ReplicaSink:
         None is an in-process call (no HTTP, nothing to authenticate)."""
         if caller is None:
             return
-        tag = id_cell_tag(replica_id)
-        if tag != cell_tag(caller):
+        if not made_by(replica_id, caller):
+            tag = id_cell_tag(replica_id)
             owner = ("was made before cell tags and names no meta-cluster (re-create the replica)"
                      if tag == NO_CELL_TAG else f"belongs to the cluster with cell tag {tag:#x}")
             raise YtError(f"Cluster {caller} may not write table {path} as replica {replica_id} ({what}): "

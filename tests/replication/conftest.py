@@ -31,10 +31,20 @@ class ClusterSet:
     engines: dict[str, EngineProcess] = field(default_factory=dict)
     clients: dict[str, Client] = field(default_factory=dict)
 
-    def start(self, env: dict[str, str] | None = None) -> ClusterSet:
-        for name in self.names:
-            self.engines[name] = EngineProcess(name, self.base / name, env=dict(env or {})).start()
-        self.publish_directory()
+    def start(self, env: dict[str, str] | None = None, extra_args: list[str] | None = None,
+              own_tokens: bool = False) -> ClusterSet:
+        """Start every engine (``extra_args`` for ``serve``; ``own_tokens``: each its own API token,
+        as clusters that must not be able to mint each other's peer credentials) and publish the
+        directory; what started is stopped again if a later one fails."""
+        try:
+            for name in self.names:
+                kwargs = {"token": f"token-{name}-0123456789abcdef"} if own_tokens else {}
+                self.engines[name] = EngineProcess(name, self.base / name, env=dict(env or {}),
+                                                   extra_args=list(extra_args or []), **kwargs).start()
+            self.publish_directory()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def publish_directory(self) -> None:

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from reptables.engine.credentials import peer_credential
-from tests.harness import EngineProcess
 
 from .conftest import SCHEMA, ClusterSet, wait_for
 
@@ -31,11 +30,7 @@ _names = itertools.count()
 def cs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     clusters = ClusterSet(Path(tmp_path_factory.mktemp("bootstrap")), names=(META, REPLICA, "rogue"))
     try:
-        for name in clusters.names:
-            clusters.engines[name] = EngineProcess(name, clusters.base / name,
-                                                   token=f"token-{name}-0123456789abcdef").start()
-        clusters.publish_directory()
-        yield clusters
+        yield clusters.start(own_tokens=True)
     finally:
         clusters.stop()
 

@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 from reptables.engine.credentials import cell_tag, id_cell_tag, peer_credential
 from reptables.engine.errors import YtError
 from reptables.operator.cli import app as reptables_cli
-from tests.harness import EngineProcess
 
 from .conftest import SCHEMA, ClusterSet, wait_for
 
@@ -35,11 +34,7 @@ _names = itertools.count()
 def cs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     clusters = ClusterSet(Path(tmp_path_factory.mktemp("auth")), names=(PRIMARY, REPLICA, ROGUE))
     try:
-        for name in clusters.names:
-            clusters.engines[name] = EngineProcess(name, clusters.base / name,
-                                                   token=f"token-of-{name}-0123456789abcdef").start()
-        clusters.publish_directory()
-        yield clusters
+        yield clusters.start(own_tokens=True)
     finally:
         clusters.stop()
 

@@ -37,7 +37,6 @@ from reptables.engine.replication.sink import ReplicaSink, read_sink
 from reptables.engine.storage import prepared_table
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import make_object_id
-from tests.harness import EngineProcess
 
 from .conftest import SCHEMA, ClusterSet, wait_for
 from .test_units import SORTED, FakeHost
@@ -58,11 +57,7 @@ def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     """The ``clusters`` set of this folder, with two engines and a short in-doubt bound."""
     cs = ClusterSet(Path(tmp_path_factory.mktemp("peers")), names=("primary", REPLICA))
     try:
-        for name in cs.names:
-            cs.engines[name] = EngineProcess(name, cs.base / name, extra_args=[
-                "--in-doubt-timeout", str(IN_DOUBT_TIMEOUT)]).start()
-        cs.publish_directory()
-        yield cs
+        yield cs.start(extra_args=["--in-doubt-timeout", str(IN_DOUBT_TIMEOUT)])
     finally:
         cs.stop()
 

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from reptables.engine.errors import YtError
-from tests.harness import EngineProcess
 
 from .conftest import ClusterSet, wait_for
 
@@ -33,11 +32,7 @@ _names = itertools.count()
 def cs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     clusters = ClusterSet(Path(tmp_path_factory.mktemp("trimmed")), names=("primary", REPLICA))
     try:
-        for name in clusters.names:
-            clusters.engines[name] = EngineProcess(name, clusters.base / name, extra_args=[
-                "--bootstrap-pin-ttl", str(PIN_TTL)]).start()
-        clusters.publish_directory()
-        yield clusters
+        yield clusters.start(extra_args=["--bootstrap-pin-ttl", str(PIN_TTL)])
     finally:
         clusters.stop()
 

@@ -25,7 +25,6 @@ from pyspark.sql import SparkSession
 
 from reptables.engine.credentials import peer_credential
 from reptables.sparkapps.bootstrap import copy, resolve
-from tests.harness import EngineProcess
 from tests.replication.conftest import ClusterSet, wait_for
 
 META, SOURCE, TARGET = "primary", "source", "target"
@@ -38,11 +37,7 @@ _names = itertools.count()
 def cs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
     clusters = ClusterSet(Path(tmp_path_factory.mktemp("boot")), names=(META, SOURCE, TARGET))
     try:
-        for name in clusters.names:
-            clusters.engines[name] = EngineProcess(name, clusters.base / name,
-                                                   token=f"token-{name}-0123456789abcdef").start()
-        clusters.publish_directory()
-        yield clusters
+        yield clusters.start(own_tokens=True)
     finally:
         clusters.stop()
 
