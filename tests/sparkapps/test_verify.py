@@ -16,6 +16,7 @@ from reptables.engine.client import Client
 from reptables.sparkapps.options import SourceOptions
 from reptables.sparkapps.verify import verify
 from tests.harness import EngineProcess
+from tests.replication.conftest import wait_for
 
 from .conftest import client_of, create_table, table_name
 
@@ -69,6 +70,8 @@ def test_planted_differences_are_found_key_by_key(spark: SparkSession,
     left, right = sides
     path = copies(left, right)
     before = max(now(left), now(right))
+    # each engine has its own clock: the changes below must commit after `before` on both
+    wait_for(lambda: now(left) > before and now(right) > before, 10, "both clocks past the snapshot")
     with Client(right.url, right.read_token()) as client:
         client.insert_rows(path, [{"k": 5, "v": "changed", "a": None}, {"k": 10_000, "v": "extra", "a": None}])
         client.delete_rows(path, [{"k": 450}])
