@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
 
-from . import conditions
+from . import conditions, models
 from .conditions import Cond
 from .world import ClusterNotFound, Event, Resource, World, describe_error
 
@@ -65,6 +65,17 @@ _MASK = "***"
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The resource a job works for: a launcher that creates objects for the job makes them its children."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    namespace: str | None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One run of a job: ``python -m <module> <args> --<secret option> <file> ...``."""
 
@@ -74,6 +85,17 @@ class JobSpec:
     args: tuple[str, ...]
     secrets: Mapping[str, str] = field(default_factory=dict)
     """Option name (such as ``meta-token-file``) -> secret value; the launcher passes a file."""
+    owner: Owner | None = None
+    """The TableReplica being bootstrapped."""
+
+    @property
+    def job(self) -> str:
+        """``bootstrap`` or ``verify``: the last part of the module's name."""
+        return self.module.rsplit(".", 1)[-1]
+
+
+class LaunchError(Exception):
+    """A launcher could not start or follow a job; the message says why (it becomes the attempt's error)."""
 
 
 @dataclass(frozen=True)
@@ -261,11 +283,18 @@ class Start:
 
     timestamp: int
     source_replica_id: str
+    reason: str = "the table's history was trimmed"
+    """Why the replica is bootstrapped (for the BootstrapPending event)."""
 
 
 def history_trimmed(meta: Any, table_path: str) -> bool:
     """Whether the replication queue of the table lost rows to trimming (some tablet trimmed some)."""
     return any(int(t.get("trimmed_row_count") or 0) > 0 for t in meta.get(f"{table_path}/@tablets") or [])
+
+
+def holds_rows(meta: Any, table_path: str) -> bool:
+    """Whether anything was ever written to the table (some tablet of its queue has rows)."""
+    return any(int(t.get("flushed_row_count") or 0) > 0 for t in meta.get(f"{table_path}/@tablets") or [])
 
 
 def pick_source(meta: Any, table_path: str, world: World, cluster: str, replica_path: str) -> str | None:
@@ -283,20 +312,30 @@ def pick_source(meta: Any, table_path: str, world: World, cluster: str, replica_
 def plan(res: Resource, table: Resource, meta: Any, world: World) -> Start | None:
     """For a replica about to be created: whether it needs a bootstrap, and then T and its source.
 
-    A bootstrap is wanted when ``spec.bootstrap`` is enabled and either asks for one always or the
-    table's queue was trimmed; it is possible only with another enabled replica to copy from. T is
-    generated on the meta-cluster now, unless the spec gives ``startReplicationTimestamp``.
+    A bootstrap is wanted when ``spec.bootstrap`` is enabled and the table already holds rows: it is
+    required when the table's queue was trimmed (the engine refuses to enable the replica without
+    one), and it is the default for any table with rows when this operator can run jobs (a launcher):
+    the copy moves the rows in parallel instead of replaying the queue one batch at a time. Without a
+    launcher an untrimmed queue is replayed (exact, only slower); ``always`` asks for a copy even of
+    an empty table. It is possible only with another enabled replica to copy from. T is generated on
+    the meta-cluster now, unless the spec gives ``startReplicationTimestamp``.
     """
     spec = res.spec
     if not spec.bootstrap.enabled or not spec.preserve_timestamps:
         return None
-    if not (spec.bootstrap.always or history_trimmed(meta, table.spec.path)):
+    if history_trimmed(meta, table.spec.path):
+        reason = f"the history of {table.spec.path} was trimmed"
+    elif world.launcher is not None and holds_rows(meta, table.spec.path):
+        reason = f"{table.spec.path} already holds rows"
+    elif spec.bootstrap.always:
+        reason = "spec.bootstrap.always is set"
+    else:
         return None
     source = pick_source(meta, table.spec.path, world, spec.cluster, spec.replica_path)
     if source is None:
         return None
     timestamp = spec.start_replication_timestamp or int(meta.generate_timestamp())
-    return Start(timestamp, source)
+    return Start(timestamp, source, reason)
 
 
 @dataclass
@@ -350,7 +389,12 @@ def _secrets(res: Resource, table: Resource, world: World, source_cluster: str) 
 
 
 def _job_name(res: Resource, what: str, attempt: int) -> str:
-    return f"{res.namespace or 'cluster'}-{res.name}-{what}-{attempt}-{uuid.uuid4().hex[:6]}"
+    """``<replica>-<copy|verify>-<attempt>-<random>``: a new name per attempt, a DNS label when short enough."""
+    return f"{res.name}-{what}-{attempt}-{uuid.uuid4().hex[:6]}"
+
+
+def _owner(res: Resource) -> Owner:
+    return Owner(models.API_VERSION, res.kind, res.name, res.uid, res.namespace)
 
 
 def _copy_job(res: Resource, table: Resource, world: World, boot: Mapping[str, Any], replica_id: str,
@@ -359,7 +403,7 @@ def _copy_job(res: Resource, table: Resource, world: World, boot: Mapping[str, A
     args = ("--meta-proxy", world.engines.ref(table.spec.cluster).endpoint, "--replica-id", replica_id,
             "--source-replica-id", str(boot["sourceReplicaId"]), "--partitions", str(res.spec.bootstrap.parallelism),
             "--wait", str(SOURCE_WAIT_SECONDS))
-    return JobSpec(_job_name(res, "copy", attempt), BOOTSTRAP_MODULE, args, secrets)
+    return JobSpec(_job_name(res, "copy", attempt), BOOTSTRAP_MODULE, args, secrets, _owner(res))
 
 
 def _verify_job(res: Resource, table: Resource, world: World, boot: Mapping[str, Any], source: Mapping[str, Any],
@@ -371,7 +415,7 @@ def _verify_job(res: Resource, table: Resource, world: World, boot: Mapping[str,
             "--timestamp", str(boot["snapshotTimestamp"]), "--partitions", str(res.spec.bootstrap.parallelism))
     return JobSpec(_job_name(res, "verify", attempt), VERIFY_MODULE, args,
                    {"left-token-file": secrets["source-credential-file"],
-                    "right-token-file": secrets["target-credential-file"]})
+                    "right-token-file": secrets["target-credential-file"]}, _owner(res))
 
 
 def _known_secrets(world: World) -> list[str]:
@@ -394,11 +438,18 @@ def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id:
     if phase == "Done":
         return step(30.0, Cond(conditions.BOOTSTRAPPED, True, "Copied", _done_message(status)))
     if phase == "Failed":
+        if int(status.get("attempts") or 0) < res.spec.bootstrap.max_attempts:
+            # the user raised spec.bootstrap.maxAttempts after the failure: try again, at once
+            status.update(phase="Pending", nextAttemptTime=None)
+            events.append(Event("Normal", "BootstrapRetrying",
+                                f"spec.bootstrap.maxAttempts is now {res.spec.bootstrap.max_attempts}: attempt "
+                                f"{int(status.get('attempts') or 0) + 1} starts"))
+            return waiting("Pending", "retrying after spec.bootstrap.maxAttempts was raised", 0.5)
         return step(60.0, Cond(conditions.BOOTSTRAPPED, False, "BootstrapFailed", _failed_message(status)))
     launcher = world.launcher
     if launcher is None:
-        return waiting("NoLauncher", "this operator has no way to run the bootstrap job yet (the SparkApplication "
-                                     "launcher is not implemented); use `reptables up` or bootstrap by hand", 60.0)
+        return waiting("NoLauncher", "this operator runs no bootstrap jobs: enable the chart's bootstrap.spark "
+                                     "(REPTABLES_SPARK_JOBS), or bootstrap by hand (docs/spark.md)", 60.0)
     try:
         if phase == "Pending":
             retry_at = _parse_time(status.get("nextAttemptTime"))
@@ -423,13 +474,19 @@ def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id:
             if job is None:
                 raise _JobError(f"job {status.get('jobRef')} is lost (the operator restarted)")
             if job.running:
+                if phase == "Copying":
+                    status["rowsCopied"] = copied_rows(world, res, status.get("rowsCopied"))
                 return waiting(str(phase), f"{str(phase).lower()} as of {int(status['snapshotTimestamp']):#x}, "
-                                           f"attempt {status.get('attempts')} ({status.get('jobRef')})", POLL_SECONDS)
+                                           f"attempt {status.get('attempts')} ({status.get('jobRef')})"
+                                           + (f", {status['rowsCopied']} rows so far"
+                                              if phase == "Copying" and status.get("rowsCopied") is not None
+                                              else ""), POLL_SECONDS)
             if job.exit_code != 0:
                 what = "copy" if phase == "Copying" else "verify"
                 raise _JobError(f"the {what} job failed: {job.error}")
             if phase == "Copying":
-                status["rowsCopied"] = job.rows_copied
+                status["rowsCopied"] = (job.rows_copied if job.rows_copied is not None
+                                        else copied_rows(world, res, status.get("rowsCopied")))
                 if res.spec.bootstrap.verify:
                     source = _source_info(meta, status)
                     ref = launcher.start(_verify_job(res, table, world, status, source, int(status["attempts"])))
@@ -457,9 +514,24 @@ def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id:
             events.append(Event("Normal", "BootstrapDone", _done_message(status)))
             return step(0.0, Cond(conditions.BOOTSTRAPPED, True, "Copied", _done_message(status)))
         raise _JobError(f"unknown bootstrap phase {phase!r}")
-    except (_JobError, YtError, ClusterNotFound) as exc:
-        message = mask(str(exc) if isinstance(exc, _JobError) else describe_error(exc), _known_secrets(world))
+    except (_JobError, LaunchError, YtError, ClusterNotFound) as exc:
+        message = mask(str(exc) if isinstance(exc, _JobError | LaunchError) else describe_error(exc),
+                       _known_secrets(world))
         return _failed_attempt(res, status, events, message)
+
+
+def copied_rows(world: World, res: Resource, default: Any = None) -> int | None:
+    """Rows the copy has written into the new replica's table so far, as its cluster counts them.
+
+    The target cluster records every applied chunk of a bootstrap with its row count (the replica
+    table's ``@bootstrap_progress``), so this is exact whichever launcher ran the job and however
+    often its tasks were retried. ``default`` when the cluster cannot say (unreachable, nothing yet).
+    """
+    try:
+        progress = world.engines.client(res.spec.cluster).get(f"{res.spec.replica_path}/@bootstrap_progress")
+    except (YtError, ClusterNotFound):
+        return int(default) if isinstance(default, int) else None
+    return int(progress["rows"]) if isinstance(progress, Mapping) and "rows" in progress else None
 
 
 def _source_info(meta: Any, status: Mapping[str, Any]) -> dict[str, Any]:

@@ -97,8 +97,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # the namespaces TableClusters may take credentials from are they kept (registry.py)
     settings.watching.label_selectors["v1", "secrets"] = CREDENTIALS_SELECTOR
     if RUNTIME_KEY not in memo:
+        launcher = None
+        if ours.spark_jobs is not None:
+            from .sparkapp import SparkApplicationLauncher  # the kubernetes client, only when jobs run
+
+            launcher = SparkApplicationLauncher(ours.spark_jobs, default_namespace=ours.operator_namespace)
         memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period,
-                                          CredentialPolicy(ours.secret_namespaces))
+                                          CredentialPolicy(ours.secret_namespaces), launcher=launcher)
     if not memo.get(TIMERS_KEY):
         _register_timers(ours)
         memo[TIMERS_KEY] = True
@@ -106,7 +111,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
                                         "namespaces": ",".join(ours.namespaces) or "*",
                                         "credentials_namespaces": ",".join(sorted(ours.secret_namespaces)),
                                         "status_refresh": ours.status_refresh,
-                                        "tracker_period": ours.tracker_period})
+                                        "tracker_period": ours.tracker_period,
+                                        "bootstrap_jobs": ("SparkApplications of image " + ours.spark_jobs.image
+                                                           if ours.spark_jobs else "none (they wait)")})
 
 
 @kopf.on.cleanup()

@@ -45,11 +45,13 @@ class Bootstrap(ApiModel):
     """Copying the existing rows into a new replica before it is enabled."""
 
     enabled: StrictBool = True
-    """Bootstrap a new replica when it needs one: the table's replication queue was trimmed (the
-    engine refuses to enable a replica whose history is gone) and another enabled replica can be
-    copied from. When false the replica starts from the queue and receives only what it still holds."""
+    """Bootstrap a new replica of a table that already holds rows, from another enabled replica: always
+    when the table's replication queue was trimmed (the engine refuses to enable a replica whose
+    history is gone), and when the operator can run jobs also for an untrimmed queue (the copy
+    replaces replaying it). When false the replica starts from the queue and receives only what it
+    still holds."""
     always: StrictBool = False
-    """Bootstrap even when the queue was never trimmed (the copy then replaces replaying the queue)."""
+    """Bootstrap even a table that holds no rows yet."""
     parallelism: StrictInt = Field(default=2, ge=1, le=1024)
     """Number of parallel Spark partitions (and executors) of the copy."""
     verify: StrictBool = True

@@ -99,7 +99,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             if start is not None:
                 boot = bootstrap.pending_status(start)
                 events.append(Event("Normal", "BootstrapPending",
-                                    f"the history of {table_path} was trimmed: replica {replica_id} starts at "
+                                    f"{start.reason}: replica {replica_id} starts at "
                                     f"{start.timestamp:#x} and is filled from replica {start.source_replica_id}"))
         try:
             events += _ensure_replica_table(remote, table, res, replica_id)

@@ -21,6 +21,8 @@ credential namespaces  ``--credentials-namespace``  ``REPTABLES_CREDENTIALS_NAME
                                                     one, and each is watched
 status refresh         ``--status-refresh``         ``REPTABLES_STATUS_REFRESH`` (5 s)
 tracker period         ``--tracker-period``         ``REPTABLES_TRACKER_PERIOD`` (1 s)
+bootstrap jobs         (none)                       ``REPTABLES_SPARK_JOBS``: JSON of the chart's
+                                                    ``bootstrap.spark`` values (unset: no launcher)
 =====================  ===========================  ==========================================
 
 The chart sets the variables (the operator namespace is the release namespace, ``POD_NAMESPACE``
@@ -33,6 +35,7 @@ sub-command (``engine serve`` included), which must not pull in the tracker or k
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -43,6 +46,7 @@ ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_STATUS_REFRESH = "REPTABLES_STATUS_REFRESH"
 ENV_TRACKER_PERIOD = "REPTABLES_TRACKER_PERIOD"
 ENV_CREDENTIALS_NAMESPACES = "REPTABLES_CREDENTIALS_NAMESPACES"
+ENV_SPARK_JOBS = "REPTABLES_SPARK_JOBS"
 
 DEFAULT_OPERATOR_NAMESPACE = "reptables-system"
 DEFAULT_WATCHED_NAMESPACE = "default"
@@ -52,6 +56,100 @@ DEFAULT_TRACKER_PERIOD = 1.0
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_METRICS_PORT = 8081
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+_SPARK_MEMORY = re.compile(r"^[0-9]+[kmgtKMGT]?$")
+
+
+@dataclass(frozen=True)
+class SparkJobSettings:
+    """How the bootstrap and verify jobs run as SparkApplications (the chart's ``bootstrap.spark``).
+
+    Everything the launcher (``sparkapp.py``) puts into an app that is not about the one job: the
+    image, its Spark version and main file, resources, the driver's service account, how long a
+    finished app is kept and how long one may wait to start.
+    """
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str = "spark-operator-spark"
+    spark_version: str = "4.0.1"
+    main_application_file: str = "local:///opt/reptables/sparkapp.py"
+    time_to_live_seconds: int = 3600
+    """The spark-operator deletes a finished app (and so its credentials Secret) this long after it ended."""
+    submit_timeout_seconds: int = 600
+    """An app still not RUNNING this long after its creation is deleted and counts as a failed attempt."""
+    driver_cores: int = 1
+    driver_memory: str = "1g"
+    executor_instances: int = 2
+    executor_cores: int = 1
+    executor_memory: str = "2g"
+    spark_conf: tuple[tuple[str, str], ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ValueError(f"{ENV_SPARK_JOBS}: image must name the job image")
+        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
+            raise ValueError(f"{ENV_SPARK_JOBS}: imagePullPolicy must be Always, IfNotPresent or Never, "
+                             f"got {self.image_pull_policy!r}")
+        for name in ("time_to_live_seconds", "submit_timeout_seconds", "driver_cores", "executor_instances",
+                     "executor_cores"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{ENV_SPARK_JOBS}: {_camel(name)} must be a positive integer, "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("driver_memory", "executor_memory"):
+            if not _SPARK_MEMORY.match(str(getattr(self, name))):
+                raise ValueError(f"{ENV_SPARK_JOBS}: {_camel(name)} must be a Spark memory size such as 512m or "
+                                 f"2g, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_json(cls, text: str) -> SparkJobSettings:
+        """Parse the ``REPTABLES_SPARK_JOBS`` value; ValueError naming the key that is wrong."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_SPARK_JOBS} is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{ENV_SPARK_JOBS} must be a JSON object, got {type(raw).__name__}")
+        raw = dict(raw)
+        raw.pop("enabled", None)
+        driver, executor = raw.pop("driver", None) or {}, raw.pop("executor", None) or {}
+        if not isinstance(driver, dict) or not isinstance(executor, dict):
+            raise ValueError(f"{ENV_SPARK_JOBS}: driver and executor must be objects")
+        values: dict[str, object] = {}
+        simple = {"image": str, "imagePullPolicy": str, "serviceAccount": str, "sparkVersion": str,
+                  "mainApplicationFile": str, "timeToLiveSeconds": int, "submitTimeoutSeconds": int}
+        for key, value in raw.items():
+            if key in ("sparkConf", "nodeSelector"):
+                if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                    raise ValueError(f"{ENV_SPARK_JOBS}: {key} must map names to strings")
+                values[_snake(key)] = tuple(sorted(value.items()))
+            elif key in simple:
+                if not isinstance(value, simple[key]) or isinstance(value, bool):
+                    raise ValueError(f"{ENV_SPARK_JOBS}: {key} must be a {simple[key].__name__}, got {value!r}")
+                values[_snake(key)] = value
+            else:
+                raise ValueError(f"{ENV_SPARK_JOBS}: unknown key {key!r}")
+        for prefix, part, keys in (("driver", driver, ("cores", "memory")),
+                                   ("executor", executor, ("instances", "cores", "memory"))):
+            for key, value in part.items():
+                if key not in keys:
+                    raise ValueError(f"{ENV_SPARK_JOBS}: unknown key {prefix}.{key}")
+                values[f"{prefix}_{key}"] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
+def _camel(name: str) -> str:
+    """``driver_memory`` -> ``driver.memory``, ``submit_timeout_seconds`` -> ``submitTimeoutSeconds``."""
+    head, *rest = name.split("_")
+    if head in ("driver", "executor"):
+        return f"{head}.{''.join(rest)}"
+    return head + "".join(p.title() for p in rest)
 
 
 @dataclass(frozen=True)
@@ -83,6 +181,8 @@ class OperatorSettings:
     """Port of the Prometheus ``/metrics`` endpoint; 0 turns it off."""
     verbose: bool = False
     """Debug logging."""
+    spark_jobs: SparkJobSettings | None = None
+    """How bootstrap jobs run as SparkApplications; None: this operator cannot run them (they wait)."""
 
     def __post_init__(self) -> None:
         for name in ("status_refresh", "tracker_period"):
@@ -116,6 +216,7 @@ class OperatorSettings:
         liveness: str = DEFAULT_LIVENESS,
         metrics_port: int = DEFAULT_METRICS_PORT,
         verbose: bool = False,
+        spark_jobs: SparkJobSettings | None = None,
     ) -> OperatorSettings:
         """The settings from command line values (``None``: not given) and ``environ``.
 
@@ -146,7 +247,9 @@ class OperatorSettings:
             status_refresh=_seconds(status_refresh, environ, ENV_STATUS_REFRESH, DEFAULT_STATUS_REFRESH),
             tracker_period=_seconds(tracker_period, environ, ENV_TRACKER_PERIOD, DEFAULT_TRACKER_PERIOD),
             standalone=standalone, peering=peering, priority=priority, liveness=liveness,
-            metrics_port=metrics_port, verbose=verbose)
+            metrics_port=metrics_port, verbose=verbose,
+            spark_jobs=spark_jobs or (SparkJobSettings.from_json(environ[ENV_SPARK_JOBS])
+                                      if environ.get(ENV_SPARK_JOBS) else None))
 
 
 def _seconds(given: float | None, environ: Mapping[str, str], variable: str, default: float) -> float:

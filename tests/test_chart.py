@@ -66,16 +66,25 @@ needs_helm = pytest.mark.skipif(HELM is None and helm_python is None, reason=(
 READ = ("get", "list", "watch")
 NAMESPACED_KINDS = ("replicatedtables", "tablereplicas", "tablecollocations")
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+# bootstrap.spark.enabled: the SparkApplication launcher creates, polls and deletes an app per bootstrap
+# attempt in the TableReplica's namespace, and creates its "<app>-credentials" Secret (owned by the app)
+SPARK_RULES: set[Rule] = {("sparkoperator.k8s.io", "sparkapplications", v) for v in ("get", "create", "delete")}
+SPARK_RULES |= {("", "secrets", "create")}
 
 
-def expected_rbac(all_namespaces: bool, peering: bool) -> tuple[set[Rule], set[Rule]]:
-    """(ClusterRole rules, rules of the Role in each watched namespace) the operator needs."""
+def expected_rbac(all_namespaces: bool, peering: bool, spark: bool = True) -> tuple[set[Rule], set[Rule]]:
+    """(ClusterRole rules, rules of the Role in each watched namespace) the operator needs.
+
+    ``spark``: bootstrap.spark.enabled (on by default), the launcher's rules wherever the namespaced
+    custom resources are granted."""
     cluster = {("reptables.io", "tableclusters", v) for v in (*READ, "patch")}
     cluster |= {("reptables.io", "tableclusters/status", "patch"), ("", "events", "create")}
     cluster |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in READ}
     namespaced = {("reptables.io", kind, v) for kind in NAMESPACED_KINDS for v in (*READ, "patch")}
     namespaced |= {("reptables.io", f"{kind}/status", "patch") for kind in NAMESPACED_KINDS}
     namespaced |= {("", "secrets", v) for v in READ}
+    if spark:
+        namespaced |= SPARK_RULES
     if all_namespaces:
         if peering:
             namespaced |= {("kopf.dev", "clusterkopfpeerings", v) for v in (*READ, "patch")}
@@ -202,6 +211,18 @@ BAD_VALUES = [
     ({"networkPolicy": {"clients": [{"namespaceSelector": {"app": "shop"}}]}}, "Additional properties are not allowed"),
     ({"networkPolicy": {"clients": [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}]}},
      "'Is' is not one of"),
+    ({"bootstrap": {"spark": {"executor": {"memory": "lots"}}}}, "'lots' does not match"),
+    ({"bootstrap": {"spark": {"driver": {"memory": "1.5g"}}}}, "'1.5g' does not match"),
+    ({"bootstrap": {"spark": {"submitTimeoutSeconds": 0}}}, "0 is less than the minimum of 1"),
+    ({"bootstrap": {"spark": {"timeToLiveSeconds": "1h"}}}, "'1h' is not of type 'integer'"),
+    ({"bootstrap": {"spark": {"executor": {"instances": 0}}}}, "0 is less than the minimum of 1"),
+    ({"bootstrap": {"spark": {"driver": {"cores": 0}}}}, "0 is less than the minimum of 1"),
+    ({"bootstrap": {"spark": {"imagePullPolicy": "Sometimes"}}}, "'Sometimes' is not one of"),
+    ({"bootstrap": {"spark": {"sparkConf": {"spark.executor.memoryOverhead": 512}}}}, "512 is not of type 'string'"),
+    ({"bootstrap": {"spark": {"executors": 4}}}, "Additional properties are not allowed"),
+    ({"bootstrap": {"spark": {"driver": {"memoryOverhead": "1g"}}}}, "Additional properties are not allowed"),
+    ({"bootstrap": {"spark": {"enabled": "yes"}}}, "'yes' is not of type 'boolean'"),
+    ({"bootstrap": {"flink": {}}}, "Additional properties are not allowed"),
 ]
 
 
@@ -209,6 +230,26 @@ BAD_VALUES = [
 def test_schema_rejects_bad_values(overlay: dict[str, Any], message: str) -> None:
     errors = [e.message for e in schema_validator().iter_errors(merged(load_values(), overlay))]
     assert any(message in e for e in errors), errors
+
+
+SPARK_DEFAULTS = {"enabled": True, "image": "", "imagePullPolicy": "IfNotPresent",
+                  "serviceAccount": "spark-operator-spark", "sparkVersion": "4.0.1", "mainApplicationFile": "local:///opt/reptables/sparkapp.py",
+                  "timeToLiveSeconds": 3600, "submitTimeoutSeconds": 600, "driver": {"cores": 1, "memory": "1g"},
+                  "executor": {"instances": 2, "cores": 1, "memory": "2g"}, "sparkConf": {}, "nodeSelector": {}}
+
+
+def test_bootstrap_spark_defaults() -> None:
+    """bootstrap.spark: the SparkApplication launcher's settings (REPTABLES_SPARK_JOBS), on by default."""
+    assert load_values()["bootstrap"] == {"spark": SPARK_DEFAULTS}
+
+
+@pytest.mark.parametrize("memory", ["512m", "2g", "2G", "1024", "1t", "64K"])
+def test_schema_accepts_spark_memory_strings(memory: str) -> None:
+    overlay = {"bootstrap": {"spark": {"driver": {"memory": memory}, "executor": {"memory": memory},
+                                       "sparkConf": {"spark.sql.shuffle.partitions": "64"},
+                                       "nodeSelector": {"pool": "spark"}, "image": "registry.example.com/jobs:1"}}}
+    errors = list(schema_validator().iter_errors(merged(load_values(), overlay)))
+    assert not errors, [e.message for e in errors]
 
 
 def test_chart_crds_are_the_generated_crds() -> None:
@@ -384,7 +425,10 @@ def test_operator_needs_exactly_the_chart_rbac(tmp_path: Path, all_namespaces: b
     denied = sorted({(g, r, v, ns) for g, r, v, ns in used
                      if (g, r, v) not in cluster and not (ns in namespaces and (g, r, v) in role)}, key=str)
     assert not denied, f"requests the chart's RBAC would forbid: {denied}"
-    unused = {(g, r, v) for g, r, v in cluster | role if v != "get"} - {(g, r, v) for g, r, v, _ in used}
+    # the scenario runs no bootstrap: the SparkApplication launcher's rules are exercised by
+    # tests/operator/test_sparkapplication.py
+    unused = {(g, r, v) for g, r, v in (cluster | role) - SPARK_RULES if v != "get"}
+    unused -= {(g, r, v) for g, r, v, _ in used}
     assert not unused, f"rules the operator never used (not least privilege): {sorted(unused)}"
     assert ("", "events", "create", "default") in used  # TableCluster events: why events are cluster-wide
 
@@ -456,8 +500,9 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 
 @needs_helm
-@pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}}],
-                         ids=["defaults", "engines-ha", "all-namespaces"])
+@pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}},
+                                    {"bootstrap": {"spark": {"enabled": False}}}],
+                         ids=["defaults", "engines-ha", "all-namespaces", "no-spark"])
 def test_helm_lint(tmp_path: Path, values: dict[str, Any] | None) -> None:
     passed, output = lint(tmp_path, values)
     assert passed, output
@@ -534,6 +579,61 @@ def test_helm_rbac_is_exactly_the_expected_rules(tmp_path: Path, all_namespaces:
         assert by_kind(docs, "KopfPeering") == by_kind(docs, "ClusterKopfPeering") == []
     strategy = one(docs, "Deployment")["spec"]["strategy"]["type"]
     assert strategy == ("RollingUpdate" if replicas > 1 else "Recreate")
+
+
+def _operator_env(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e for e in container["env"]}
+
+
+@needs_helm
+def test_helm_spark_jobs_env(tmp_path: Path) -> None:
+    """REPTABLES_SPARK_JOBS is bootstrap.spark as JSON, without `enabled`, with the job image resolved."""
+    docs = render(tmp_path)
+    assert isinstance(docs, list)
+    jobs = json.loads(_operator_env(docs)["REPTABLES_SPARK_JOBS"]["value"])
+    expected = {k: v for k, v in SPARK_DEFAULTS.items() if k != "enabled"}
+    assert jobs == {**expected, "image": "reptables-spark:0.1.0"}  # <image.repository>-spark:<appVersion>
+    # the default image follows the operator's repository and tag; values that need quoting survive
+    conf = {"spark.driver.extraJavaOptions": "-Dx=\"a b\" -Dy='c' \\ {{ not a template }} é: #"}
+    values = {"image": {"repository": "registry.example.com/team/reptables", "tag": "1.2.3"},
+              "bootstrap": {"spark": {"sparkConf": conf, "nodeSelector": {"pool": "spark"},
+                                      "executor": {"instances": 8, "memory": "4G"}}}}
+    docs = render(tmp_path, values)
+    assert isinstance(docs, list)
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/team/reptables:1.2.3"
+    jobs = json.loads(_operator_env(docs)["REPTABLES_SPARK_JOBS"]["value"])
+    assert jobs["image"] == "registry.example.com/team/reptables-spark:1.2.3"
+    assert jobs["sparkConf"] == conf and jobs["nodeSelector"] == {"pool": "spark"}
+    assert jobs["executor"] == {"instances": 8, "cores": 1, "memory": "4G"}  # merged with the defaults
+    assert "enabled" not in jobs
+    # an explicit image is taken as it is
+    docs = render(tmp_path, {"bootstrap": {"spark": {"image": "registry.example.com/jobs:7"}}})
+    assert isinstance(docs, list)
+    assert json.loads(_operator_env(docs)["REPTABLES_SPARK_JOBS"]["value"])["image"] == "registry.example.com/jobs:7"
+
+
+@needs_helm
+@pytest.mark.parametrize("all_namespaces", [False, True], ids=["namespaced", "all-namespaces"])
+def test_helm_without_spark_no_launcher_no_rules(tmp_path: Path, all_namespaces: bool) -> None:
+    values = {"operator": {"watch": {"allNamespaces": all_namespaces, "namespaces": ["shop"]}},
+              "bootstrap": {"spark": {"enabled": False}}}
+    docs = render(tmp_path, values)
+    assert isinstance(docs, list)
+    assert "REPTABLES_SPARK_JOBS" not in _operator_env(docs)
+    cluster, role = expected_rbac(all_namespaces, peering=False, spark=False)
+    assert flatten_rules(one(docs, "ClusterRole")["rules"]) == cluster
+    assert all(flatten_rules(doc["rules"]) == role for doc in by_kind(docs, "Role"))
+    assert len(by_kind(docs, "Role")) == (0 if all_namespaces else 2)
+    # with the launcher (the default) the rules are where the namespaced custom resources are granted
+    docs = render(tmp_path, merged(values, {"bootstrap": {"spark": {"enabled": True}}}))
+    assert isinstance(docs, list)
+    granted = flatten_rules(one(docs, "ClusterRole")["rules"]) if all_namespaces else \
+        set.intersection(*(flatten_rules(doc["rules"]) for doc in by_kind(docs, "Role")))
+    assert SPARK_RULES <= granted
+    if not all_namespaces:
+        assert not SPARK_RULES & flatten_rules(one(docs, "ClusterRole")["rules"])
 
 
 @needs_helm
@@ -742,6 +842,36 @@ def test_dockerfile() -> None:
                if p.strip() and not p.startswith("#")]
     assert not needed & set(ignored)
     assert {".venv", ".git", "tests"} <= set(ignored)
+
+
+def test_dockerfile_spark() -> None:
+    """The SparkApplications' job image: Spark's image, PySpark from it (no pip pyspark), non-root."""
+    text = (ROOT / "Dockerfile.spark").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert "ARG SPARK_IMAGE=apache/spark:4.0.1-java17" in lines
+    assert [line for line in lines if line.startswith("FROM ")] == ["FROM ${SPARK_IMAGE}"]
+    assert SPARK_DEFAULTS["sparkVersion"] == "4.0.1"  # bootstrap.spark.sparkVersion is the image's Spark
+    users = [line for line in lines if line.startswith("USER ")]
+    assert users[0] == "USER root" and users[-1] == "USER 185", users  # back to Spark's user
+    assert "docker build -f Dockerfile.spark -t reptables-spark:0.1.0 ." in text
+    main = SPARK_DEFAULTS["mainApplicationFile"].removeprefix("local://")
+    assert f"COPY sparkapps/sparkapp.py {main}" in lines
+    runs = text.replace("\\\n", " ")  # continuation lines joined
+    installs = [line for line in runs.splitlines() if "pip install" in line]
+    assert installs and not any(re.search(r"pyspark|\[spark\]", line) for line in installs), installs
+    assert any("pip install /src" in line and "pyarrow" in line for line in installs)
+    assert "python3.11 -m venv /opt/reptables" in runs and re.search(r"apt-get install .*python3\.11-venv", runs)
+    assert "PYTHONPATH=/opt/spark/python:/opt/spark/python/lib/py4j.zip" in text and "*" not in re.search(
+        r"PYTHONPATH=\S+", text)[0]
+    assert re.search(r"ln -s \S+ /opt/spark/python/lib/py4j\.zip", runs)
+    assert "PYSPARK_PYTHON=/opt/reptables/bin/python" in text
+    assert "PYSPARK_DRIVER_PYTHON=/opt/reptables/bin/python" in text
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    copied = {word.rstrip("/") for line in re.findall(r"^COPY (?!--from)(.+?) \S+$", text, re.M)
+              for word in line.split()}
+    needed = {*pyproject["tool"]["setuptools"]["package-dir"].values(), "pyproject.toml",
+              pyproject["project"]["readme"]}
+    assert copied == needed | {"sparkapps/sparkapp.py"}
 
 
 def test_e2e_kind_script() -> None:

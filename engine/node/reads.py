@@ -151,6 +151,9 @@ class CypressReads(NodeBase):
             attrs["tablets"] = self._tablets_attribute(node)
             if table.upstream_replica_id:
                 attrs["upstream_replica_id"] = table.upstream_replica_id
+                progress = self.replication.bootstrap_progress(table.upstream_replica_id)
+                if progress is not None:
+                    attrs["bootstrap_progress"] = progress
             if table.replicated:
                 attrs["replicas"] = self.replication.replicas_attribute(node.id)
                 options = dict(node.attributes.get("replicated_table_options") or {})

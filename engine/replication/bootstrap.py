@@ -79,3 +79,20 @@ def handle_bootstrap_write(sink: ReplicaSink, body: dict[str, Any], caller: str 
         # a recorded chunk never matches -1: it is not applied again
         expected=-1, record=record, end=len(writes))
     return {"applied": bool(answer.get("applied", True)), "rows": len(writes)}
+
+
+def bootstrap_progress(conn: sa.Connection, replica_id: str) -> dict[str, int] | None:
+    """What a bootstrap copy wrote into this cluster's table of ``replica_id``, from its chunk records.
+
+    ``{"chunks": applied chunks, "rows": rows they held, "timestamp": the snapshot T}``, or None when
+    no chunk was applied. A retried chunk is recorded once, so ``rows`` counts each copied row once:
+    it is the copy's progress while it runs and its total once it is done (shown as the replica
+    table's ``@bootstrap_progress`` and in the TableReplica's ``status.bootstrap.rowsCopied``).
+    """
+    c = replica_sink_table.c
+    chunks, rows, timestamp = conn.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(c.row_index), 0), sa.func.max(c.timestamp))
+        .where(c.upstream_replica_id == bootstrap_key(replica_id))).one()
+    if not chunks:
+        return None
+    return {"chunks": int(chunks), "rows": int(rows), "timestamp": int(timestamp)}

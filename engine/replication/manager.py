@@ -31,7 +31,7 @@ from ..config import DEFAULT_CONFIG, EngineConfig
 from ..peers import Peers
 from ..tablets import DynamicTable
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
-from .bootstrap import handle_bootstrap_write
+from .bootstrap import bootstrap_progress, handle_bootstrap_write
 from .host import ReplicationHost
 from .registry import Replica, ReplicaRegistry
 from .replicator import ReplicatorPool, trim_queues
@@ -154,3 +154,8 @@ class ReplicationManager:
 
     def replicas_attribute(self, table_id: str) -> dict[str, Any]:
         return self.status.replicas_attribute(table_id)
+
+    def bootstrap_progress(self, replica_id: str) -> dict[str, int] | None:
+        """A replica table's ``@bootstrap_progress`` on this cluster (``bootstrap.bootstrap_progress``)."""
+        with self.host.storage.read() as conn:
+            return bootstrap_progress(conn, replica_id)

@@ -113,6 +113,10 @@ def test_a_bootstrapped_replica_equals_its_source_row_for_row(cs: ClusterSet) ->
             assert answer.json() == {"applied": True, "rows": len(part)}
         # a retried chunk (a Spark task run twice) changes nothing
         assert bootstrap_write(cs, replica_id, replica_path, start, 0, halves[0]).json()["applied"] is False
+        # the replica table counts what the copy wrote, each chunk once (the operator's rowsCopied)
+        assert cs.client(REPLICA).get(f"{replica_path}/@bootstrap_progress") == {
+            "chunks": 2, "rows": len(rows), "timestamp": start}
+        assert "bootstrap_progress" not in cs.client(REPLICA).get(f"{first_path}/@")  # never bootstrapped
         assert cs.client(REPLICA).select_rows(f"* from [{replica_path}] order by k limit 100000",
                                               timestamp=start) == rows
         cs.alter(replica_id, enabled=True)
