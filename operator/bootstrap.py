@@ -323,6 +323,11 @@ def plan(res: Resource, table: Resource, meta: Any, world: World) -> Start | Non
     spec = res.spec
     if not spec.bootstrap.enabled or not spec.preserve_timestamps:
         return None
+    if not table.spec.is_sorted:
+        # a copy fills sorted tables only (an ordered table's rows have positions a parallel copy cannot
+        # keep): an untrimmed queue is replayed, and a trimmed one leaves the replica refused at enable
+        # (1740), which the Ready condition reports
+        return None
     if history_trimmed(meta, table.spec.path):
         reason = f"the history of {table.spec.path} was trimmed"
     elif world.launcher is not None and holds_rows(meta, table.spec.path):

@@ -107,7 +107,8 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             # the replica cluster is down or refuses: still report what the meta-cluster knows
             info = meta.get(f"#{replica_id}/@")
             out = not_ready(res, "ReplicaClusterUnavailable", f"{spec.cluster}: {describe_error(exc)}", 5.0)
-            out.status = {**_status(res, replica_id, info), "conditions": out.status["conditions"]}
+            out.status = {**_status(res, replica_id, info, threshold=_lag_threshold(table)),
+                          "conditions": out.status["conditions"]}
             if boot:
                 out.status["bootstrap"] = boot
             out.events = events + out.events
@@ -123,7 +124,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             # under way or failed: the replica stays disabled, its mode as created
             info = meta.get(f"#{replica_id}/@")
             out = Outcome(retry_after=step.retry_after, events=events + step.events)
-            out.status = _status(res, replica_id, info, step)
+            out.status = _status(res, replica_id, info, step, _lag_threshold(table))
             return out
         if step is not None and step.events:
             events += step.events
@@ -143,7 +144,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
         return not_ready(res, reason, describe_error(exc), 15.0)
     out = Outcome(retry_after=REFRESH_SECONDS, events=events)
-    out.status = _status(res, replica_id, info, step)
+    out.status = _status(res, replica_id, info, step, _lag_threshold(table))
     return out
 
 
@@ -174,8 +175,13 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
     return events
 
 
+def _lag_threshold(table: Resource) -> int:
+    """The table's ``syncReplicaLagThreshold`` in seconds: above it a replica is not Replicating."""
+    return int(table.spec.replicated_table_options.sync_replica_lag_threshold.total_seconds())
+
+
 def _status(res: Resource, replica_id: str, info: dict[str, Any],
-            step: bootstrap.Step | None = None) -> dict[str, Any]:
+            step: bootstrap.Step | None = None, threshold: int | None = None) -> dict[str, Any]:
     tablets = info.get("tablets") or []
     tablet_errors = [t for t in tablets if t.get("replication_error")]
     lag = int(info.get("replication_lag_time", 0)) // 1000
@@ -196,9 +202,12 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any],
     else:
         conds.append(Cond(conditions.READY, True, "Replicating" if res.spec.enabled else "Disabled",
                           f"{info['mode']} replica, lag {lag} s"))
-    replicating = info["state"] == "enabled" and not errors
+    lagging = threshold is not None and lag > threshold
+    replicating = info["state"] == "enabled" and not errors and not lagging
     conds.append(Cond(conditions.REPLICATING, replicating, "Replicating" if replicating else (
-        "ReplicationError" if errors else "Disabled"), f"state {info['state']}, mode {info['mode']}"))
+        "ReplicationError" if errors else "Disabled" if info["state"] != "enabled" else "Lagging"),
+        f"state {info['state']}, mode {info['mode']}, lag {lag} s"
+        + (f" above syncReplicaLagThreshold {threshold} s" if lagging else "")))
     status: dict[str, Any] = {
         "replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
         "tablets": {"count": len(tablets), "errors": len(tablet_errors),

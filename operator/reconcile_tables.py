@@ -180,8 +180,14 @@ def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str
         conds.append(Cond(conditions.READY, False, "ReplicationErrors", "; ".join(errors)))
     elif not frozen_ok:
         conds.append(Cond(conditions.READY, False, "TabletState", f"tablets are {attrs.get('tablet_state')}"))
+    elif not enabled:
+        # mounted but serving nothing: no replica receives its rows, and a write needs
+        # require_sync_replica=false (docs/crds.md: Ready is "every enabled replica replicates" of at least one)
+        conds.append(Cond(conditions.READY, False, "NoReplicas",
+                          f"no enabled replica: nothing is replicated and reads have no in-sync replica "
+                          f"({len(summaries)} replica(s) in all)"))
     else:
-        conds.append(Cond(conditions.READY, True, "Replicating" if enabled else "NoReplicas",
+        conds.append(Cond(conditions.READY, True, "Replicating",
                           f"{len(enabled)} enabled replica(s), sync: {', '.join(sync) or 'none'}"))
     conds.append(Cond(conditions.REPLICATING, bool(enabled) and not errors,
                       "ReplicationErrors" if errors else ("Replicating" if enabled else "NoEnabledReplicas"),

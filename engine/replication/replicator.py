@@ -125,11 +125,15 @@ class Replicator:
             return False
         with self.host.storage.read() as conn:
             entries = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
-        # the batch is cut at batch_rows rows (the read), batch_bytes bytes or batch_timestamps commits
+        # the batch is cut at batch_rows rows (the read), batch_bytes bytes or batch_timestamps commits;
+        # under a replication_throttler also at its limit, so that no period sends more than the limit
+        # (the seed's limit is an average over the period: a burst bigger than one period's budget is not one)
+        limit, _ = self.throttler(table)
+        byte_cap = min(config.batch_bytes, limit) if limit else config.batch_bytes
         count, size = 0, 0
         stamps: set[int] = set()
         for entry in entries:
-            if count and (size + len(entry.payload) > config.batch_bytes or
+            if count and (size + len(entry.payload) > byte_cap or
                           (entry.timestamp not in stamps and len(stamps) >= config.batch_timestamps)):
                 break
             count += 1
@@ -189,10 +193,14 @@ class Replicator:
         budget = self._throttle.get(tablet)
         return budget is None or time.monotonic() >= budget[0]
 
-    def account_throttle(self, table: DynamicTable, tablet: int, size: int) -> None:
+    def throttler(self, table: DynamicTable) -> tuple[int | None, int]:
+        """The table's ``replication_throttler``: (limit in bytes per period or None, period in ms)."""
         node = self.host.cypress.by_id.get(table.table_id)
         options = (node.attributes.get("replication_throttler") if node is not None else None) or {}
-        limit, period = options.get("limit"), options.get("period", 1000)
+        return options.get("limit") or None, int(options.get("period", 1000))
+
+    def account_throttle(self, table: DynamicTable, tablet: int, size: int) -> None:
+        limit, period = self.throttler(table)
         if not limit:
             return
         # the batch used size bytes of a budget of `limit` bytes per `period` ms: wait accordingly

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from reptables.engine.errors import ErrorCode, YtError
@@ -209,6 +211,24 @@ def test_throttler_and_options_are_validated(clusters: ClusterSet) -> None:
     with pytest.raises(YtError, match="min_sync_replica_count"):
         clusters.meta.set(f"{path}/@replicated_table_options",
                           {"min_sync_replica_count": 3, "max_sync_replica_count": 1})
+
+
+def test_the_throttler_limit_is_an_average_over_its_period_with_no_burst(clusters: ClusterSet) -> None:
+    """Seed 002: ``limit`` bytes per ``period`` on average; a backlog is not sent in one burst."""
+    path = clusters.replicated_table("//tmp/rt_throttled")
+    clusters.meta.set(f"{path}/@replication_throttler", {"period": 1000, "limit": 2000})
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r_throttled", enable=False)
+    rows = [{"k": i, "v": "x" * 190} for i in range(50)]  # ~10 KB of queue payload
+    clusters.meta.insert_rows(path, rows, require_sync_replica=False)
+    started = time.monotonic()
+    clusters.alter(replica_id, enabled=True)
+    time.sleep(1.0)
+    early = len(clusters.rows("remote_0", "//tmp/r_throttled"))
+    # within the first second: at most one period's budget (2000 bytes, ~10 of these rows) and the next
+    assert early <= 22, f"{early} rows after 1 s: a burst beyond the limit"
+    wait_for(lambda: len(clusters.rows("remote_0", "//tmp/r_throttled")) == 50, 30, "every row")
+    # 10 KB at 2000 B/s: about five seconds, never all at once
+    assert time.monotonic() - started >= 3.0
 
 
 def test_replicas_attribute_shape(clusters: ClusterSet) -> None:

@@ -1,0 +1,79 @@
+"""Conditions say what the docs say they do (docs/crds.md, "Conditions"): real engines, the reconcile core.
+
+* a ReplicatedTable without an enabled replica is not Ready (reason NoReplicas): nothing is
+  replicated and reads find no in-sync replica;
+* a TableReplica whose lag is above the table's ``syncReplicaLagThreshold`` is not Replicating
+  (reason Lagging), and is again once it caught up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reptables.operator.registry import CredentialPolicy, Registry
+from reptables.operator.world import Engines, Resource
+from tests.harness import EngineProcess
+from tests.operator.test_bootstrap import OPS, Operator, cluster, condition, replica, secret, table
+
+NAMES = ("meta", "source", "target")
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    base: Path = tmp_path_factory.mktemp("op-conditions")
+    engines: dict[str, EngineProcess] = {}
+    registry = Registry(Engines(), OPS, CredentialPolicy(frozenset({OPS})))
+    try:
+        for name in NAMES:
+            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789abcdef").start()
+        operator = Operator(engines, registry, launcher=None)  # type: ignore[arg-type]  # no jobs here
+        for index, name in enumerate(NAMES):
+            registry.upsert_secret(secret(f"{name}-token", engines[name].read_token()))
+            operator.add(cluster(name, engines[name].url, index))
+        yield operator
+    finally:
+        for engine in engines.values():
+            engine.stop()
+
+
+def replicated_table(op: Operator, name: str) -> Resource:
+    return next(r for r in op.registry.of_kind("ReplicatedTable") if r.name == name)
+
+
+def test_a_table_without_an_enabled_replica_is_not_ready(op: Operator) -> None:
+    op.add(table("lonely"))
+    op.until(lambda: "tableId" in replicated_table(op, "lonely").status, 30, "the table")
+    ready = condition(replicated_table(op, "lonely"), "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NoReplicas")
+    assert "no enabled replica" in ready["message"]
+    op.add(replica("lonely-r", "lonely", "source"))
+    op.until(lambda: condition(replicated_table(op, "lonely"), "Ready")["status"] == "True", 60, "Ready")
+    assert condition(replicated_table(op, "lonely"), "Ready")["reason"] == "Replicating"
+
+
+def test_a_replica_lagging_beyond_the_threshold_is_not_replicating(op: Operator) -> None:
+    """A throttled replica falls behind without any error: Lagging, then Replicating once it caught up."""
+    doc = table("slow")
+    doc["spec"]["replicatedTableOptions"] = {"syncReplicaLagThreshold": "1s"}
+    doc["spec"]["replicationThrottler"] = {"period": 1000, "limit": 400}  # 400 bytes/s
+    op.add(doc)
+    op.add(replica("slow-r", "slow", "target"))
+
+    def replicating() -> dict[str, str]:
+        return condition(op.replica("slow-r"), "Replicating")
+
+    op.until(lambda: op.replica("slow-r").status.get("state") == "enabled"
+             and replicating()["status"] == "True", 60, "the replica replicating")
+    with op.client("meta") as meta:
+        for k in range(40):  # ~4 KB: ten seconds of replication at the throttled rate
+            meta.insert_rows("//home/slow", [{"k": k, "v": "x" * 80}], require_sync_replica=False)
+    op.until(lambda: replicating()["reason"] == "Lagging", 30, f"the replica to lag: {replicating()}")
+    assert replicating()["status"] == "False"
+    assert "above syncReplicaLagThreshold 1 s" in replicating()["message"]
+    assert op.replica("slow-r").status["errors"] == []  # slow, not failing
+    op.until(lambda: replicating()["status"] == "True", 90, "the replica to catch up")
+    with op.client("target") as target:
+        assert len(target.select_rows("* from [//home/slow_target]")) == 40
