@@ -121,6 +121,9 @@ class TabletsSummary(StatusModel):
     """Largest tablet lag in seconds."""
     errors: StrictInt | None = Field(default=None, ge=0)
     """Number of tablets with a replication error."""
+    rows_behind: StrictInt | None = Field(default=None, ge=0)
+    """Queue rows not yet replicated to this replica, summed over tablets (``flushed_row_count`` minus
+    ``current_replication_row_index`` of each tablet of ``#<replica id>/@tablets``)."""
 
 
 class ReplicaError(StatusModel):

@@ -211,7 +211,9 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any],
     status: dict[str, Any] = {
         "replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
         "tablets": {"count": len(tablets), "errors": len(tablet_errors),
-                    "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets), default=0)},
+                    "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets), default=0),
+                    "rowsBehind": sum(max(0, int(t.get("flushed_row_count") or 0)
+                                          - int(t.get("current_replication_row_index") or 0)) for t in tablets)},
         "errors": errors, "observedGeneration": res.generation,
         "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
     if step is not None:

@@ -74,6 +74,8 @@ def test_a_replica_lagging_beyond_the_threshold_is_not_replicating(op: Operator)
     assert replicating()["status"] == "False"
     assert "above syncReplicaLagThreshold 1 s" in replicating()["message"]
     assert op.replica("slow-r").status["errors"] == []  # slow, not failing
+    assert 0 < op.replica("slow-r").status["tablets"]["rowsBehind"] <= 40
     op.until(lambda: replicating()["status"] == "True", 90, "the replica to catch up")
+    op.until(lambda: op.replica("slow-r").status["tablets"]["rowsBehind"] == 0, 30, "no row behind")
     with op.client("target") as target:
         assert len(target.select_rows("* from [//home/slow_target]")) == 40
