@@ -1,0 +1,417 @@
+"""``kubectl reptables``: the plugin executable against the Kubernetes API emulator, and the shared view.
+
+The plugin is run as the user runs it (the installed ``kubectl-reptables`` script as a subprocess,
+with a kubeconfig) against tests/k8s/emulator.py, which validates every write against crds/ — so
+the statuses written here are ones the operator could write, and the spec patches the plugin sends
+are ones the API server would accept. ``build_view`` is also tested directly on dicts, since the
+local runner renders the same view from its own state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from rich.console import Console
+
+from reptables.operator import statusview
+from tests.k8s.emulator import K8sApi
+
+PLUGIN = Path(sys.executable).with_name("kubectl-reptables")
+API = "reptables.io/v1alpha1"
+T0 = "2026-11-20T10:00:00Z"
+
+
+def condition(type_: str, status: str, reason: str, message: str, when: str = T0) -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": when,
+            "observedGeneration": 1}
+
+
+def cluster(name: str, cluster_id: int, healthy: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    obj = {"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
+           "spec": {"endpoint": f"http://{name}.reptables-system.svc:9012", "clusterId": cluster_id,
+                    "credentialsSecret": {"name": f"{name}-token", "namespace": "reptables-system"}}}
+    status = {"version": "0.1.0", "healthy": healthy, "latencyMs": 3, "lastProbeTime": T0, "conditions": [
+        condition("Ready", "True", "Healthy", f"{name} answers") if healthy else
+        condition("Ready", "False", "Unreachable", f"{name}: connection refused")]}
+    return obj, status
+
+
+def table(name: str, namespace: str, tracker: bool = True) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "ReplicatedTable", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"cluster": "primary", "path": f"//home/{namespace}/{name}",
+                     "schema": [{"name": "id", "type": "int64", "sortOrder": "ascending"},
+                                {"name": "v", "type": "string"}],
+                     "replicatedTableOptions": {"enableReplicatedTableTracker": tracker}}}
+
+
+def replica(name: str, namespace: str, table_name: str, cluster_name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "TableReplica", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"table": table_name, "cluster": cluster_name, "replicaPath": f"//home/{namespace}/{name}",
+                     **spec}}
+
+
+def replica_status(replica_id: str, mode: str, state: str, lag: int, **extra: Any) -> dict[str, Any]:
+    ready = extra.pop("ready", condition("Ready", "True", "Replicating", f"{mode} replica, lag {lag} s"))
+    return {"replicaId": replica_id, "mode": mode, "state": state, "lagSeconds": lag,
+            "tablets": {"count": 2, "errors": 0, "maxLagSeconds": lag}, "errors": [], "observedGeneration": 1,
+            "conditions": [ready], **extra}
+
+
+def switch_event(name: str, namespace: str, table_name: str, message: str, when: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": {"apiVersion": API, "kind": "ReplicatedTable", "name": table_name,
+                               "namespace": namespace},
+            "reason": "ReplicaModeChanged", "message": message, "type": "Normal", "source": {"component": "kopf"},
+            "firstTimestamp": when, "lastTimestamp": when, "count": 1}
+
+
+BOOTSTRAP = {"phase": "Copying", "snapshotTimestamp": 1879048192000, "sourceReplicaId": "1-2-3-a", "attempts": 2,
+             "rowsCopied": 12345, "jobRef": "orders-remote-2-bootstrap-2", "lastError": "executor lost",
+             "nextAttemptTime": None}
+
+
+def populate(api: K8sApi) -> None:
+    """Three clusters (one down), shop/orders with a sync, an async and a bootstrapping replica, and more."""
+    for name, cid, healthy in (("primary", 0, True), ("remote-0", 1, True), ("remote-1", 2, True),
+                               ("remote-2", 3, False)):
+        obj, status = cluster(name, cid, healthy)
+        api.create(obj)
+        api.patch_status("tableclusters", name, status)
+    api.create(table("orders", "shop"))
+    api.patch_status("replicatedtables", "orders", {
+        "tableId": "1-0-0-1", "syncReplicas": ["orders-remote-0"], "maxLagSeconds": 42,
+        "replicas": [{"name": "orders-remote-0", "cluster": "remote-0", "mode": "sync", "state": "enabled",
+                      "lagSeconds": 0},
+                     {"name": "orders-remote-1", "cluster": "remote-1", "mode": "async", "state": "enabled",
+                      "lagSeconds": 42}],
+        "tracker": {"lastDecision": "orders-remote-1: sync -> async; orders-remote-0: async -> sync",
+                    "reason": "orders-remote-1 lags 700 s (threshold 600 s)", "time": "2026-11-20T10:05:00Z"},
+        "conditions": [condition("Ready", "False", "Bootstrapping", "orders-remote-2 is being bootstrapped"),
+                       condition("Writable", "True", "SyncReplicaReachable", "orders-remote-0 is sync")]},
+        "shop")
+    api.create(replica("orders-remote-0", "shop", "orders", "remote-0", mode="sync"))
+    api.patch_status("tablereplicas", "orders-remote-0", replica_status("1-2-3-a", "sync", "enabled", 0), "shop")
+    api.create(replica("orders-remote-1", "shop", "orders", "remote-1"))
+    api.patch_status("tablereplicas", "orders-remote-1", replica_status("1-2-3-b", "async", "enabled", 42), "shop")
+    api.create(replica("orders-remote-2", "shop", "orders", "remote-2"))
+    api.patch_status("tablereplicas", "orders-remote-2", replica_status(
+        "1-2-3-c", "async", "disabled", 0, bootstrap=BOOTSTRAP,
+        ready=condition("Ready", "False", "Bootstrapping", "bootstrap Copying: attempt 2 of 3")), "shop")
+    api.create(table("customers", "shop", tracker=False))
+    api.patch_status("replicatedtables", "customers", {
+        "syncReplicas": [], "maxLagSeconds": 3,
+        "conditions": [condition("Ready", "True", "Replicating", "every enabled replica replicates")]}, "shop")
+    api.create(replica("customers-remote-1", "shop", "customers", "remote-1"))
+    api.patch_status("tablereplicas", "customers-remote-1", replica_status(
+        "1-2-3-d", "async", "enabled", 3, errors=[{"code": 1, "message": "replica table is unmounted"}],
+        ready=condition("Ready", "False", "ReplicationError", "replica table is unmounted")), "shop")
+    api.create({"apiVersion": API, "kind": "TableCollocation", "metadata": {"name": "shop", "namespace": "shop"},
+                "spec": {"tables": ["orders", "customers"], "preferredSyncReplicaClusters": ["remote-0"]}})
+    # the tracker's switches, as kopf posts them (the older one first), and an unrelated event
+    api.create(switch_event("orders.1", "shop", "orders", "replica 1-2-3-b is now sync: orders-remote-0 is "
+                            "unhealthy (cluster remote-0 unreachable)", "2026-11-20T09:00:00Z"))
+    api.create(switch_event("orders.2", "shop", "orders", "replica 1-2-3-b is now async: orders-remote-1 lags "
+                            "700 s (threshold 600 s)", "2026-11-20T10:05:00Z"))
+    other = switch_event("orders.3", "shop", "orders", "copying", "2026-11-20T10:06:00Z")
+    api.create({**other, "reason": "Bootstrapping"})
+    # a second namespace: its objects appear with -A only; "lab" is where the spec edits happen
+    api.create(table("events", "audit", tracker=False))
+    api.create(table("scratch", "lab"))
+    api.create(replica("scratch-remote-1", "lab", "scratch", "remote-1"))
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[K8sApi]:
+    with K8sApi(namespaces=("default", "shop", "audit", "lab")) as emulator:
+        populate(emulator)
+        yield emulator
+        assert not emulator.server_errors()
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(api: K8sApi, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return api.kubeconfig(tmp_path_factory.mktemp("kube") / "config", namespace="shop")
+
+
+def run(kubeconfig: Path | None, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "COLUMNS")}
+    command = [str(PLUGIN), *(["--kubeconfig", str(kubeconfig)] if kubeconfig else []), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**base, **(env or {})})
+
+
+def ok(kubeconfig: Path, *args: str) -> str:
+    result = run(kubeconfig, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def line_of(text: str, first_word: str) -> str:
+    return next(line for line in text.splitlines() if line.split() and line.split()[0] == first_word)
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def test_status_shows_each_table_with_its_replicas_lag_and_bootstrap(kubeconfig: Path) -> None:
+    out = ok(kubeconfig, "status")
+    assert "ReplicatedTable shop/orders  //home/shop/orders on primary  Ready=False  sync: orders-remote-0" in out
+    assert "Ready=False Bootstrapping: orders-remote-2 is being bootstrapped" in out  # a condition not True
+    assert "Writable=True" not in out  # True conditions are not repeated
+    assert "tracker: orders-remote-1: sync -> async; orders-remote-0: async -> sync (orders-remote-1 lags 700 s" in out
+    assert line_of(out, "orders-remote-0").split()[:6] == ["orders-remote-0", "remote-0", "//home/shop/orders-remote-0",
+                                                          "sync", "enabled", "0s"]
+    assert line_of(out, "orders-remote-1").split()[3:6] == ["async", "enabled", "42s"]
+    remote2 = line_of(out, "orders-remote-2")
+    assert "disabled" in remote2 and "Copying, attempt 2/3, 12,345 rows" in remote2
+    assert "bootstrap orders-remote-2: Copying, attempt 2/3, 12,345 rows, job orders-remote-2-bootstrap-2, " \
+           "last error: executor lost" in out
+    customers = line_of(out, "customers-remote-1")
+    assert "3s" in customers and "replica table is unmounted" in customers
+    assert "ReplicatedTable shop/customers" in out
+    assert "events" not in out.split("TableClusters")[0]  # audit/events lives in another namespace
+    clusters = out.split("TableClusters")[1]
+    assert line_of(clusters, "remote-2").split()[:5] == ["remote-2", "http://remote-2.reptables-system.svc:9012",
+                                                         "3", "no", "0.1.0"]
+    assert "remote-2: connection refused" in clusters
+    assert "token" not in out  # Secret references are not shown, let alone Secrets
+
+
+def test_status_json_and_yaml_carry_the_same_view(kubeconfig: Path) -> None:
+    view = json.loads(ok(kubeconfig, "status", "-o", "json"))
+    assert [t["name"] for t in view["tables"]] == ["customers", "orders"]
+    orders = view["tables"][1]
+    assert orders["namespace"] == "shop" and orders["cluster"] == "primary" and orders["path"] == "//home/shop/orders"
+    assert orders["syncReplicas"] == ["orders-remote-0"] and orders["ready"] == "False"
+    assert orders["tracker"]["reason"] == "orders-remote-1 lags 700 s (threshold 600 s)"
+    by_name = {r["name"]: r for r in orders["replicas"]}
+    assert {k: by_name["orders-remote-1"][k] for k in ("cluster", "replicaPath", "mode", "state", "lagSeconds",
+                                                       "rowsBehind", "lastError", "bootstrap")} == {
+        "cluster": "remote-1", "replicaPath": "//home/shop/orders-remote-1", "mode": "async", "state": "enabled",
+        "lagSeconds": 42, "rowsBehind": None, "lastError": None, "bootstrap": None}
+    boot = by_name["orders-remote-2"]["bootstrap"]
+    assert {k: boot[k] for k in ("phase", "rowsCopied", "attempts", "jobRef", "lastError")} == {
+        "phase": "Copying", "rowsCopied": 12345, "attempts": 2, "jobRef": "orders-remote-2-bootstrap-2",
+        "lastError": "executor lost"}
+    assert [c["name"] for c in view["clusters"]] == ["primary", "remote-0", "remote-1", "remote-2"]
+    assert view["clusters"][3]["healthy"] is False and view["clusters"][0]["version"] == "0.1.0"
+    assert view["collocations"][0]["tables"] == ["customers", "orders"]
+    assert [(s["replica"], s["mode"]) for s in view["trackerSwitches"]] == [  # newest first, ids named
+        ("orders-remote-1", "async"), ("orders-remote-1", "sync")]
+    assert view["trackerSwitches"][0]["reason"] == "orders-remote-1 lags 700 s (threshold 600 s)"
+    assert yaml.safe_load(ok(kubeconfig, "status", "-o", "yaml")) == view
+
+
+def test_status_of_one_table(kubeconfig: Path) -> None:
+    view = json.loads(ok(kubeconfig, "status", "customers", "-o", "json"))
+    assert [t["name"] for t in view["tables"]] == ["customers"]
+    assert [c["name"] for c in view["clusters"]] == ["primary", "remote-1"]  # the clusters it uses
+    assert view["trackerSwitches"] == []  # the switches were orders'
+    out = ok(kubeconfig, "status", "shop/orders")
+    assert "shop/orders" in out and "customers" not in out.split("TableClusters")[0]
+
+
+def test_all_namespaces_and_the_namespace_flag_after_the_command(kubeconfig: Path) -> None:
+    view = json.loads(ok(kubeconfig, "status", "-A", "-o", "json"))
+    assert [(t["namespace"], t["name"]) for t in view["tables"]] == [
+        ("audit", "events"), ("lab", "scratch"), ("shop", "customers"), ("shop", "orders")]
+    view = json.loads(ok(kubeconfig, "status", "-n", "audit", "-o", "json"))
+    assert [t["name"] for t in view["tables"]] == ["events"]
+
+
+def test_unknown_table_is_one_clear_line(kubeconfig: Path) -> None:
+    result = run(kubeconfig, "status", "invoices")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: ReplicatedTable 'invoices' not found"
+    assert result.stdout == ""
+
+
+# --- tracker and bootstrap ----------------------------------------------------------------------
+
+
+def test_tracker_lists_switches_newest_first_with_the_reason(kubeconfig: Path) -> None:
+    out = ok(kubeconfig, "tracker")
+    newest = out.index("orders-remote-1 lags 700 s (threshold 600 s)", out.index("Recent switches"))
+    older = out.index("orders-remote-0 is unhealthy (cluster remote-0 unreachable)")
+    assert newest < older
+    switch = line_of(out, "2026-11-20T10:05:00Z").split()
+    assert switch[:4] == ["2026-11-20T10:05:00Z", "shop/orders", "orders-remote-1", "async"]  # id -> replica name
+    assert "Bootstrapping" not in out and "copying" not in out  # other events are not switches
+    tables = line_of(out, "shop/orders").split()
+    assert tables[1:3] == ["enabled", "orders-remote-0"]
+    assert line_of(out, "shop/customers").split()[1] == "disabled"
+
+
+def test_bootstrap_shows_phase_rows_job_and_error(kubeconfig: Path) -> None:
+    out = ok(kubeconfig, "bootstrap", "orders/orders-remote-2")
+    fields = {line.split("  ")[0].strip(): line.split("  ", 1)[1].strip() for line in out.splitlines()[1:]
+              if "  " in line}
+    assert out.splitlines()[0] == "TableReplica shop/orders-remote-2 of orders on remote-2"
+    assert fields["Phase"] == "Copying" and fields["Rows copied"] == "12,345"
+    assert fields["Job"] == "orders-remote-2-bootstrap-2" and fields["Last error"] == "executor lost"
+    assert fields["Attempts"] == "2 of 3" and fields["Snapshot timestamp"] == "1879048192000"
+    data = json.loads(ok(kubeconfig, "bootstrap", "orders-remote-2", "-o", "json"))
+    assert data["bootstrap"]["phase"] == "Copying" and data["table"] == "orders"
+    out = ok(kubeconfig, "bootstrap", "orders/orders-remote-0")
+    assert "not bootstrapped" in out
+
+
+# --- spec edits ---------------------------------------------------------------------------------
+
+
+def _writes(api: K8sApi, since: int) -> list[dict[str, Any]]:
+    return [r for r in api.request_log()[since:] if r["method"] not in ("GET",)]
+
+
+def test_promote_disable_enable_patch_only_the_replica_spec(api: K8sApi, kubeconfig: Path) -> None:
+    before = api.get("tablereplicas", "scratch-remote-1", "lab")
+    mark = len(api.request_log())
+    out = ok(kubeconfig, "-n", "lab", "promote", "scratch-remote-1")
+    assert "tablereplica.reptables.io/scratch-remote-1 patched: spec.mode: \"sync\"" in out
+    after = api.get("tablereplicas", "scratch-remote-1", "lab")
+    assert after["spec"] == {**before["spec"], "mode": "sync"}
+    assert after.get("status") == before.get("status")
+    writes = _writes(api, mark)
+    assert [(w["method"], w["path"]) for w in writes] == [
+        ("PATCH", "/apis/reptables.io/v1alpha1/namespaces/lab/tablereplicas/scratch-remote-1")]
+    assert writes[0]["data"] == {"spec": {"mode": "sync"}}
+    # the table's tracker owns the mode: the user is told so
+    result = run(kubeconfig, "promote", "scratch-remote-1", "-n", "lab")
+    assert result.returncode == 0 and "unchanged" in result.stdout
+
+    mark = len(api.request_log())
+    ok(kubeconfig, "disable", "scratch-remote-1", "--namespace", "lab")
+    assert api.get("tablereplicas", "scratch-remote-1", "lab")["spec"] == {**before["spec"], "mode": "sync",
+                                                                            "enabled": False}
+    assert [w["data"] for w in _writes(api, mark)] == [{"spec": {"enabled": False}}]
+    ok(kubeconfig, "enable", "scratch-remote-1", "-n", "lab")
+    assert api.get("tablereplicas", "scratch-remote-1", "lab")["spec"]["enabled"] is True
+    # every request carried the plugin's user agent (kmock's request objects keep the headers)
+    assert api.emulator is not None
+    agents = {r.headers.get("User-Agent") for r in list(api.emulator._requests)[mark:]}
+    assert {a for a in agents if not str(a).startswith("python-httpx")} == {"kubectl-reptables"}  # not ours
+
+
+def test_promote_tells_when_the_tracker_owns_the_mode(api: K8sApi, kubeconfig: Path) -> None:
+    api.create(replica("scratch-remote-0", "lab", "scratch", "remote-0"))
+    result = run(kubeconfig, "promote", "scratch-remote-0", "-n", "lab")
+    assert result.returncode == 0
+    assert "tracker of ReplicatedTable lab/scratch owns this replica's mode" in result.stderr
+
+
+def test_edits_of_a_missing_replica_fail_clearly(kubeconfig: Path) -> None:
+    result = run(kubeconfig, "disable", "nope")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: TableReplica shop/nope not found"
+
+
+# --- failures -----------------------------------------------------------------------------------
+
+
+def test_unreachable_api_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "gone",
+              "clusters": [{"name": "gone", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+              "users": [{"name": "u", "user": {"token": "secret-token-123"}}],
+              "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    result = run(path, "status")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach the Kubernetes API at "
+                                                   f"http://127.0.0.1:{port}: "), result.stderr
+    assert "refused" in lines[0] and "secret-token-123" not in result.stderr
+
+
+def test_kubeconfig_from_the_environment_and_a_missing_one(kubeconfig: Path, tmp_path: Path) -> None:
+    result = run(None, "status", "customers", "-o", "json", env={"KUBECONFIG": str(kubeconfig)})
+    assert result.returncode == 0 and json.loads(result.stdout)["tables"][0]["name"] == "customers"
+    result = run(tmp_path / "missing", "status")
+    assert result.returncode == 1 and result.stderr.startswith("error: cannot load the Kubernetes configuration")
+    assert "Traceback" not in result.stderr
+
+
+def test_forbidden_is_one_clear_line(api: K8sApi, tmp_path: Path) -> None:
+    """An RBAC refusal: the emulator answers this namespace's list with the API server's 403 Status."""
+    assert api.emulator is not None
+    message = ('replicatedtables.reptables.io is forbidden: User "alice" cannot list resource "replicatedtables" '
+               'in API group "reptables.io" in the namespace "vault"')
+    for plural in ("replicatedtables", "tablereplicas", "tablecollocations"):
+        api.emulator[kmock.path(f"/apis/reptables.io/v1alpha1/namespaces/vault/{plural}")] << kmock.Response(
+            status=403, payload={"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                                 "code": 403, "message": message})
+    result = run(api.kubeconfig(tmp_path / "kubeconfig", namespace="vault"), "status")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: forbidden by the Kubernetes API at {api.url}: {message}"
+
+
+# --- the view, on dicts -------------------------------------------------------------------------
+
+
+def _objects() -> list[dict[str, Any]]:
+    orders = table("orders", "shop")
+    orders["status"] = {"syncReplicas": ["r0"], "replicas": [
+        {"name": "r0", "cluster": "remote-0", "mode": "sync", "state": "enabled", "lagSeconds": 0},
+        {"name": "ghost", "cluster": "remote-9", "mode": "async", "state": "enabled", "lagSeconds": 7}]}
+    r0 = replica("r0", "shop", "orders", "remote-0")
+    r0["status"] = replica_status("id-0", "sync", "enabled", 0, tablets={"count": 1, "rowsBehind": 5})
+    stray = replica("stray", "shop", "invoices", "remote-1")
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "shop"}}
+    return [other, r0, orders, stray, table("orders", "staging"), cluster("remote-0", 1)[0]]
+
+
+def test_build_view_merges_replica_objects_with_the_table_summary() -> None:
+    view = statusview.build_view(_objects())
+    assert [(t["namespace"], t["name"]) for t in view["tables"]] == [("shop", "orders"), ("staging", "orders")]
+    reps = {r["name"]: r for r in view["tables"][0]["replicas"]}
+    assert sorted(reps) == ["ghost", "r0"]
+    assert reps["r0"]["rowsBehind"] == 5 and reps["r0"]["replicaPath"] == "//home/shop/r0"
+    assert reps["ghost"]["lagSeconds"] == 7 and reps["ghost"]["replicaPath"] is None  # only in the summary
+    assert view["orphanReplicas"] == [{"namespace": "shop", "name": "stray", "table": "invoices"}]
+    assert json.loads(json.dumps(view)) == view
+    assert statusview.build_view(list(reversed(_objects()))) == view  # deterministic
+
+
+def test_build_view_filters_one_table_and_refuses_unknown_or_ambiguous_names() -> None:
+    view = statusview.build_view(_objects(), table="shop/orders")
+    assert [t["namespace"] for t in view["tables"]] == ["shop"] and [c["name"] for c in view["clusters"]] == [
+        "remote-0"]
+    with pytest.raises(ValueError, match="ReplicatedTable 'invoices' not found"):
+        statusview.build_view(_objects(), table="invoices")
+    with pytest.raises(ValueError, match=r"'orders' is ambiguous \(shop/orders, staging/orders\)"):
+        statusview.build_view(_objects(), table="orders")
+
+
+def test_build_view_reads_switch_events_newest_first() -> None:
+    events = [switch_event("a", "shop", "orders", "replica id-0 is now async: r0 lags", "2026-11-20T09:00:00Z"),
+              switch_event("b", "shop", "orders", "replica id-0 is now sync: r0 caught up", "2026-11-20T11:00:00Z"),
+              {**switch_event("c", "shop", "orders", "x", "2026-11-20T12:00:00Z"), "reason": "Other"},
+              switch_event("d", "staging", "orders", "something else happened", "2026-11-20T10:00:00Z")]
+    switches = statusview.build_view(_objects(), events)["trackerSwitches"]
+    assert [(s["replica"], s["mode"], s["reason"]) for s in switches] == [
+        ("r0", "sync", "r0 caught up"), (None, None, "something else happened"), ("r0", "async", "r0 lags")]
+    assert len(statusview.build_view(_objects(), events, table="staging/orders")["trackerSwitches"]) == 1
+
+
+def test_render_is_plain_text_for_a_file() -> None:
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    view = statusview.build_view(_objects())
+    statusview.render(view, console)
+    statusview.render_tracker(view, console)
+    text = console.export_text()
+    assert "ReplicatedTable shop/orders" in text and "ghost" in text
+    assert "TableReplica shop/stray: its ReplicatedTable 'invoices' does not exist" in text
+    with pytest.raises(ValueError, match="TableReplica 'nope' not found"):
+        statusview.render_bootstrap(view, console, "nope")
