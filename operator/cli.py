@@ -1,5 +1,8 @@
-"""The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``operator``,
-``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds).
+"""The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``tour`` (the
+guided tour, operator/tour.py), ``operator``,
+``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds), and the local
+mode's ``status``, ``cluster stop|start`` and ``env``, which talk to a running ``up`` through its
+data directory (docs/local.md) the way ``kubectl reptables`` talks to the API server.
 
 The operator depends on the engine (never the reverse), so the top-level command lives here and
 mounts the engine's own sub-command. ``operator`` resolves its options and the environment into one
@@ -9,11 +12,14 @@ handlers are imported only then, so ``reptables up`` and ``engine serve`` never 
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+import yaml
 
 from reptables.engine.cli import app as engine_app
 
@@ -23,18 +29,139 @@ app = typer.Typer(help="reptables: replicated tables on Kubernetes", no_args_is_
 app.add_typer(engine_app, name="engine")
 
 
+DATA_DIR_HELP = "The data directory of `reptables up` (its engines' data and state.json)"
+
+
 @app.command()
 def up(
     manifests: Annotated[list[Path] | None, typer.Argument(
         help="Manifest files or directories (default: examples/)")] = None,
     data_dir: Annotated[Path, typer.Option("--data-dir", help="Where the local engines keep their data")] = Path(
         ".data/local"),
-    keep_running: Annotated[bool, typer.Option("--keep-running/--no-keep-running")] = False,
+    keep_running: Annotated[bool, typer.Option(
+        "--keep-running/--no-keep-running", help="After the demo, keep reconciling and watching the manifests "
+                                                 "until Ctrl-C or SIGTERM")] = False,
+    live: Annotated[bool | None, typer.Option(
+        "--live/--no-live", help="A live status view, redrawn every second (implies --keep-running; default: "
+                                 "on when stdout is a terminal)", show_default=False)] = None,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
     from .local import run
 
-    raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running))
+    live_view = sys.stdout.isatty() if live is None else live
+    raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running, live=live_view))
+
+
+@app.command()
+def tour(
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Where the tour's engines keep their data (wiped at "
+                                                              "the start of each tour)")] = Path(".data/tour"),
+    manifests: Annotated[Path | None, typer.Option("--manifests", help="The quickstart manifests")] = None,
+    free_ports: Annotated[bool, typer.Option("--free-ports", help="Free loopback ports instead of 9012-9014")] = False,
+) -> None:
+    """Show what reptables does, step by step (the README's first command): replication, failover, a Spark
+    bootstrap, the queue check."""
+    from . import tour as tour_module
+
+    argv = ["--data-dir", str(data_dir)] + (["--manifests", str(manifests)] if manifests else []) + (
+        ["--free-ports"] if free_ports else [])
+    raise typer.Exit(tour_module.main(argv))
+
+
+@app.command()
+def status(
+    table: Annotated[str | None, typer.Argument(help="One ReplicatedTable (NAME or NAMESPACE/NAME)")] = None,
+    data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
+    output: Annotated[str, typer.Option("--output", "-o", help="text, json or yaml")] = "text",
+) -> None:
+    """The status of the running `reptables up`: the same view as `kubectl reptables status`."""
+    from rich.console import Console
+
+    from . import statusview
+    from .local import LocalStateError, read_state
+
+    if output not in ("text", "json", "yaml"):
+        _fail(f"unknown output format {output!r} (text, json or yaml)")
+    try:
+        state = read_state(data_dir)
+        view = statusview.build_view(state.get("objects") or [], state.get("events") or [], table)
+    except (LocalStateError, ValueError) as exc:
+        _fail(str(exc))
+    local = {"pid": state.get("pid"), "dataDir": state.get("dataDir"), "updated": state.get("updated"),
+             "manifests": state.get("manifests"), "engines": state.get("engines")}
+    if output == "json":
+        typer.echo(json.dumps({**view, "local": local}, indent=2, sort_keys=True))
+        return
+    if output == "yaml":
+        typer.echo(yaml.safe_dump({**view, "local": local}, sort_keys=True), nl=False)
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
+    console.print(f"reptables up (pid {local['pid']}) on {local['dataDir']}, state of {local['updated']}")
+    statusview.render(view, console)
+    engines = local["engines"] or {}
+    for name, engine in sorted(engines.items()):
+        state_word = "[green]running[/]" if engine.get("running") else "[red]stopped[/]"
+        console.print(f"engine {name}: {engine.get('endpoint')} pid {engine.get('pid')} {state_word}")
+
+
+cluster_app = typer.Typer(help="Stop or start an engine of the running `reptables up` (watch the tracker fail over)",
+                          no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+
+def _control(action: str, name: str, data_dir: Path) -> None:
+    from .local import LocalStateError, request_control
+
+    try:
+        ok, message = request_control(data_dir, action, name)
+    except LocalStateError as exc:
+        _fail(str(exc))
+    if not ok:
+        _fail(message)
+    typer.echo(message)
+
+
+@cluster_app.command("stop")
+def cluster_stop(
+    name: Annotated[str, typer.Argument(help="The TableCluster whose engine to stop")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
+) -> None:
+    """Stop the engine of TableCluster NAME (its data stays); the running `up` does it, by pid."""
+    _control("stop", name, data_dir)
+
+
+@cluster_app.command("start")
+def cluster_start(
+    name: Annotated[str, typer.Argument(help="The TableCluster whose engine to start again")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
+) -> None:
+    """Start the engine of TableCluster NAME again: the same port, data and token."""
+    _control("start", name, data_dir)
+
+
+@app.command()
+def env(
+    name: Annotated[str, typer.Argument(help="A TableCluster of the running `reptables up`")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
+) -> None:
+    """Print `export YT_PROXY=...` and `export YT_TOKEN=...` for the official yt CLI: eval "$(reptables env NAME)"."""
+    from .local import LocalStateError, env_lines, pid_alive, read_state
+
+    try:
+        lines = env_lines(data_dir, name)
+        state = read_state(data_dir, require_running=False)
+    except LocalStateError as exc:
+        _fail(str(exc))
+    if not pid_alive(state.get("pid")) or not (state.get("engines") or {}).get(name, {}).get("running"):
+        typer.echo(f"warning: the engine of {name} is not running (start `reptables up --keep-running "
+                   f"--data-dir {data_dir}`)", err=True)
+    for line in lines:
+        typer.echo(line)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
 
 
 @app.command("peer-credential")

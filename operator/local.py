@@ -15,14 +15,28 @@ tracker are printed like the reconcilers' events (the operator posts them as Kub
 A replica added to a table whose history was trimmed is bootstrapped with local Spark: the runtime's
 :class:`~.bootstrap.LocalLauncher` runs the copy and verify jobs as child processes (own process
 groups, secrets in 0600 files under the data directory), stopped with the engines.
+
+The local mode has the same face as ``kubectl reptables`` (docs/local.md). There is no API server
+for other commands to ask, so the running ``up`` keeps a *state directory* instead: after every
+reconcile pass it writes ``DATA_DIR/state.json`` (the objects with their status, the recent events,
+its engines — never a Secret or token), which ``reptables status`` renders with the same
+:mod:`~.statusview` the kubectl plugin uses; ``reptables cluster stop|start`` leave a request file
+in ``DATA_DIR/control/`` that the ``up`` loop carries out (only that process holds the engines'
+pids). ``up`` also watches its manifest paths, like a ``kubectl apply``/``delete`` on each edit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
+import json
+import os
 import signal
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +50,7 @@ from reptables.engine.process import LocalEngine
 
 from . import models
 from .bootstrap import LocalLauncher
-from .reconcile import ORDER, is_ready, reconcile
+from .reconcile import ORDER, finalize, is_ready, reconcile
 from .registry import (
     CREDENTIALS_LABEL,
     CREDENTIALS_LABEL_VALUE,
@@ -49,17 +63,109 @@ from .tracking import TrackerLoop
 from .world import Engines, Resource
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: the state file ``reptables up`` keeps in its data directory (read by ``reptables status``/``env``)
+STATE_FILE = "state.json"
+#: where ``reptables cluster stop|start`` leave their requests for the running ``up``
+CONTROL_DIR = "control"
+#: how many recent events state.json keeps
+MAX_EVENTS = 200
+#: how long ``reptables cluster stop|start`` waits for the running ``up`` to carry a request out
+CONTROL_TIMEOUT = 30.0
+
+Key = tuple[str, str | None, str]
+
+
+class ManifestError(ValueError):
+    """A manifest file that cannot be applied: the message names the file, the object and the reason."""
+
+
+def manifest_files(paths: Iterable[Path]) -> list[Path]:
+    """The YAML files the paths name (a directory: its ``*.yaml`` and ``*.yml``, not recursive)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
+        elif path.exists():
+            files.append(path)
+    return files
 
 
 def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
-    for path in paths:
-        files = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path]
-        for file in files:
-            for doc in yaml.safe_load_all(file.read_text()):
-                if doc:
-                    docs.append(doc)
+    for file in manifest_files(paths):
+        for doc in yaml.safe_load_all(file.read_text()):
+            if doc:
+                docs.append(doc)
     return docs
+
+
+def load_file(file: Path) -> list[dict[str, Any]]:
+    """Every document of one manifest file, each checked as ``kubectl apply`` would, or ManifestError.
+
+    Nothing of a file is applied unless all of it is valid, so an edit half-way through never
+    leaves half an object set behind.
+    """
+    try:
+        docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
+    except OSError as exc:
+        raise ManifestError(f"manifest {file}: cannot be read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+        raise ManifestError(f"manifest {file}: invalid YAML{where}: {problem}") from None
+    for doc in docs:
+        if not isinstance(doc, dict):
+            raise ManifestError(f"manifest {file}: a document is a {type(doc).__name__}, not an object")
+        kind = doc.get("kind")
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ManifestError(f"manifest {file}: a {kind or 'document'} has no metadata.name")
+        if kind == "Secret":
+            continue
+        if kind not in ORDER:
+            raise ManifestError(f"manifest {file}: {kind} {name}: the local runner manages "
+                                f"{', '.join(ORDER)} and Secrets")
+        try:
+            models.parse_resource(doc)
+        except (models.InvalidResourceError, ValueError) as exc:
+            raise ManifestError(f"manifest {file}: {exc}") from None
+    return docs
+
+
+def _key_of(doc: dict[str, Any], namespace: str) -> Key:
+    meta = doc.get("metadata") or {}
+    kind = str(doc.get("kind"))
+    ns = None if kind == "TableCluster" else (meta.get("namespace") or namespace)
+    return (kind, ns, str(meta.get("name")))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file atomically (temp file + rename) with mode 0600: readers never see half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists (a zombie or a process of another user counts)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class LocalRunner:
@@ -75,8 +181,17 @@ class LocalRunner:
                                      launcher=LocalLauncher(base_dir=data_dir))
         self.processes: dict[str, LocalEngine] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        #: recent events, oldest first, as Kubernetes Event dicts (what state.json and the status view show)
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        #: the manifest paths being watched (set by :meth:`watch`); each file's mtime and objects
+        self.manifest_paths: list[Path] = []
+        self._mtimes: dict[Path, int] = {}
+        self._file_keys: dict[Path, list[Key]] = {}
+        self._secret_keys: dict[Path, list[tuple[str, str]]] = {}
+        #: objects whose manifest went away: finalized (as ``kubectl delete`` would) on each pass until done
+        self._deleting: set[Key] = set()
         for doc in manifests:
-            self._add(doc)
+            self.add(doc)
 
     @property
     def engines(self) -> Engines:
@@ -95,7 +210,12 @@ class LocalRunner:
         """Swap the tracker loop (benchmarks put an instrumented one in)."""
         self.runtime.tracker = tracker
 
-    def _add(self, doc: dict[str, Any]) -> None:
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    def add(self, doc: dict[str, Any]) -> None:
+        """Apply one manifest document (a Secret or a resource of the four kinds), as ``kubectl apply`` would."""
         kind = doc.get("kind")
         meta = doc.setdefault("metadata", {})
         if kind == "Secret":
@@ -112,37 +232,231 @@ class LocalRunner:
             meta.setdefault("namespace", self.namespace)
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("generation", 1)
-        meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.setdefault("creationTimestamp", _now())
         doc.setdefault("status", {})
         self.bodies[(kind, meta.get("namespace"), meta["name"])] = doc
         self.registry.upsert(doc)
 
     def start_engines(self) -> None:
         for res in self.registry.of_kind("TableCluster"):
-            problem = self.registry.refresh_cluster(res.name)
-            if problem is not None:
-                raise RuntimeError(f"TableCluster {res.name}: {problem}")
-            ref = self.engines.ref(res.name)
-            url = urlparse(ref.endpoint)
-            if url.hostname not in LOOPBACK or url.port is None:
-                raise RuntimeError(f"TableCluster {res.name}: the local runner starts engines on loopback only; "
-                                   f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
-            self.processes[res.name] = LocalEngine(res.name, self.data_dir / res.name, port=url.port,
-                                                   token=ref.token).start()
-            print(f"engine {res.name} serving {ref.endpoint} (data in {self.data_dir / res.name})")
+            if res.name not in self.processes:
+                self._start_engine(res.name)
+
+    def _start_engine(self, name: str) -> None:
+        problem = self.registry.refresh_cluster(name)
+        if problem is not None:
+            raise RuntimeError(f"TableCluster {name}: {problem}")
+        ref = self.engines.ref(name)
+        url = urlparse(ref.endpoint)
+        if url.hostname not in LOOPBACK or url.port is None:
+            raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
+                               f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
+        self.processes[name] = LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token).start()
+        print(f"engine {name} serving {ref.endpoint} (data in {self.data_dir / name})")
+
+    def record(self, type_: str, kind: str, namespace: str | None, name: str, reason: str, message: str) -> None:
+        """Print one event line and keep it, Kubernetes-shaped, for state.json."""
+        display = f"{kind} {namespace + '/' if namespace else ''}{name}"
+        print(f"  {type_:7} {display}: {reason}: {message}")
+        self.events.append({"type": type_, "reason": reason, "message": message,
+                            "involvedObject": {"kind": kind, "namespace": namespace, "name": name},
+                            "lastTimestamp": _now()})
 
     def reconcile_all(self) -> None:
+        self._finalize_deleted()
         for kind in ORDER:
             for res in self.registry.of_kind(kind):
+                if res.deleting or res.key not in self.bodies:
+                    continue
                 outcome = reconcile(res, self.registry.world())
                 body = self.bodies[res.key]
                 body["status"] = {**body.get("status", {}), **outcome.status}
                 self.registry.upsert(body)
                 for event in outcome.events:
-                    print(f"  {event.type:7} {res.display}: {event.reason}: {event.message}")
+                    self.record(event.type, res.kind, res.namespace, res.name, event.reason, event.message)
         self.tracker.maybe_check()
         for switch in self.runtime.pending_switches():
-            print(f"  {'Normal':7} {switch.table.display}: ReplicaModeChanged: {switch.message}")
+            table = switch.table
+            self.record("Normal", table.kind, table.namespace, table.name, "ReplicaModeChanged", switch.message)
+        self.write_state()
+
+    def _finalize_deleted(self) -> None:
+        """Run the finalizer of every object whose manifest went away; drop it once the engine side is done."""
+        for kind in reversed(ORDER):  # replicas before their tables, tables before their clusters
+            for key in sorted(k for k in self._deleting if k[0] == kind):
+                body = self.bodies.get(key)
+                if body is None:
+                    self._deleting.discard(key)
+                    continue
+                res = self.registry.resource(body)
+                outcome = finalize(res, self.registry.world())
+                if outcome.status:
+                    body["status"] = {**body.get("status", {}), **outcome.status}
+                    self.registry.upsert(body)
+                for event in outcome.events:
+                    self.record(event.type, res.kind, res.namespace, res.name, event.reason, event.message)
+                if outcome.finished:
+                    self.registry.remove(*key)
+                    self.bodies.pop(key, None)
+                    self._deleting.discard(key)
+                    if kind == "TableCluster" and key[2] in self.processes:
+                        self.processes.pop(key[2]).stop()
+                    print(f"{res.display} deleted")
+
+    def delete(self, key: Key) -> None:
+        """Delete an object as ``kubectl delete`` would: mark it, and let the finalizer run on the next passes."""
+        body = self.bodies.get(key)
+        if body is None or key in self._deleting:
+            return
+        body.setdefault("metadata", {})["deletionTimestamp"] = _now()
+        self.registry.upsert(body)
+        self._deleting.add(key)
+
+    # -- the manifests, watched -------------------------------------------------------------------
+
+    def watch(self, paths: list[Path]) -> None:
+        """Remember the manifest files as they are now; :meth:`poll_manifests` applies what changes."""
+        self.manifest_paths = list(paths)
+        for file in manifest_files(paths):
+            with contextlib.suppress(OSError):
+                self._mtimes[file] = file.stat().st_mtime_ns
+            try:
+                docs = load_file(file)
+            except ManifestError:
+                docs = []
+            self._file_keys[file] = [_key_of(d, self.namespace) for d in docs if d.get("kind") != "Secret"]
+            self._secret_keys[file] = [_secret_key(d, self.namespace) for d in docs if d.get("kind") == "Secret"]
+
+    def poll_manifests(self) -> bool:
+        """Apply added, edited and removed manifest files (one pass); whether anything changed."""
+        current: dict[Path, int] = {}
+        for file in manifest_files(self.manifest_paths):
+            with contextlib.suppress(OSError):
+                current[file] = file.stat().st_mtime_ns
+        changed = [f for f, m in current.items() if self._mtimes.get(f) != m]
+        removed = [f for f in self._mtimes if f not in current]
+        if not changed and not removed:
+            return False
+        for file in changed:
+            self._mtimes[file] = current[file]
+            try:
+                docs = load_file(file)
+            except ManifestError as exc:
+                print(f"error: {exc}; the previous version stays", file=sys.stderr, flush=True)
+                continue
+            self._apply_file(file, docs)
+        for file in removed:
+            self._mtimes.pop(file, None)
+            print(f"manifest {file} removed")
+            self._apply_file(file, [])
+            self._file_keys.pop(file, None)
+            self._secret_keys.pop(file, None)
+        return True
+
+    def _apply_file(self, file: Path, docs: list[dict[str, Any]]) -> None:
+        old_keys = set(self._file_keys.get(file, []))
+        old_secrets = set(self._secret_keys.get(file, []))
+        new_keys: list[Key] = []
+        new_secrets: list[tuple[str, str]] = []
+        new_clusters: list[str] = []
+        for doc in docs:
+            if doc.get("kind") == "Secret":
+                new_secrets.append(_secret_key(doc, self.namespace))
+                self.add(doc)
+                continue
+            key = _key_of(doc, self.namespace)
+            new_keys.append(key)
+            old = self.bodies.get(key)
+            if old is None:
+                self.add(doc)
+                print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} created (manifest {file.name})")
+                if key[0] == "TableCluster":
+                    new_clusters.append(key[2])
+            elif key in self._deleting:
+                print(f"warning: {key[0]} {key[2]} is being deleted; apply it again once it is gone", file=sys.stderr)
+            elif old.get("spec") != doc.get("spec") or _labels(old) != _labels(doc):
+                meta = old["metadata"]
+                meta["generation"] = int(meta.get("generation") or 1) + (old.get("spec") != doc.get("spec"))
+                for field in ("labels", "annotations"):
+                    if field in (doc.get("metadata") or {}):
+                        meta[field] = doc["metadata"][field]
+                    else:
+                        meta.pop(field, None)
+                old["spec"] = doc.get("spec")
+                self.registry.upsert(old)
+                print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} configured (manifest {file.name})")
+                if key[0] == "TableCluster":
+                    print(f"warning: TableCluster {key[2]}: its engine keeps its endpoint until `reptables up` "
+                          "restarts", file=sys.stderr)
+        self._file_keys[file] = new_keys
+        self._secret_keys[file] = new_secrets
+        elsewhere = {k for f, keys in self._file_keys.items() if f != file for k in keys}
+        for key in sorted(old_keys - set(new_keys) - elsewhere):
+            print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]}: its manifest is gone; deleting it")
+            self.delete(key)
+        secrets_elsewhere = {k for f, keys in self._secret_keys.items() if f != file for k in keys}
+        for ns, name in sorted(old_secrets - set(new_secrets) - secrets_elsewhere):
+            self.registry.remove_secret(ns, name)
+        for name in new_clusters:
+            try:
+                self._start_engine(name)
+            except RuntimeError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+
+    # -- requests from other commands ---------------------------------------------------------------
+
+    def handle_control(self) -> None:
+        """Carry out the ``reptables cluster stop|start`` requests waiting in DATA_DIR/control/."""
+        control = self.data_dir / CONTROL_DIR
+        if not control.is_dir():
+            return
+        for request in sorted(control.glob("*.request.json")):
+            try:
+                body = json.loads(request.read_text())
+            except (OSError, ValueError):
+                continue  # still being written (it is renamed into place, so this is rare) or foreign
+            with contextlib.suppress(OSError):
+                request.unlink()
+            ok, message = self._control(str(body.get("action")), str(body.get("cluster")))
+            print(message)
+            write_private(request.with_name(request.name.replace(".request.", ".result.")),
+                          json.dumps({"ok": ok, "message": message}))
+
+    def _control(self, action: str, cluster: str) -> tuple[bool, str]:
+        engine = self.processes.get(cluster)
+        if engine is None:
+            return False, f"TableCluster {cluster}: no engine of that name runs under this `reptables up`"
+        if action == "stop":
+            if not engine.alive():
+                return True, f"engine {cluster} is already stopped"
+            pid = engine.pid
+            engine.stop()
+            return True, f"engine {cluster} (pid {pid}) stopped"
+        if action == "start":
+            if engine.alive():
+                return True, f"engine {cluster} is already running (pid {engine.pid})"
+            try:
+                engine.start()
+            except RuntimeError as exc:
+                return False, f"engine {cluster} did not start: {str(exc).splitlines()[0]}"
+            return True, f"engine {cluster} started again on {engine.url} (pid {engine.pid})"
+        return False, f"unknown action {action!r} (stop or start)"
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What state.json holds: objects with status, recent events, engines. Never a Secret or token."""
+        objects = [copy.deepcopy(self.bodies[k]) for k in sorted(self.bodies, key=lambda k: (
+            ORDER.index(k[0]) if k[0] in ORDER else len(ORDER), k[1] or "", k[2]))]
+        engines = {name: {"endpoint": e.url, "pid": e.proc.pid if e.proc is not None else None,
+                          "running": e.alive()} for name, e in sorted(self.processes.items())}
+        return {"pid": os.getpid(), "dataDir": str(self.data_dir.resolve()),
+                "manifests": [str(p.resolve()) for p in self.manifest_paths], "updated": _now(),
+                "objects": objects, "events": list(self.events), "engines": engines}
+
+    def write_state(self) -> None:
+        """Write DATA_DIR/state.json atomically, mode 0600 (``reptables status`` reads it)."""
+        write_private(self.state_path, json.dumps(self.state(), indent=1, default=str))
 
     def all_ready(self) -> bool:
         return all(is_ready(r.status) for kind in ORDER for r in self.registry.of_kind(kind))
@@ -231,6 +545,18 @@ class LocalRunner:
         self.runtime.close()
         for engine in self.processes.values():
             engine.stop()
+        with contextlib.suppress(OSError):
+            self.write_state()  # every engine shows running: false
+
+
+def _secret_key(doc: dict[str, Any], namespace: str) -> tuple[str, str]:
+    meta = doc.get("metadata") or {}
+    return (str(meta.get("namespace") or namespace), str(meta.get("name")))
+
+
+def _labels(doc: dict[str, Any]) -> tuple[Any, Any]:
+    meta = doc.get("metadata") or {}
+    return (meta.get("labels"), meta.get("annotations"))
 
 
 def _status_summary(res: Resource) -> str:
@@ -260,26 +586,171 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0) -> int:
+# -- the other commands' side: they read the state directory of a running `up` ------------------
+
+
+class LocalStateError(Exception):
+    """No usable state: no ``reptables up`` runs for the directory, the state is missing, or a bad name."""
+
+
+def read_state(data_dir: Path, require_running: bool = True) -> dict[str, Any]:
+    """The state.json of ``reptables up --data-dir DATA_DIR``; LocalStateError saying why not."""
+    path = data_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LocalStateError(f"no local state in {data_dir} ({path} is missing): start "
+                              f"`reptables up --keep-running --data-dir {data_dir}` first") from None
+    except (OSError, ValueError) as exc:
+        raise LocalStateError(f"the local state {path} cannot be read: {exc}") from None
+    if not isinstance(state, dict):
+        raise LocalStateError(f"the local state {path} is not an object")
+    if require_running and not pid_alive(state.get("pid")):
+        raise LocalStateError(f"no `reptables up` runs for {data_dir}: its process (pid {state.get('pid')}) is "
+                              f"gone; its last state is from {state.get('updated')}")
+    return state
+
+
+def running_up(data_dir: Path) -> int | None:
+    """The pid of another ``reptables up`` running on this data directory, if any."""
+    try:
+        pid = read_state(data_dir).get("pid")
+    except LocalStateError:
+        return None
+    return pid if isinstance(pid, int) and pid != os.getpid() else None
+
+
+def _table_cluster(state: dict[str, Any], name: str, data_dir: Path) -> None:
+    clusters = sorted(o["metadata"]["name"] for o in state.get("objects", []) if o.get("kind") == "TableCluster")
+    if name not in clusters:
+        raise LocalStateError(f"TableCluster {name} not found in the local state of {data_dir} "
+                              f"(TableClusters: {', '.join(clusters) or 'none'})")
+
+
+def request_control(data_dir: Path, action: str, cluster: str,
+                    timeout: float = CONTROL_TIMEOUT) -> tuple[bool, str]:
+    """Ask the running ``up`` to stop or start a cluster's engine; wait for its answer (ok, message)."""
+    if action not in ("stop", "start"):
+        raise LocalStateError(f"unknown action {action!r} (stop or start)")
+    state = read_state(data_dir)
+    _table_cluster(state, cluster, data_dir)
+    control = data_dir / CONTROL_DIR
+    control.mkdir(mode=0o700, exist_ok=True)
+    ident = uuid.uuid4().hex
+    request = control / f"{ident}.request.json"
+    result = control / f"{ident}.result.json"
+    write_private(request, json.dumps({"action": action, "cluster": cluster}))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.exists():
+            answer = json.loads(result.read_text())
+            result.unlink()
+            return bool(answer.get("ok")), str(answer.get("message"))
+        if not pid_alive(state.get("pid")):
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(OSError):
+        request.unlink()
+    raise LocalStateError(f"`reptables up` (pid {state.get('pid')}) did not {action} TableCluster {cluster} "
+                          f"within {timeout:g} s")
+
+
+def env_lines(data_dir: Path, cluster: str) -> list[str]:
+    """``export YT_PROXY=...`` and ``export YT_TOKEN=...`` for a local engine (the official yt CLI reads them)."""
+    import shlex
+
+    state = read_state(data_dir, require_running=False)
+    _table_cluster(state, cluster, data_dir)
+    engine = (state.get("engines") or {}).get(cluster)
+    if not isinstance(engine, dict):
+        raise LocalStateError(f"TableCluster {cluster}: `reptables up` started no engine for it")
+    endpoint = str(engine.get("endpoint"))
+    if urlparse(endpoint).hostname not in LOOPBACK:
+        raise LocalStateError(f"TableCluster {cluster}: {endpoint} is not a loopback endpoint of the local runner")
+    token_file = data_dir / cluster / "token"
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise LocalStateError(f"TableCluster {cluster}: its token file {token_file} cannot be read: "
+                              f"{exc.strerror}") from None
+    return [f"export YT_PROXY={shlex.quote(endpoint)}", f"export YT_TOKEN={shlex.quote(token)}"]
+
+
+# -- `reptables up` ----------------------------------------------------------------------------------
+
+
+def _live_frame(runner: LocalRunner, console: Any) -> Any:
+    """One frame of the live view: the status view of the current objects and events."""
+    from rich.text import Text
+
+    from . import statusview
+
+    state = runner.state()
+    view = statusview.build_view(state["objects"], state["events"])
+    with console.capture() as capture:
+        statusview.render(view, console)
+    running = ", ".join(f"{n} {'up' if e['running'] else 'STOPPED'}" for n, e in state["engines"].items())
+    return Text.from_ansi(capture.get() + f"\nengines: {running}   updated {state['updated']}   "
+                          f"(Ctrl-C stops the engines)")
+
+
+def _tick(runner: LocalRunner) -> None:
+    runner.poll_manifests()
+    runner.handle_control()
+    runner.reconcile_all()
+
+
+def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0, live: bool = False) -> int:
+    """``reptables up``: start, converge, demo; with ``keep_running`` (or ``live``) watch and reconcile till stopped."""
     # SIGTERM ends the runner like Ctrl-C: the engines it started are stopped on the way out
     signal.signal(signal.SIGTERM, _terminate)
-    runner = LocalRunner(load_manifests(paths), data_dir)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # a log file follows the run line by line
+    keep_running = keep_running or live
+    other = running_up(data_dir)
+    if other is not None:
+        print(f"error: another `reptables up` (pid {other}) runs on {data_dir}; stop it first", file=sys.stderr)
+        return 1
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        print(f"error: no such manifest file or directory: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    try:
+        manifests = [doc for file in manifest_files(paths) for doc in load_file(file)]
+        runner = LocalRunner(manifests, data_dir)
+    except (ManifestError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    runner.watch(paths)
     try:
         runner.start_engines()
+        runner.write_state()
         ready = runner.converge(timeout)
         runner.print_status()
         if not ready:
             print("not every resource became Ready; see the conditions above")
-            return 1
-        runner.demo()
-        runner.reconcile_all()
-        runner.print_status()
-        if keep_running:
-            print("reconciling every second; Ctrl-C stops the engines")
-            while True:
-                time.sleep(1)
-                runner.reconcile_all()
-        return 0
+            if not keep_running:
+                return 1
+        else:
+            runner.demo()
+            runner.reconcile_all()
+            runner.print_status()
+        if not keep_running:
+            return 0
+        if live:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console()
+            with Live(_live_frame(runner, console), console=console, refresh_per_second=2) as view:
+                while True:
+                    time.sleep(1)
+                    _tick(runner)
+                    view.update(_live_frame(runner, console))
+        print(f"reconciling every second, watching {', '.join(map(str, paths))}; Ctrl-C stops the engines")
+        while True:
+            time.sleep(1)
+            _tick(runner)
     except (YtError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -267,7 +267,7 @@ class Tour:
                "spec": {"table": SORTED_TABLE, "cluster": SYNC_CLUSTER, "replicaPath": NEW_REPLICA_PATH,
                         "mode": "async", "bootstrap": {"parallelism": 2}}}
         print(f"   new TableReplica {NEW_REPLICA}: {SORTED_TABLE} on {SYNC_CLUSTER} at {NEW_REPLICA_PATH}")
-        self.runner._add(doc)  # as if its manifest had been applied
+        self.runner.add(doc)  # as if its manifest had been applied
         seen: list[str] = []
 
         def phase() -> str:
