@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
 
-from . import conditions, models
+from . import conditions, metrics, models
 from .conditions import Cond
 from .world import ClusterNotFound, Event, Resource, World, describe_error
 
@@ -430,6 +430,13 @@ def _known_secrets(world: World) -> list[str]:
 def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id: str,
             boot: Mapping[str, Any]) -> Step:
     """Move the bootstrap one step on: never waits for a job, only starts or looks at one."""
+    step = _advance(res, table, meta, world, replica_id, boot)
+    metrics.record_bootstrap(res.namespace, res.name, step.status.get("phase"), step.status.get("rowsCopied"))
+    return step
+
+
+def _advance(res: Resource, table: Resource, meta: Any, world: World, replica_id: str,
+             boot: Mapping[str, Any]) -> Step:
     status = dict(boot)
     events: list[Event] = []
     phase = status.get("phase")
@@ -551,6 +558,7 @@ def _failed_attempt(res: Resource, status: dict[str, Any], events: list[Event], 
     attempts = int(status.get("attempts") or 0)
     limit = res.spec.bootstrap.max_attempts
     status["lastError"] = message
+    metrics.BOOTSTRAP_FAILURES.labels(res.namespace or "", res.name, str(attempts >= limit).lower()).inc()
     if attempts >= limit:
         status["phase"] = "Failed"
         status["nextAttemptTime"] = None  # null: a merge patch removes it

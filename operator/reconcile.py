@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from . import metrics
 from .conditions import READY, is_true
 from .reconcile_clusters import finalize_table_cluster, reconcile_table_cluster
 from .reconcile_collocations import finalize_table_collocation, reconcile_table_collocation
@@ -46,13 +47,27 @@ FINALIZERS: Mapping[str, Reconciler] = MappingProxyType({
 
 
 def reconcile(res: Resource, world: World) -> Outcome:
-    """Reconcile one resource with the function of its kind."""
-    return RECONCILERS[res.kind](res, world)
+    """Reconcile one resource with the function of its kind (errors counted: ``metrics.py``)."""
+    try:
+        outcome = RECONCILERS[res.kind](res, world)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(res.kind, "exception").inc()
+        raise
+    if outcome.invalid is not None:
+        metrics.RECONCILE_ERRORS.labels(res.kind, "invalid").inc()
+    return outcome
 
 
 def finalize(res: Resource, world: World) -> Outcome:
     """Run the deletion of one resource with the function of its kind."""
-    return FINALIZERS[res.kind](res, world)
+    try:
+        outcome = FINALIZERS[res.kind](res, world)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(res.kind, "exception").inc()
+        raise
+    if outcome.finished and res.kind == "TableReplica":
+        metrics.forget_replica(res.namespace, res.name)
+    return outcome
 
 
 def is_ready(status: Mapping[str, object]) -> bool:

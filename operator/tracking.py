@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client import Counter
 
 from reptables.engine.errors import YtError
 
 from . import tracker as tk
+from .metrics import MODE_SWITCHES, TRACKER_CHECKS
 from .world import Resource, World, describe_error
 
 log = logging.getLogger("reptables.operator.tracker")
@@ -31,8 +31,6 @@ log = logging.getLogger("reptables.operator.tracker")
 CHECK_PERIOD = 1.0
 PROBE_TIMEOUT = 0.5
 
-MODE_SWITCHES = Counter("reptables_tracker_mode_switches", "Replica mode changes made by the tracker",
-                        ["namespace", "table", "mode"])
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,7 @@ class TrackerLoop:
             return True
 
     def check(self, now: float) -> None:
+        TRACKER_CHECKS.inc()
         clusters = self._probe_clusters()
         tables, owners = self._tracked_tables(clusters)
         if not tables:

@@ -279,8 +279,9 @@ def test_kopf_peering_crds_match_what_kopf_expects() -> None:
 
 def test_every_template_has_a_plausible_yaml_structure() -> None:
     templates = sorted(p.name for p in (CHART / "templates").glob("*.yaml"))
-    assert templates == ["deployment.yaml", "engines.yaml", "networkpolicy.yaml", "peering.yaml", "rbac.yaml",
-                         "serviceaccount.yaml", "servicemonitor.yaml", "tableclusters.yaml"]
+    assert templates == ["dashboard-configmap.yaml", "deployment.yaml", "engines.yaml", "networkpolicy.yaml",
+                         "peering.yaml", "prometheusrule.yaml", "rbac.yaml", "serviceaccount.yaml",
+                         "servicemonitor.yaml", "tableclusters.yaml"]
     kinds = set()
     for name in templates:
         docs = template_documents(name)
@@ -291,7 +292,7 @@ def test_every_template_has_a_plausible_yaml_structure() -> None:
             kinds.add(doc["kind"])
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
                      "Service", "Secret", "StatefulSet", "KopfPeering", "ClusterKopfPeering", "TableCluster",
-                     "ServiceMonitor", "NetworkPolicy"}
+                     "ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule"}
 
 
 def test_rbac_template_rules_without_helm() -> None:
@@ -513,8 +514,8 @@ def test_helm_template_defaults(tmp_path: Path) -> None:
     docs = render(tmp_path)
     assert isinstance(docs, list)
     kinds = sorted({d["kind"] for d in docs})
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role",
-                     "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment",
+                     "Role", "RoleBinding", "Service", "ServiceAccount"]
     crds = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
     assert crds == {"tableclusters.reptables.io", "replicatedtables.reptables.io", "tablereplicas.reptables.io",
                     "tablecollocations.reptables.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
@@ -889,3 +890,76 @@ def test_e2e_kind_script() -> None:
     if shutil.which("shellcheck"):
         result = subprocess.run(["shellcheck", "--severity=style", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
+
+
+# --- metrics: the Grafana dashboard ConfigMap, the PrometheusRule, the generated README -------------
+
+ALERTS = {"ReptablesReplicationLagHigh", "ReptablesNoSyncReplica", "ReptablesReplicatorErrors",
+          "ReptablesBootstrapFailed"}
+
+
+@needs_helm
+def test_helm_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert isinstance(docs, list)
+    cm = one(docs, "ConfigMap", "rt-reptables-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["reptables.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "reptables.json").read_text())
+    assert dashboard["uid"] == "reptables" and dashboard["title"] == "reptables"
+    titles = {p["title"] for p in dashboard["panels"]}
+    for wanted in ("Replication lag per replica", "Rows behind", "Pushes and push errors",
+                   "Queue depth and trimmed rows", "Two-phase commit latency (p50 / p99)", "Tracker switches",
+                   "Bootstrap progress"):
+        assert wanted in titles
+    assert not by_kind(docs, "PrometheusRule")  # off by default, like the ServiceMonitors
+    # helm merges maps: another sidecar label is added, and null removes the default one
+    labels = {"dashboards": "reptables", "grafana_dashboard": None}
+    custom = render(tmp_path, {"metrics": {"dashboard": {"labels": labels, "namespace": "monitoring"}}})
+    assert isinstance(custom, list)
+    cm = one(custom, "ConfigMap", "rt-reptables-dashboard")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["dashboards"] == "reptables" and "grafana_dashboard" not in cm["metadata"]["labels"]
+    off = render(tmp_path, {"metrics": {"dashboard": {"enabled": False}}})
+    assert isinstance(off, list) and not [d for d in by_kind(off, "ConfigMap") if "dashboard" in d["metadata"]["name"]]
+
+
+@needs_helm
+def test_helm_prometheus_rule_has_the_alerts_with_the_configured_thresholds(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"metrics": {"prometheusRule": {
+        "enabled": True, "labels": {"release": "kps"}, "replicationLagSeconds": 120, "replicationLagFor": "3m",
+        "severity": {"noSyncReplica": "warning"}}}})
+    assert isinstance(docs, list)
+    rule = one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "kps"
+    rules = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(rules) == ALERTS
+    for alert in rules.values():
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+        assert alert["labels"]["severity"] in ("critical", "warning")
+        assert alert["expr"].count("(") == alert["expr"].count(")")
+        assert "{{ $labels." in alert["annotations"]["summary"]  # Prometheus' templating survives helm's
+    lag = rules["ReptablesReplicationLagHigh"]
+    assert lag["expr"].endswith("> 120") and lag["for"] == "3m"
+    assert rules["ReptablesNoSyncReplica"]["labels"]["severity"] == "warning"
+    passed, output = lint(tmp_path, {"metrics": {"prometheusRule": {"enabled": True}}})
+    assert passed, output
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"metrics": {"prometheusRule": {"enabled": True, "replicationLagFor": "five minutes"}}}, "replicationLagFor"),
+    ({"metrics": {"prometheusRule": {"enabled": True, "replicationLagSeconds": 0}}}, "replicationLagSeconds"),
+    ({"metrics": {"dashboard": {"enabled": True, "labels": {"grafana_dashboard": 1}}}}, "grafana_dashboard"),
+])
+def test_schema_rejects_bad_metrics_values(values: dict[str, Any], message: str) -> None:
+    errors = list(schema_validator().iter_errors(merged(load_values(), values)))
+    assert errors and any(message in (str(list(e.absolute_path)) + e.message) for e in errors), errors
+
+
+def test_chart_readme_values_table_is_generated_from_values_yaml() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "hack" / "gen-chart-readme"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr + "\nrun hack/gen-chart-readme"
+    readme = (CHART / "README.md").read_text()
+    for key in ("metrics.prometheusRule.replicationLagSeconds", "metrics.dashboard.labels", "serviceMonitor.enabled"):
+        assert f"| `{key}` |" in readme

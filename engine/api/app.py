@@ -206,7 +206,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             authenticate(request)
         except YtError as error:
             return _error_response(error, os.urandom(8).hex())
-        return Response(generate_latest(engine_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # a worker thread: the state collector reads SQL (engine/metrics.py), never on the event loop
+        return Response(await run_in_threadpool(generate_latest, engine_metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
 
     async def command(request: Request) -> Response:
         name = request.path_params["command"]

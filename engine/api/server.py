@@ -46,6 +46,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -96,7 +97,8 @@ def metrics_app(registry: CollectorRegistry) -> Starlette:
     (every other path is 404: the listener needs no token because it serves nothing else)."""
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        # a worker thread: the state collector reads SQL (engine/metrics.py)
+        return Response(await run_in_threadpool(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 

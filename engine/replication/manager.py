@@ -28,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..config import DEFAULT_CONFIG, EngineConfig
+from ..metrics import StateSamples
 from ..peers import Peers
 from ..tablets import DynamicTable
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
@@ -53,6 +54,8 @@ class ReplicationManager:
         self.status = ReplicationStatus(host, self.registry)
         self.replicators = ReplicatorPool(host, peers, self.registry, config, maintenance=(
             self.sync.deliver_decisions, self.sync.resolve_in_doubt, self.trim_queues))
+        # lag, rows behind, queue depth, in-doubt count: read at scrape time (engine/metrics.py)
+        host.transactions.metrics.register_state(self.metric_samples)
 
     # -- life cycle --------------------------------------------------------------------------------
 
@@ -154,6 +157,12 @@ class ReplicationManager:
 
     def replicas_attribute(self, table_id: str) -> dict[str, Any]:
         return self.status.replicas_attribute(table_id)
+
+    def metric_samples(self) -> StateSamples:
+        """The state figures of ``/metrics``: replication (``status.py``) and the in-doubt count."""
+        samples = self.status.metric_samples()
+        samples.in_doubt = len({tx for tx, _ in self.host.transactions.pending_participants(1.0)})
+        return samples
 
     def bootstrap_progress(self, replica_id: str) -> dict[str, int] | None:
         """A replica table's ``@bootstrap_progress`` on this cluster (``bootstrap.bootstrap_progress``)."""

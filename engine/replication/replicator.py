@@ -150,14 +150,18 @@ class Replicator:
         changes = ",".join(f'{{"timestamp":{e.timestamp},"kind":"{e.kind}","payload":{e.payload}}}'
                            for e in batch if e.timestamp > replica.start_replication_timestamp)
         body = f'{header[:-1]},"entries":[{changes}]}}'.encode()
+        metrics = self.host.transactions.metrics
+        labels = (replica.table_path, replica.id, replica.cluster_name)
         try:
             # network: no lock held
             answer = self.peers.client(replica.cluster_name).call("push", raw_body=body, timeout=config.push_timeout)
         except YtError as exc:
+            metrics.push_errors.labels(*labels).inc()
             self.record_error(tablet, exc, config.soft_backoff)
             return False
         stored = int(answer["row_index"])
         if stored < progress.row_index:
+            metrics.push_errors.labels(*labels).inc()
             # the replica still misses sync commits in flight to it: wait for them
             self.record_error(tablet, YtError(
                 f"Replica {replica.id} is behind: it has row {stored}, the batch starts at {progress.row_index}"),
@@ -173,6 +177,8 @@ class Replicator:
             # in memory once durable (still under the storage writer, as every row index change)
             on_commit(conn, lambda: replica.set_progress(tablet, new_progress))
         self.account_throttle(table, tablet, size)
+        metrics.pushes.labels(*labels).inc()
+        metrics.rows_pushed.labels(*labels).inc(max(0, new_progress.row_index - progress.row_index))
         replica.clear_errors()
         return new_progress.row_index < queue_end(table, tablet)
 

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import yt.yson as yson
 
 from ..errors import ErrorCode, YtError
+from ..metrics import QueueTabletSample, ReplicaInfoSample, ReplicaTabletSample, StateSamples, TableSample
 from ..replica_types import ReplicaMode, ReplicaState
 from ..tablets import DynamicTable, tablet_id
 from ..timestamps import COUNTER_BITS
@@ -115,6 +116,38 @@ class ReplicationStatus:
         if with_tablets:
             attrs["tablets"] = tablets
         return attrs
+
+    def metric_samples(self) -> StateSamples:
+        """The replication figures of ``/metrics`` (``metrics.StateCollector``), read at scrape time.
+
+        The same numbers as ``describe`` (one snapshot per replica, so lag and rows behind agree),
+        for every replicated table of this meta-cluster. No lock is held while reading SQL (the
+        snapshots are copies; ``tablet_rows`` is read as ``describe`` reads it)."""
+        out = StateSamples()
+        by_table: dict[str, list[ReplicaSnapshot]] = {}
+        for replica in self.registry.all():
+            snap = replica.snapshot()
+            by_table.setdefault(snap.table_id, []).append(snap)
+        with self.host.storage.read() as conn:
+            for node in list(self.host.cypress.by_id.values()):
+                table = node.table
+                if table is None or not table.replicated:
+                    continue
+                path = node.path
+                snaps = by_table.get(table.table_id, [])
+                out.tables.append(TableSample(path, sum(1 for s in snaps if s.writes_synchronously)))
+                for t in range(table.tablet_count):
+                    rows, trimmed = table.tablet_rows.get(t, [0, 0])
+                    out.queue_tablets.append(QueueTabletSample(path, t, max(0, rows - trimmed), trimmed, rows))
+                for snap in snaps:
+                    out.replicas.append(ReplicaInfoSample(path, snap.id, snap.cluster_name, snap.mode.value,
+                                                          snap.state.value))
+                    for t in range(table.tablet_count):
+                        rows = table.tablet_rows.get(t, [0, 0])[0]
+                        out.replica_tablets.append(ReplicaTabletSample(
+                            path, snap.id, snap.cluster_name, t, self.tablet_lag_ms(snap, table, t, conn) / 1000.0,
+                            max(0, rows - snap.progress_of(t).row_index)))
+        return out
 
     def replicas_attribute(self, table_id: str) -> dict[str, Any]:
         """A replicated table's ``@replicas``."""

@@ -304,6 +304,7 @@ class TransactionManager:
     def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant],
                           remote: list[RemoteParticipant]) -> int:
         """Prepare everyone, then commit: local participants atomically with the decision record."""
+        started = time.perf_counter()
         prepare_ts = self.timestamps.generate()
         prepared_remote: list[RemoteParticipant] = []
         try:
@@ -320,6 +321,7 @@ class TransactionManager:
                             part.table.key_of(w.row): w for w in part.writes}
                         self._lock_table.acquire_many(part.table.table_id, keyed, tx.id)
             self.faults.crash_point("after_prepare")
+            prepared_at = time.perf_counter()
         except BaseException:
             self._lock_table.release(tx.id)
             if prepared_remote:
@@ -351,11 +353,15 @@ class TransactionManager:
             self._lock_table.release(tx.id)
             if ts:
                 self._inflight.end_commit(ts)
+        decided_at = time.perf_counter()
         if remote:
             assert self._hooks is not None
             self._hooks.commit_remote(tx.id, ts, remote)
         self.metrics.rows_written.inc(rows)
         self.metrics.commits.labels(kind="two_phase").inc()
+        participants = "sync_replicas" if remote else "local"
+        self.metrics.prepare_seconds.labels(participants).observe(prepared_at - started)
+        self.metrics.two_phase_seconds.labels(participants).observe(decided_at - started)
         return ts
 
     # -- decision records: what participants ask the coordinator -----------------------------------
