@@ -25,6 +25,7 @@ all the same.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -394,8 +394,13 @@ def _secrets(res: Resource, table: Resource, world: World, source_cluster: str) 
 
 
 def _job_name(res: Resource, what: str, attempt: int) -> str:
-    """``<replica>-<copy|verify>-<attempt>-<random>``: a new name per attempt, a DNS label when short enough."""
-    return f"{res.name}-{what}-{attempt}-{uuid.uuid4().hex[:6]}"
+    """``<replica>-<copy|verify>-<attempt>-<hash of the replica's uid>``: one name per attempt.
+
+    Deterministic, so that two reconciles of one replica that both saw the same status (the operator's
+    event handler and its refresh timer can overlap) start one job, not two: a launcher starts a
+    name once. The uid tells apart a replica deleted and created again under the same name.
+    """
+    return f"{res.name}-{what}-{attempt}-{hashlib.sha256(res.uid.encode()).hexdigest()[:6]}"
 
 
 def _owner(res: Resource) -> Owner:

@@ -192,18 +192,35 @@ class SparkApplicationLauncher:
             if exc.status == 404:
                 raise LaunchError(f"cannot create {where}: the API has no {PLURAL}.{GROUP}/{VERSION} (install the "
                                   "kubeflow spark-operator and its CRD)") from None
-            raise LaunchError(f"cannot create {where}: {_api_reason(exc)}") from None
+            if exc.status != 409:
+                raise LaunchError(f"cannot create {where}: {_api_reason(exc)}") from None
+            # started already (job names are one per attempt): the same job, if it is this replica's
+            created = self._existing(namespace, name, job, where)
         if job.secrets:
             try:
                 # the client serializes a plain dict as it is (no model objects needed)
                 self.core.create_namespaced_secret(namespace, cast(k8s.V1Secret, build_secret(job, created)),
                                                    _request_timeout=_REQUEST_TIMEOUT)
             except ApiException as exc:
-                self._delete(namespace, name)
-                raise LaunchError(f"cannot create the credentials Secret {namespace}/{secret_name(name)} of {where}: "
-                                  f"{_api_reason(exc)}") from None
+                if exc.status != 409:  # 409: made with the app by an earlier start of this job
+                    self._delete(namespace, name)
+                    raise LaunchError(f"cannot create the credentials Secret {namespace}/{secret_name(name)} of "
+                                      f"{where}: {_api_reason(exc)}") from None
         log.info("started %s for %s", where, job.name)
         return f"{REF_PREFIX}{namespace}/{name}"
+
+    def _existing(self, namespace: str, name: str, job: JobSpec, where: str) -> dict[str, Any]:
+        """The app of an earlier start of ``job``; LaunchError when the name belongs to something else."""
+        try:
+            app = cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=_REQUEST_TIMEOUT))
+        except ApiException as exc:
+            raise LaunchError(f"cannot create {where}: it exists but cannot be read: {_api_reason(exc)}") from None
+        owners = [o.get("uid") for o in (app.get("metadata") or {}).get("ownerReferences") or []]
+        if job.owner is not None and job.owner.uid not in owners:
+            raise LaunchError(f"cannot create {where}: a SparkApplication of that name exists and belongs to "
+                              "another object")
+        return app
 
     def poll(self, ref: str) -> JobState | None:
         parsed = parse_ref(ref)

@@ -13,7 +13,10 @@
   NetworkPolicy admits exactly the operator, the engines and the configured clients, the generated
   token Secrets carry the credentials label, the rendered TableClusters and kopf peering objects
   are created through the emulator (CRD schema and CEL validation), and the rendered command lines
-  are accepted by the ``reptables`` CLI.
+  are accepted by the ``reptables`` CLI. Every rendered built-in object of every documented variant
+  validates against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict: unknown fields
+  rejected) of the oldest supported and the newest Kubernetes; ServiceMonitors and PrometheusRules
+  get a structural check.
 
 Nothing here renders ``lookup`` against a cluster or runs a pod: that is hack/e2e-kind.sh's job.
 """
@@ -963,3 +966,238 @@ def test_chart_readme_values_table_is_generated_from_values_yaml() -> None:
     readme = (CHART / "README.md").read_text()
     for key in ("metrics.prometheusRule.replicationLagSeconds", "metrics.dashboard.labels", "serviceMonitor.enabled"):
         assert f"| `{key}` |" in readme
+
+
+# --- built-in objects against the Kubernetes OpenAPI schemas -----------------------------------------
+# `helm lint` checks only YAML and apiVersion/kind; a misspelt or misplaced field (`volumeMount`,
+# `securityContext` one level too high) renders fine and is dropped or refused by the API server at
+# install time. kubernetes-validate ships the OpenAPI schemas of each Kubernetes version as JSON
+# schemas; its strict variant rejects unknown fields, as `kubectl apply --validate=strict` does.
+
+# the oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the package knows
+OLDEST_KUBERNETES = "1.25"
+# API groups of custom resources: no OpenAPI schema in Kubernetes itself. reptables.io and kopf.dev
+# objects go through the emulator's CRD validation (test_rendered_custom_resources_...), the
+# Prometheus Operator's through _check_prometheus_operator_object, SparkApplications through
+# tests/operator/test_sparkapplication.py (the operator creates them, the chart does not).
+CUSTOM_RESOURCE_GROUPS = {"reptables.io", "kopf.dev", "monitoring.coreos.com", "sparkoperator.k8s.io"}
+
+
+def _api_group(doc: dict[str, Any]) -> str:
+    api_version = str(doc.get("apiVersion", ""))
+    return api_version.split("/")[0] if "/" in api_version else ""
+
+
+def kubernetes_schema_errors(doc: dict[str, Any], version: str) -> list[str]:
+    """Why Kubernetes ``version`` would refuse this built-in object (strict: unknown fields too); [] if valid.
+
+    A kind/apiVersion the version does not serve (e.g. policy/v1beta1 after 1.25) is an error, not a skip."""
+    import kubernetes_validate  # the test extra; imported here so that the rest of the module runs without
+
+    name = f"{doc.get('kind')} {doc.get('metadata', {}).get('namespace', '')}/{doc.get('metadata', {}).get('name')}"
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.absolute_path) or "<root>"
+        return [f"{name} (Kubernetes {exc.version}): {path}: {exc.message}"]
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        return [f"{name}: {exc.message}"]
+    return []
+
+
+def _kubernetes_versions() -> list[str]:
+    import kubernetes_validate
+
+    newest = kubernetes_validate.latest_version()
+    assert newest.split(".")[:2] >= ["1", "31"], newest  # kubernetes-validate>=1.31 (pyproject.toml)
+    return [OLDEST_KUBERNETES, newest]
+
+
+# Prometheus Operator (monitoring.coreos.com/v1) fields of what the chart renders: a subset of the
+# ServiceMonitor and PrometheusRule CRDs' schemas, closed so that a misspelt key is caught.
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                           r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_LABEL_SELECTOR = {"type": "object", "additionalProperties": False,
+                   "properties": {"matchLabels": _STRING_MAP, "matchExpressions": {"type": "array"}}}
+SERVICE_MONITOR_SPEC = {
+    "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+    "properties": {
+        "jobLabel": {"type": "string"}, "targetLabels": {"type": "array"}, "podTargetLabels": {"type": "array"},
+        "sampleLimit": {"type": "integer"}, "targetLimit": {"type": "integer"}, "attachMetadata": {"type": "object"},
+        "scrapeClass": {"type": "string"},
+        "selector": _LABEL_SELECTOR,
+        "namespaceSelector": {"type": "object", "additionalProperties": False,
+                              "properties": {"any": {"type": "boolean"},
+                                             "matchNames": {"type": "array", "items": {"type": "string"}}}},
+        "endpoints": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False, "anyOf": [{"required": ["port"]},
+                                                                       {"required": ["targetPort"]}],
+            "properties": {
+                "port": {"type": "string"}, "targetPort": {"type": ["string", "integer"]}, "path": {"type": "string"},
+                "scheme": {"enum": ["http", "https"]}, "interval": _DURATION, "scrapeTimeout": _DURATION,
+                "honorLabels": {"type": "boolean"}, "honorTimestamps": {"type": "boolean"},
+                "params": {"type": "object"}, "tlsConfig": {"type": "object"}, "authorization": {"type": "object"},
+                "bearerTokenSecret": {"type": "object"}, "basicAuth": {"type": "object"},
+                "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"},
+                "followRedirects": {"type": "boolean"}, "enableHttp2": {"type": "boolean"},
+                "filterRunning": {"type": "boolean"}}}}}}
+PROMETHEUS_RULE_SPEC = {
+    "type": "object", "additionalProperties": False, "required": ["groups"],
+    "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "labels": _STRING_MAP,
+            "limit": {"type": "integer"}, "query_offset": _DURATION, "partial_response_strategy": {"type": "string"},
+            "rules": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["expr"],
+                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                "properties": {"alert": {"type": "string", "minLength": 1}, "record": {"type": "string"},
+                               "expr": {"type": "string", "minLength": 1}, "for": _DURATION,
+                               "keep_firing_for": _DURATION, "labels": _STRING_MAP,
+                               "annotations": _STRING_MAP}}}}}}}}
+
+
+def _check_prometheus_operator_object(doc: dict[str, Any]) -> None:
+    """Structural check of a ServiceMonitor or PrometheusRule (no Prometheus Operator CRDs here)."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1", doc["apiVersion"]
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}, sorted(doc)
+    errors = kubernetes_schema_errors({"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]},
+                                      OLDEST_KUBERNETES)  # ObjectMeta: the one Kubernetes part of them
+    assert not errors, errors
+    schema = {"ServiceMonitor": SERVICE_MONITOR_SPEC, "PrometheusRule": PROMETHEUS_RULE_SPEC}[doc["kind"]]
+    problems = [f"{doc['kind']} {doc['metadata']['name']}: spec.{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft7Validator(schema).iter_errors(doc["spec"])]
+    assert not problems, problems
+
+
+ENGINES_DOC = [{"name": "primary", "clusterId": 0},  # docs/install.md, values-engines.yaml
+               {"name": "remote-0", "clusterId": 1, "storage": {"size": "50Gi", "storageClass": "fast-ssd"}},
+               {"name": "remote-1", "clusterId": 2, "existingSecret": {"name": "remote-1-token", "key": "token"}}]
+_BASE_KINDS = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment", "Role",
+               "RoleBinding", "Service", "ServiceAccount"}
+_ENGINE_KINDS = {"StatefulSet", "Secret", "NetworkPolicy"}
+# (values, the built-in kinds the variant renders): every documented mode of the chart
+SCHEMA_VARIANTS: dict[str, tuple[dict[str, Any] | None, set[str]]] = {
+    "defaults": (None, _BASE_KINDS),
+    "engines": ({"engines": ENGINES_DOC}, _BASE_KINDS | _ENGINE_KINDS),
+    "engines-ha": (E2E_VALUES, _BASE_KINDS | _ENGINE_KINDS),
+    "watched-namespaces": ({"operator": {"watch": {"namespaces": ["shop", "billing"]},
+                                         "credentials": {"namespaces": ["vault"]}}}, _BASE_KINDS),
+    "all-namespaces": ({"operator": {"watch": {"allNamespaces": True}}},
+                       _BASE_KINDS - {"Role", "RoleBinding"}),
+    "all-namespaces-ha": ({"operator": {"replicas": 3, "watch": {"allNamespaces": True}}},
+                          _BASE_KINDS - {"Role", "RoleBinding"}),
+    "tls": ({"engines": ENGINES_DOC, "tls": {"secretName": "reptables-tls"}}, _BASE_KINDS | _ENGINE_KINDS),
+    "no-spark": ({"bootstrap": {"spark": {"enabled": False}}}, _BASE_KINDS),
+    "monitoring": ({"engines": ENGINES_DOC[:1], "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+                    "metrics": {"prometheusRule": {"enabled": True},
+                                "dashboard": {"namespace": "monitoring", "annotations": {"grafana_folder": "DB"}}}},
+                   _BASE_KINDS | _ENGINE_KINDS),
+    # every optional knob of values.yaml that lands in a built-in object
+    "customized": ({"imagePullSecrets": [{"name": "regcred"}], "image": {"pullPolicy": "Always", "tag": "1.2.3"},
+                    "fullnameOverride": "tables",
+                    "operator": {"verbose": True, "extraArgs": ["--verbose"],
+                                 "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                                              {"name": "NODE",
+                                               "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                                 "nodeSelector": {"pool": "ops"}, "priorityClassName": "high",
+                                 "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
+                                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                                     "nodeSelectorTerms": [{"matchExpressions": [
+                                         {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+                                 "podAnnotations": {"team": "data"}, "podLabels": {"team": "data"},
+                                 "metrics": {"enabled": False}},
+                    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}},
+                    "engines": [{"name": "primary", "clusterId": 0, "readOnly": True, "storage": {"storageClass": "-"},
+                                 "extraArgs": ["--verbose"], "nodeSelector": {"disk": "ssd"},
+                                 "tolerations": [{"key": "db", "operator": "Equal", "value": "x"}],
+                                 "podAnnotations": {"backup": "yes"}, "resources": {"requests": {"cpu": "1"}}}],
+                    "engineDefaults": {"metricsPort": 0, "priorityClassName": "high",
+                                       "podLabels": {"team": "data"}},
+                    "networkPolicy": {"clients": [*CLIENTS, {"ipBlock": {"cidr": "10.0.0.0/8",
+                                                                         "except": ["10.1.0.0/16"]}}]}},
+                   _BASE_KINDS | _ENGINE_KINDS),
+    # values.yaml: engineDefaults.listenHost "::" for IPv6-only clusters
+    "ipv6": ({"engines": ENGINES_DOC[:1], "engineDefaults": {"listenHost": "::"}}, _BASE_KINDS | _ENGINE_KINDS),
+    "bring-your-own": ({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"},
+                        "networkPolicy": {"enabled": False}, "tableClusters": {"create": False},
+                        "metrics": {"dashboard": {"enabled": False}}, "engines": ENGINES_DOC[:1]},
+                       {"CustomResourceDefinition", "Deployment", "Service", "StatefulSet", "Secret"}),
+}
+
+
+def test_kubernetes_schema_variants_cover_every_built_in_kind_of_the_templates() -> None:
+    """The variants below render each built-in kind some template can make (CRDs come from crds/)."""
+    built_in = {d["kind"] for name in (CHART / "templates").glob("*.yaml") for d in template_documents(name.name)
+                if _api_group(d) not in CUSTOM_RESOURCE_GROUPS}
+    assert set().union(*(kinds for _, kinds in SCHEMA_VARIANTS.values())) == built_in | {"CustomResourceDefinition"}
+
+
+@needs_helm
+@pytest.mark.parametrize("variant", list(SCHEMA_VARIANTS))
+def test_kubernetes_schema_of_every_rendered_built_in_object(tmp_path: Path, variant: str) -> None:
+    """Every built-in object the chart renders is valid for the oldest supported and the newest Kubernetes."""
+    values, kinds = SCHEMA_VARIANTS[variant]
+    docs = render(tmp_path, values)
+    assert isinstance(docs, list), docs
+    built_in = [d for d in docs if _api_group(d) not in CUSTOM_RESOURCE_GROUPS]
+    assert {d["kind"] for d in built_in} == kinds
+    errors = [error for version in _kubernetes_versions() for doc in built_in
+              for error in kubernetes_schema_errors(doc, version)]
+    assert not errors, "\n".join(errors)
+    for doc in docs:
+        if _api_group(doc) == "monitoring.coreos.com":
+            assert doc["kind"] in ("ServiceMonitor", "PrometheusRule"), doc["kind"]
+            _check_prometheus_operator_object(doc)
+    if variant == "monitoring":
+        assert sorted(d["kind"] for d in docs if _api_group(d) == "monitoring.coreos.com") == \
+            ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+
+
+@needs_helm
+def test_kubernetes_schema_check_rejects_broken_objects(tmp_path: Path) -> None:
+    """The same helper refuses what the API server would: the check above is not vacuous."""
+    docs = render(tmp_path)
+    assert isinstance(docs, list)
+    deployment = one(docs, "Deployment")
+    for version in _kubernetes_versions():
+        assert kubernetes_schema_errors(deployment, version) == []
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["template"]["spec"]["volumeMount"] = [{"name": "tmp", "mountPath": "/tmp"}]  # misplaced
+    (error,) = kubernetes_schema_errors(broken, OLDEST_KUBERNETES)
+    assert "Deployment reptables-system/rt-reptables-operator" in error and "spec.template.spec" in error
+    assert "'volumeMount' was unexpected" in error, error
+    wrong_type = json.loads(json.dumps(deployment))
+    wrong_type["spec"]["replicas"] = "one"
+    (error,) = kubernetes_schema_errors(wrong_type, OLDEST_KUBERNETES)
+    assert "spec.replicas" in error and "'one' is not of type 'integer'" in error, error
+    service = one(docs, "Service")
+    container_port = json.loads(json.dumps(service))
+    container_port["spec"]["ports"][0]["containerPort"] = 8081  # a container's field on a Service port
+    assert kubernetes_schema_errors(container_port, OLDEST_KUBERNETES)
+    # a built-in kind at an apiVersion the cluster no longer serves is refused, not skipped
+    pdb = {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "rt"},
+           "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "rt"}}}}
+    (error,) = kubernetes_schema_errors(pdb, OLDEST_KUBERNETES)
+    assert "Couldn't find schema for kind PodDisruptionBudget with api version policy/v1beta1" in error
+    assert kubernetes_schema_errors({**pdb, "apiVersion": "policy/v1"}, OLDEST_KUBERNETES) == []
+
+
+@needs_helm
+def test_kubernetes_schema_prometheus_operator_objects_are_checked(tmp_path: Path) -> None:
+    docs = render(tmp_path, SCHEMA_VARIANTS["monitoring"][0])
+    assert isinstance(docs, list)
+    monitor, rule = one(docs, "ServiceMonitor", "rt-reptables-engines"), one(docs, "PrometheusRule")
+    _check_prometheus_operator_object(monitor)
+    _check_prometheus_operator_object(rule)
+    for doc, mutate in ((monitor, lambda d: d["spec"]["endpoints"][0].update(targetport="metrics")),
+                        (monitor, lambda d: d["spec"]["endpoints"][0].update(interval="30 seconds")),
+                        (monitor, lambda d: d["spec"].update(selectors=d["spec"]["selector"])),
+                        (rule, lambda d: d["spec"]["groups"][0]["rules"][0].update(four="5m")),
+                        (rule, lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+                        (rule, lambda d: d.update(apiVersion="monitoring.coreos.com/v1alpha1"))):
+        broken = json.loads(json.dumps(doc))
+        mutate(broken)
+        with pytest.raises(AssertionError):
+            _check_prometheus_operator_object(broken)

@@ -105,6 +105,11 @@ def test_an_app_per_attempt_owned_by_the_replica_with_its_secrets_only_in_an_own
                       "--exit", "0"), {"meta-token-file": "s3cret-meta-token-0123"}, replica)
         ref = launcher.start(job)
         assert ref == f"sparkapplication:{NS}/orders-target-copy-1-abc123"
+        # two reconciles that saw the same status start the job once: same name, same app
+        assert launcher.start(job) == ref and len(api.list(APPS, NS)) == 1
+        other = Owner(API, "TableReplica", "orders-target", "uid-of-another-replica", NS)
+        with pytest.raises(LaunchError, match="exists and belongs to another object"):
+            launcher.start(JobSpec(job.name, job.module, job.args, job.secrets, other))
         state = wait_done(launcher, ref)
         assert state == JobState(running=False, exit_code=0)
         app = api.get(APPS, "orders-target-copy-1-abc123", NS)
@@ -275,7 +280,8 @@ def test_the_operator_bootstraps_a_replica_through_spark_applications(tmp_path: 
             assert boot["phase"] == "Done", (boot, logs[-4000:])
             assert boot["rowsCopied"] == 2000 and boot["attempts"] == 1
             # one app for the copy, one for the verification, both the replica's, both finished
-            assert sorted(a["spec"]["arguments"][0] for a in apps) == ["bootstrap", "verify"]
+            assert sorted(a["spec"]["arguments"][0] for a in apps) == ["bootstrap", "verify"], [
+                a["metadata"]["name"] for a in apps]
             assert boot["jobRef"] in {f"sparkapplication:{NS}/{a['metadata']['name']}" for a in apps}
             for app in apps:
                 assert app["metadata"]["ownerReferences"][0]["uid"] == replica["metadata"]["uid"]
