@@ -22,6 +22,8 @@ class ErrorCode(IntEnum):
     PROTOCOL_ERROR = 101
     NO_SUCH_METHOD = 103
     UNAVAILABLE = 105
+    #: NHydra's ReadOnly: the cluster is in read-only mode (reptables: ``//sys/@read_only``)
+    READ_ONLY = 605
     SORT_ORDER_VIOLATION = 301
     SCHEMA_VIOLATION = 307
     ROW_WEIGHT_LIMIT_EXCEEDED = 308

@@ -54,7 +54,9 @@ class TableClusterSpec(ApiModel):
     """Cluster id (0-127), unique among clusters that replicate to each other; immutable (used by
     active-active replication to tag rows with their origin)."""
     read_only: StrictBool = False
-    """A read-only cluster receives no writes; the replicated table tracker treats it as unhealthy."""
+    """A read-only cluster refuses client row writes (the operator sets the engine's ``//sys/@read_only``;
+    ``insert_rows`` and ``delete_rows`` fail with code 605) while replication into its replica tables
+    goes on; the replicated table tracker treats it as unhealthy, so no sync replica stays there."""
 
 
 class TableClusterStatus(BaseStatus):

@@ -63,6 +63,9 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
             listed = ", ".join(desired) or "no cluster"
             if written:
                 out.events.append(Event("Normal", "DirectoryUpdated", f"//sys/clusters now lists {listed}"))
+            event = sync_read_only(world.engines.client(res.name), bool(res.spec.read_only))
+            if event is not None:
+                out.events.append(event)
             conds.append(Cond(conditions.READY, True, "Healthy",
                               f"engine {version} answers in {latency} ms; directory lists {listed}"))
         except (YtError, httpx.HTTPError, ClusterNotFound) as exc:
@@ -73,6 +76,20 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
     status["conditions"] = conditions.merge(res.status.get("conditions"), conds, res.generation)
     out.status = status
     return out
+
+
+def sync_read_only(client: Any, read_only: bool) -> Event | None:
+    """``spec.readOnly`` onto the engine's ``//sys/@read_only``: a read-only engine refuses client row
+    writes (code 605) while replication into its replica tables goes on. Returns the event of a change."""
+    try:
+        current = client.get("//sys/@read_only") is True
+    except YtError:
+        current = False  # never set
+    if current == read_only:
+        return None
+    client.set("//sys/@read_only", read_only)
+    return Event("Normal", "ReadOnly" if read_only else "Writable",
+                 "client writes are now refused (readOnly)" if read_only else "client writes are accepted again")
 
 
 def cluster_references(res: Resource, world: World) -> list[str]:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from .. import yson_util
 from ..credentials import made_by
+from ..cypress import parse_ypath
 from ..errors import ErrorCode, YtError
 from ..query import compile_query, parse_query
 from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
@@ -34,6 +35,9 @@ from .base import (
     _retarget_query,
 )
 from .tablet_commands import TabletCommands
+
+#: the node whose ``@read_only`` makes this cluster refuse client row writes (TableCluster ``readOnly``)
+_SYS = parse_ypath("//sys")
 
 
 class RowCommands(TabletCommands):
@@ -136,8 +140,13 @@ class RowCommands(TabletCommands):
 
         self._run_write(tx, implicit, fill)
 
-    @staticmethod
-    def _check_direct_write(table: DynamicTable, path: str) -> None:
+    def _check_direct_write(self, table: DynamicTable, path: str) -> None:
+        """A client's row write: refused on a read-only cluster and on replica tables."""
+        sys_node = self.cypress.resolve(_SYS, missing_ok=True)
+        if sys_node is not None and sys_node.attributes.get("read_only") is True:
+            raise YtError(f"Cluster {self.name} is read-only (//sys/@read_only): the write to {path} is refused; "
+                          "write on a writable cluster", code=ErrorCode.READ_ONLY,
+                          attributes={"path": path, "cluster_name": self.name})
         if table.upstream_replica_id:
             raise YtError(f"Table {path} is a replica table (upstream_replica_id {table.upstream_replica_id}): "
                           "direct writes are refused; write to its replicated table on the meta-cluster",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reptables.engine.errors import YtError
 from reptables.operator.registry import CredentialPolicy, Registry
 from reptables.operator.world import Engines, Resource
 from tests.harness import EngineProcess
@@ -79,3 +80,22 @@ def test_a_replica_lagging_beyond_the_threshold_is_not_replicating(op: Operator)
     op.until(lambda: op.replica("slow-r").status["tablets"]["rowsBehind"] == 0, 30, "no row behind")
     with op.client("target") as target:
         assert len(target.select_rows("* from [//home/slow_target]")) == 40
+
+
+def test_a_read_only_table_cluster_makes_its_engine_refuse_client_writes(op: Operator) -> None:
+    doc = cluster("source", op.engines["source"].url, 1)
+    doc["spec"]["readOnly"] = True
+    op.add(doc)
+    with op.client("source") as source:
+        op.until(lambda: source.get("//sys/@read_only") is True, 30, "//sys/@read_only on the engine")
+        source.create("table", "//tmp/ro", attributes={"dynamic": True, "schema": [
+            {"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]})
+        source.mount_table("//tmp/ro")
+        op.until(lambda: source.get("//tmp/ro/@tablet_state") == "mounted", 10, "mounted")
+        with pytest.raises(YtError, match="Cluster source is read-only"):
+            source.insert_rows("//tmp/ro", [{"k": 1, "v": "x"}])
+        assert [e.reason for e in op.events["source"]].count("ReadOnly") == 1
+        op.add(cluster("source", op.engines["source"].url, 1))  # readOnly back to false
+        op.until(lambda: source.get("//sys/@read_only") is False, 30, "writable again")
+        source.insert_rows("//tmp/ro", [{"k": 1, "v": "x"}])
+    assert "Writable" in [e.reason for e in op.events["source"]]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from reptables.engine.errors import ErrorCode, YtError
-from tests.replication.conftest import ClusterSet, wait_for
+from tests.replication.conftest import SCHEMA, ClusterSet, wait_for
 
 
 def test_async_replicas_receive_every_row_exactly_once(clusters: ClusterSet) -> None:
@@ -229,6 +229,32 @@ def test_the_throttler_limit_is_an_average_over_its_period_with_no_burst(cluster
     wait_for(lambda: len(clusters.rows("remote_0", "//tmp/r_throttled")) == 50, 30, "every row")
     # 10 KB at 2000 B/s: about five seconds, never all at once
     assert time.monotonic() - started >= 3.0
+
+
+def test_a_read_only_cluster_refuses_client_writes_and_still_receives_replication(clusters: ClusterSet) -> None:
+    """TableCluster ``readOnly`` (the operator sets ``//sys/@read_only``): no client writes, replication goes on."""
+    path = clusters.replicated_table("//tmp/rt_read_only")
+    clusters.replica(path, "remote_0", "//tmp/r_read_only")
+    remote = clusters.client("remote_0")
+    remote.create("table", "//tmp/plain_read_only", attributes={"dynamic": True, "schema": SCHEMA})
+    remote.mount_table("//tmp/plain_read_only")
+    wait_for(lambda: remote.get("//tmp/plain_read_only/@tablet_state") == "mounted", 10, "mounted")
+    remote.set("//sys/@read_only", True)
+    try:
+        with pytest.raises(YtError, match=r"Cluster remote_0 is read-only \(//sys/@read_only\): the write to "
+                                          r"//tmp/plain_read_only is refused") as refused:
+            remote.insert_rows("//tmp/plain_read_only", [{"k": 1, "v": "x"}])
+        assert refused.value.code == ErrorCode.READ_ONLY
+        with pytest.raises(YtError, match="is read-only"):
+            remote.delete_rows("//tmp/plain_read_only", [{"k": 1}])
+        # the meta-cluster's changes still arrive: a read-only cluster can host replicas
+        clusters.meta.insert_rows(path, [{"k": 7, "v": "replicated"}], require_sync_replica=False)
+        wait_for(lambda: clusters.rows("remote_0", "//tmp/r_read_only") == [{"k": 7, "v": "replicated"}], 30,
+                 "the replicated row")
+        assert remote.select_rows("* from [//tmp/plain_read_only]") == []
+    finally:
+        remote.set("//sys/@read_only", False)
+    remote.insert_rows("//tmp/plain_read_only", [{"k": 1, "v": "x"}])
 
 
 def test_replicas_attribute_shape(clusters: ClusterSet) -> None:
