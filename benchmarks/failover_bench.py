@@ -56,6 +56,12 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/failover_bench.py                  # 10 trials, ~3 min
     .venv/bin/python benchmarks/failover_bench.py --trials 3 --json out.json
+    .venv/bin/python benchmarks/failover_bench.py --trials 1 --plot docs/failover.svg
+
+``--plot PATH`` draws the first trial that failed over as an SVG timeline (hand-written SVG text, so
+no plotting dependency): the commits acknowledged per 100 ms and each refused commit, the kill, the
+tracker's switch, the status update, and the replication lag of the replica that becomes sync (the
+reconcile thread polls ``#<replica id>/@replication_lag_time`` on the meta-cluster after each pass).
 
 Every wait is bounded; every engine the benchmark started is stopped by its pid (its process
 group) at the end, also on an error, Ctrl-C or SIGTERM.
@@ -132,6 +138,8 @@ class Config:
     workdir: str | None = None
     keep_data: bool = False
     seed: int = 1
+    plot: bool = False
+    """Keep each trial's timeline (attempts, lag samples) for ``--plot``."""
 
 
 @dataclass
@@ -192,6 +200,25 @@ class Trial:
 
 
 @dataclass
+class Timeline:
+    """What ``--plot`` draws of one trial; times in seconds relative to the kill."""
+
+    index: int
+    killed: str
+    survivor: str
+    attempts: list[tuple[float, float, bool, int]]
+    """(start, end, acknowledged, error code) of each commit attempt."""
+    lags: list[tuple[float, float | None]]
+    """(time, replication_lag_time in ms or None when the poll failed) of the survivor's replica."""
+    first_bad_probe: float | None = None
+    switch: float | None = None
+    """Return of the tracker's last alter_table_replica of the deciding check."""
+    status: float | None = None
+    window: tuple[float, float] | None = None
+    """(last ack before the kill, first ack after it)."""
+
+
+@dataclass
 class Result:
     config: Config
     trials: list[Trial]
@@ -201,6 +228,8 @@ class Result:
     analysis: list[str]
     engine_pids: list[int] = field(default_factory=list)
     """Every engine process the run started (all stopped when ``run`` returns)."""
+    timelines: list[Timeline] = field(default_factory=list)
+    """Per trial, what ``--plot`` draws (kept only with ``Config.plot``)."""
 
 
 # -- manifests ----------------------------------------------------------------------------------------
@@ -308,6 +337,21 @@ class Reconciler(threading.Thread):
         self.passes: list[float] = []
         self.errors: Counter[str] = Counter()
         self.timeline: list[tuple[float, tuple[str, ...], dict[str, str]]] = []
+        self.lag_client: Client | None = None
+        """A client of the meta engine used only by this thread, to poll lag (``--plot``)."""
+        self.lag_replica: str | None = None
+        """Object id of the replica whose ``@replication_lag_time`` is polled after each pass."""
+        self.lags: list[tuple[float, float | None]] = []
+
+    def poll_lag(self) -> None:
+        replica, client = self.lag_replica, self.lag_client
+        if replica is None or client is None:
+            return
+        try:
+            lag: float | None = float(client.get(f"#{replica}/@replication_lag_time"))
+        except (YtError, OSError, ValueError, TypeError):
+            lag = None
+        self.lags.append((time.monotonic(), lag))
 
     def run(self) -> None:
         for _ in range(MAX_RECONCILE_PASSES):
@@ -323,6 +367,7 @@ class Reconciler(threading.Thread):
             sync, modes = status_view(self.runner)
             if not self.timeline or self.timeline[-1][1:] != (sync, modes):
                 self.timeline.append((done, sync, modes))
+            self.poll_lag()
             self.stop_event.wait(self.interval)
 
 
@@ -386,7 +431,7 @@ def missing_keys(client: Client, path: str, keys: list[int]) -> list[int]:
     for i in range(0, len(keys), LOOKUP_CHUNK):
         chunk = keys[i:i + LOOKUP_CHUNK]
         found = client.lookup_rows(path, [{"k": k} for k in chunk], column_names=["k"])
-        present = {row["k"] for row in found}
+        present = {row["k"] for row in found if row is not None}
         missing.extend(k for k in chunk if k not in present)
     return missing
 
@@ -450,6 +495,7 @@ class Bench:
         self.acked: list[int] = []
         self._log_file = (self.workdir / "runner.log").open("w")
         self._stopped = False
+        self.timelines: list[Timeline] = []
         self._build(self.workdir / "data")
 
     def _build(self, data_dir: Path) -> None:
@@ -460,6 +506,8 @@ class Bench:
         self.tracker = TimedTracker(self.runner.registry.world())
         self.runner.tracker = self.tracker
         self.reconciler = Reconciler(self.runner, self.cfg.reconcile_interval_s)
+        if self.cfg.plot:
+            self.reconciler.lag_client = Client(self.url(META), self.tokens[META], timeout=0.5)
         self.meta = Client(self.url(META), self.tokens[META], timeout=30.0)
         self.clients = {name: Client(self.url(name), self.tokens[name], timeout=30.0) for name in REMOTES}
 
@@ -509,6 +557,8 @@ class Bench:
             self.reconciler.join(timeout=30)
         for client in (self.meta, *self.clients.values()):
             client.close()
+        if self.reconciler.lag_client is not None:
+            self.reconciler.lag_client.close()
         try:
             self.runner.stop()
         finally:
@@ -564,6 +614,9 @@ class Bench:
     def trial(self, index: int, sync_cluster: str) -> Trial:
         survivor = next(c for c in REMOTES if c != sync_cluster)
         result = Trial(index=index, killed=sync_cluster, survivor=survivor)
+        if self.cfg.plot:
+            self.reconciler.lag_replica = replicas_by_cluster(self.meta)[survivor]["id"]
+            self.reconciler.lags = []
         writer = Writer(self.url(META), self.tokens[META], self.next_key, index, self.cfg.retry_pause_s,
                         deadline=time.monotonic() + self.cfg.warmup_s + self.cfg.recovery_timeout_s + 60)
         self.writer = writer
@@ -595,6 +648,9 @@ class Bench:
             self.writer = None
         self.next_key = writer.next_key
         self.analyse(result, writer.attempts, t_kill, kill_wall)
+        if self.cfg.plot:
+            self.reconciler.lag_replica = None
+            self.timelines.append(self.timeline(result, writer.attempts, t_kill))
         trial_acked = [a.key for a in writer.attempts if a.ok]
         self.acked.extend(trial_acked)
         result.acked_trial, result.acked_total = len(trial_acked), len(self.acked)
@@ -607,6 +663,21 @@ class Bench:
             result.problem = "lost acknowledged writes" if result.lost_meta or result.lost_survivor else \
                 f"new sync replica is {result.new_sync}, expected {survivor}"
         return result
+
+    def timeline(self, result: Trial, attempts: list[Attempt], t_kill: float) -> Timeline:
+        """What ``--plot`` draws of this trial, relative to the kill."""
+        first_bad = next((c["probed"] for c in result.checks if c["probed"] > 0 and result.killed in c["unhealthy"]),
+                         None)
+        deciding = next((c for c in result.checks if c["start"] > -1 and c["switches"]), None)
+        switch = max(s["t"] for s in deciding["switches"]) if deciding else None
+        before = [a.end for a in attempts if a.ok and a.start < t_kill]
+        after = [a for a in attempts if a.ok and a.start >= t_kill]
+        first_ok = min(after, key=lambda a: a.start) if after else None
+        window = (max(before) - t_kill, first_ok.end - t_kill) if before and first_ok else None
+        return Timeline(result.index, result.killed, result.survivor,
+                        [(a.start - t_kill, a.end - t_kill, a.ok, a.code) for a in attempts],
+                        [(t - t_kill, lag) for t, lag in list(self.reconciler.lags)],
+                        first_bad, switch, result.status_s, window)
 
     def restart(self, name: str) -> None:
         with signals_deferred():
@@ -708,7 +779,7 @@ class Bench:
                      "errors": dict(self.reconciler.errors)}
         return Result(self.cfg, trials, summary, {"start": [load_start], "end": [load_average()]}, reconcile,
                       analysis(trials, summary, reconcile, self.cfg.retry_pause_s),
-                      [p.pid for p in self.started])
+                      [p.pid for p in self.started], self.timelines)
 
 
 def log_tail(path: Path, lines: int = 3) -> str:
@@ -876,6 +947,126 @@ def render(result: Result, out: TextIO) -> None:
         print(f"  - {line}", file=out)
 
 
+# -- the plot (--plot) ------------------------------------------------------------------------------------
+
+SVG_WIDTH, SVG_HEIGHT = 960, 520
+PLOT_LEFT, PLOT_RIGHT = 80, 930
+WRITES_TOP, WRITES_BOTTOM = 70, 220
+LAG_TOP, LAG_BOTTOM = 280, 400
+BIN_S = 0.1
+GREEN, RED, BLUE, GREY = "#2e7d32", "#c62828", "#1565c0", "#616161"
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def _nice_step(span: float, ticks: int = 6) -> float:
+    """A 1/2/5 x 10^n step that cuts ``span`` into about ``ticks`` parts."""
+    raw = max(span, 1e-9) / ticks
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+
+
+def plot_svg(tl: Timeline, title: str) -> str:
+    """One trial as an SVG: commits acknowledged per 100 ms, refused commits, events, the survivor's lag."""
+    times = [a[0] for a in tl.attempts] + [a[1] for a in tl.attempts] + [t for t, _ in tl.lags]
+    t0 = math.floor(min([*times, -0.5]) * 2) / 2
+    t1 = math.ceil(max([*times, 0.5]) * 2) / 2
+
+    def x(t: float) -> float:
+        return PLOT_LEFT + (t - t0) / (t1 - t0) * (PLOT_RIGHT - PLOT_LEFT)
+
+    bins: Counter[int] = Counter(math.floor((end - t0) / BIN_S) for _, end, ok, _ in tl.attempts if ok)
+    top_count = max(bins.values(), default=1)
+    lag_values = [lag for _, lag in tl.lags if lag is not None]
+    top_lag = max([*lag_values, 1.0])
+    lag_step = _nice_step(top_lag, 4)
+    top_lag = math.ceil(top_lag / lag_step) * lag_step
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_WIDTH}" height="{SVG_HEIGHT}" '
+           f'viewBox="0 0 {SVG_WIDTH} {SVG_HEIGHT}" font-family="sans-serif" font-size="12">',
+           f'<title>{_esc(title)}</title>',
+           f'<rect width="{SVG_WIDTH}" height="{SVG_HEIGHT}" fill="white"/>',
+           f'<text x="{PLOT_LEFT}" y="24" font-size="15" font-weight="bold">{_esc(title)}</text>']
+    if tl.window is not None:
+        lo, hi = tl.window
+        out.append(f'<rect x="{x(lo):.1f}" y="{WRITES_TOP}" width="{x(hi) - x(lo):.1f}" '
+                   f'height="{LAG_BOTTOM - WRITES_TOP}" fill="{RED}" fill-opacity="0.08"/>')
+        out.append(f'<text x="{(x(lo) + x(hi)) / 2:.1f}" y="{WRITES_TOP - 6}" text-anchor="middle" fill="{RED}">'
+                   f'writes unavailable {hi - lo:.2f} s</text>')
+    # axes and grid
+    step = _nice_step(t1 - t0, 10)
+    tick = math.ceil(t0 / step) * step
+    while tick <= t1 + 1e-9:
+        out.append(f'<line x1="{x(tick):.1f}" y1="{WRITES_TOP}" x2="{x(tick):.1f}" y2="{LAG_BOTTOM}" '
+                   f'stroke="#e0e0e0"/>')
+        out.append(f'<text x="{x(tick):.1f}" y="{LAG_BOTTOM + 16}" text-anchor="middle">{tick:g}</text>')
+        tick += step
+    out.append(f'<text x="{(PLOT_LEFT + PLOT_RIGHT) / 2}" y="{LAG_BOTTOM + 34}" text-anchor="middle">'
+               'seconds since the SIGKILL of the sync replica\'s engine</text>')
+    for top, bottom in ((WRITES_TOP, WRITES_BOTTOM), (LAG_TOP, LAG_BOTTOM)):
+        out.append(f'<rect x="{PLOT_LEFT}" y="{top}" width="{PLOT_RIGHT - PLOT_LEFT}" height="{bottom - top}" '
+                   f'fill="none" stroke="{GREY}"/>')
+    # writes panel: bars of acknowledged commits per bin, a red tick per refused commit
+    bar_w = max(1.0, x(t0 + BIN_S) - x(t0) - 1)
+    scale = (WRITES_BOTTOM - WRITES_TOP - 30) / top_count
+    for index, count in sorted(bins.items()):
+        h = count * scale
+        out.append(f'<rect x="{x(t0 + index * BIN_S):.1f}" y="{WRITES_BOTTOM - h:.1f}" width="{bar_w:.1f}" '
+                   f'height="{h:.1f}" fill="{GREEN}"/>')
+    refused = [(start, code) for start, _, ok, code in tl.attempts if not ok]
+    for start, _code in refused:
+        out.append(f'<line x1="{x(start):.1f}" y1="{WRITES_TOP + 4}" x2="{x(start):.1f}" y2="{WRITES_TOP + 18}" '
+                   f'stroke="{RED}" stroke-width="1.5"/>')
+    codes = Counter(code for _, code in refused)
+    out.append(f'<text x="{PLOT_LEFT - 8}" y="{WRITES_TOP + 15}" text-anchor="end" fill="{RED}">refused</text>')
+    out.append(f'<text x="{PLOT_LEFT - 8}" y="{WRITES_BOTTOM}" text-anchor="end">0</text>')
+    out.append(f'<text x="{PLOT_LEFT - 8}" y="{WRITES_BOTTOM - top_count * scale + 4:.1f}" text-anchor="end">'
+               f'{top_count}</text>')
+    out.append(f'<text x="{PLOT_LEFT}" y="{WRITES_TOP - 24}">commits acknowledged per 100 ms (green bars); '
+               f'refused commits (red ticks: '
+               + (", ".join(f"{n} x code {c}" for c, n in sorted(codes.items())) or "none") + ')</text>')
+    # lag panel
+    for value in (0.0, top_lag / 2, top_lag):
+        y = LAG_BOTTOM - value / top_lag * (LAG_BOTTOM - LAG_TOP)
+        out.append(f'<text x="{PLOT_LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    out.append(f'<text x="{PLOT_LEFT}" y="{LAG_TOP - 8}">replication lag of {_esc(tl.survivor)}\'s replica, '
+               'the one the tracker makes sync (ms, #&lt;replica id&gt;/@replication_lag_time polled on the '
+               'meta-cluster)</text>')
+    points = " ".join(f"{x(t):.1f},{LAG_BOTTOM - lag / top_lag * (LAG_BOTTOM - LAG_TOP):.1f}"
+                      for t, lag in tl.lags if lag is not None)
+    if points:
+        out.append(f'<polyline points="{points}" fill="none" stroke="{BLUE}" stroke-width="1.5"/>')
+    for t, lag in tl.lags:
+        if lag is not None:
+            out.append(f'<circle cx="{x(t):.1f}" cy="{LAG_BOTTOM - lag / top_lag * (LAG_BOTTOM - LAG_TOP):.1f}" '
+                       f'r="2" fill="{BLUE}"/>')
+    # events
+    events: list[tuple[float | None, str, str, str]] = [
+        (0.0, "kill", RED, "6,3"), (tl.first_bad_probe, "1st failed probe", GREY, "2,3"),
+        (tl.switch, "tracker switch", BLUE, "6,3"), (tl.status, "status shows it", GREY, "2,3")]
+    label_y = LAG_BOTTOM + 52
+    shown = [(at, label, colour, dash) for at, label, colour, dash in events if at is not None]
+    for offset, (at, label, colour, dash) in enumerate(shown):
+        out.append(f'<line x1="{x(at):.1f}" y1="{WRITES_TOP}" x2="{x(at):.1f}" y2="{LAG_BOTTOM}" stroke="{colour}" '
+                   f'stroke-width="1.5" stroke-dasharray="{dash}"/>')
+        out.append(f'<text x="{x(at):.1f}" y="{label_y + 14 * offset}" text-anchor="middle" fill="{colour}">'
+                   f'{_esc(label)} {at:+.2f} s</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_plot(result: Result, path: Path) -> bool:
+    """Write the first trial that failed over (else the first trial) to ``path``; False when no trial ran."""
+    if not result.timelines:
+        return False
+    tl = next((t for t in result.timelines if t.window is not None), result.timelines[0])
+    title = (f"Failover: the engine of the sync replica ({tl.killed}) is SIGKILLed; the tracker makes "
+             f"{tl.survivor} sync")
+    path.write_text(plot_svg(tl, title))
+    return True
+
+
 def to_json(result: Result) -> dict[str, Any]:
     return {"config": asdict(result.config), "summary": result.summary, "engine_pids": result.engine_pids,
             "load": result.load, "reconcile": result.reconcile, "analysis": result.analysis,
@@ -951,13 +1142,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-data", action="store_true", help="keep engine data and logs (runner.log too)")
     parser.add_argument("--seed", type=int, default=Config.seed)
     parser.add_argument("--json", metavar="PATH", help="also write every figure and timeline as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="also draw one trial's timeline (writes, kill, switch, "
+                        "lag) as an SVG file")
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     cfg = Config(trials=args.trials, warmup_s=args.warmup, after_s=args.after, retry_pause_s=args.retry_pause,
                  reconcile_interval_s=args.reconcile_interval, recovery_timeout_s=args.recovery_timeout,
                  settle_timeout_s=args.settle_timeout, workdir=args.workdir, keep_data=args.keep_data,
-                 seed=args.seed)
+                 seed=args.seed, plot=bool(args.plot))
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     out = sys.stdout
@@ -970,6 +1163,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(result), indent=2, default=str))
         print(f"JSON written to {args.json}", file=out)
+    if args.plot:
+        if write_plot(result, Path(args.plot)):
+            print(f"plot written to {args.plot}", file=out)
+        else:
+            print("no trial to plot", file=sys.stderr)
     return 0 if result.summary["all_ok"] else 1
 
 

@@ -73,6 +73,9 @@ class TableReplicaSpec(ApiModel):
                  "(!has(self.startReplicationTimestamp) || "
                  "self.startReplicationTimestamp == oldSelf.startReplicationTimestamp)",
          "message": "startReplicationTimestamp is immutable"},
+        {"rule": "self.atomicity == 'full' || (self.mode == 'async' && !self.enableReplicatedTableTracker)",
+         "message": "a replica with atomicity: none can only be asynchronous: set mode: async and "
+                    "enableReplicatedTableTracker: false"},
     ]})
 
     table: ObjectName = Field(json_schema_extra=immutable("table"))
@@ -92,7 +95,8 @@ class TableReplicaSpec(ApiModel):
     """Write rows with the meta-cluster's commit timestamps; false writes with the replica cluster's own
     timestamps into a table without upstream_replica_id (async only); immutable."""
     atomicity: Atomicity = Atomicity.FULL
-    """full or none (the replica table's atomicity)."""
+    """full or none: the atomicity of the replication writes and of the replica table (created so; an
+    existing one must match). ``none`` only for asynchronous replicas the tracker leaves alone."""
     start_replication_timestamp: StrictInt | None = Field(default=None, ge=0, le=MAX_TIMESTAMP,
                                                          json_schema_extra={"format": "int64"})
     """Replicate only changes committed after this meta-cluster timestamp; immutable. Usually left unset:
@@ -100,14 +104,19 @@ class TableReplicaSpec(ApiModel):
     bootstrap: Bootstrap = Field(default_factory=Bootstrap, json_schema_extra={"default": {}})
     """The initial copy of existing rows."""
     deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
-    """Retain keeps the replica table and its rows when the resource is deleted (the replica object on
-    the meta-cluster is always removed); Delete removes the replica table too."""
+    """Retain keeps the replica object on the meta-cluster and the replica table with its rows when the
+    resource is deleted (a TableReplica for the same cluster and path adopts them again; until then the
+    replica gets no changes and holds the table's queue); Delete removes both."""
 
     @model_validator(mode="after")
     def _timestamps_preserved_or_async(self) -> TableReplicaSpec:
         if not self.preserve_timestamps and (self.mode is not ReplicaMode.ASYNC or
                                              self.enable_replicated_table_tracker):
             raise ValueError("a replica with preserveTimestamps: false can only be asynchronous: "
+                             "set mode: async and enableReplicatedTableTracker: false")
+        if self.atomicity.value == "none" and (self.mode is not ReplicaMode.ASYNC or
+                                               self.enable_replicated_table_tracker):
+            raise ValueError("a replica with atomicity: none can only be asynchronous: "
                              "set mode: async and enableReplicatedTableTracker: false")
         return self
 

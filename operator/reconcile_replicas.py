@@ -159,6 +159,8 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
             attrs["upstream_replica_id"] = upstream
         if table.spec.tablet_count:
             attrs["tablet_count"] = table.spec.tablet_count
+        if spec.atomicity.value != "full":
+            attrs["atomicity"] = spec.atomicity.value  # replication writes carry the replica's atomicity
         remote.create("table", path, attributes=attrs, recursive=True)
         events.append(Event("Normal", "ReplicaTableCreated", f"{path} created on {spec.cluster}"))
     current = remote.get(f"{path}/@")

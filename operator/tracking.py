@@ -166,7 +166,9 @@ class TrackerLoop:
                 exists = self._replica_table_mounted(r["cluster_name"], r["replica_path"])
             out.append(tk.TrackedReplica(
                 replica_id=str(replica_id), cluster=r["cluster_name"], mode=tk.ReplicaMode(r["mode"]),
-                enabled=r["state"] == "enabled", tracker_enabled=bool(r["replicated_table_tracker_enabled"]),
+                enabled=r["state"] == "enabled", tracker_enabled=bool(r["replicated_table_tracker_enabled"])
+                # a non-atomic replica can only be asynchronous: the tracker leaves it alone
+                and r.get("atomicity", "full") == "full",
                 lag=None if r.get("errors") else float(r.get("replication_lag_time", 0)) / 1000.0,
                 table_exists=exists))
         return out

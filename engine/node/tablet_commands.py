@@ -147,6 +147,9 @@ class TabletCommands(CypressCommands):
             self.cypress.save(conn, node)
 
     def alter_table_replica(self, replica_id: str, enabled: bool | None = None, mode: str | None = None) -> None:
+        if mode == "sync" and self.replication.replica(replica_id).atomicity == "none":
+            raise YtError(f"Replica {replica_id} has atomicity=none and can only be asynchronous",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": replica_id})
         self.replication.alter_replica(replica_id, enabled, mode)
 
     def get_in_sync_replicas(self, path: Any, timestamp: Any, keys: list[Any] | None = None) -> list[str]:

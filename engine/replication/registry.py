@@ -485,6 +485,10 @@ class ReplicaRegistry:
         atomicity = attrs.get("atomicity", "full")
         if atomicity not in ("full", "none"):
             raise YtError("Replica atomicity must be full or none", code=ErrorCode.INVALID_PARAMETER)
+        if atomicity == "none" and mode == "sync":
+            # seed 002: atomicity "makes sense only for asynchronous replicas"
+            raise YtError("A replica with atomicity=none can only be asynchronous: a sync replica takes part in "
+                          "every commit, atomically", code=ErrorCode.INVALID_PARAMETER)
         # lock order: the storage writer, then the registry (the duplicate check and the insert are one step)
         with self.host.storage.write() as conn, self._lock:
             for other in self._replicas.values():
@@ -595,6 +599,13 @@ class ReplicaRegistry:
             if columns[col.name] != col.type.value:
                 raise YtError(f"Cannot enable replica {replica.id}: column {col.name!r} of {where} has type "
                               f"{columns[col.name]}, expected {col.type.value}", code=ErrorCode.SCHEMA_VIOLATION)
+        # replication writes carry the replica's atomicity; a table of the other atomicity would refuse
+        # them at every push (seed 003: the modes of the table and the transaction must match)
+        table_atomicity = info.get("atomicity", "full")
+        if table_atomicity != replica.atomicity:
+            raise YtError(f"Cannot enable replica {replica.id}: {where} has atomicity={table_atomicity} but the "
+                          f"replica has atomicity={replica.atomicity}; they must match",
+                          code=ErrorCode.INVALID_TRANSACTION_ATOMICITY, attributes={"replica_id": replica.id})
         expected = replica.id if replica.preserve_timestamps else None
         if info.get("upstream_replica_id") != expected:
             raise YtError(f"Cannot enable replica {replica.id}: {where} has upstream_replica_id "

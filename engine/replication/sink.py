@@ -154,7 +154,8 @@ class ReplicaSink:
             self.check_caller(caller, table.upstream_replica_id, "table_info", table_path)
         return {"sorted": table.sorted, "key_columns": table.schema.key_names,
                 "columns": [{"name": c.name, "type": c.type.value} for c in table.schema.columns],
-                "upstream_replica_id": table.upstream_replica_id, "tablet_state": table.state.value}
+                "upstream_replica_id": table.upstream_replica_id, "tablet_state": table.state.value,
+                "atomicity": table.atomicity}
 
     def prepare_may_wait(self, body: dict[str, Any]) -> bool:
         """Whether a prepare may wait for the decision on an earlier transaction (which arrives as

@@ -285,7 +285,7 @@ def test_optional_fields_are_plain_not_nullable_and_enums_are_inlined() -> None:
 
 def test_every_cel_rule_compiles_and_has_a_message() -> None:
     rules = [rule for kind in NAMES for _, rule in cel_rules(root_schema(kind))]
-    assert len(rules) == 14
+    assert len(rules) == 15
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -329,7 +329,8 @@ def test_changing_an_identity_field_is_refused(old: dict[str, Any], new: dict[st
     (table(), table(frozen=True, deletionPolicy="Delete", minReplicationLogTtl="1h")),
     (table(), table(replicatedTableOptions={"enableReplicatedTableTracker": True, "maxSyncReplicaCount": 2})),
     (replica(), replica(enabled=False)),
-    (replica(), replica(mode="sync", enableReplicatedTableTracker=False, atomicity="none")),
+    (replica(), replica(mode="sync", enableReplicatedTableTracker=False)),
+    (replica(), replica(mode="async", enableReplicatedTableTracker=False, atomicity="none")),
     (cluster(), cluster(endpoint="https://primary.example.com", readOnly=True)),
     (collocation(), collocation(tables=["orders", "payments"], preferredSyncReplicaClusters=["remote-0"])),
 ], ids=lambda v: "")
@@ -348,6 +349,8 @@ def test_changing_a_value_column_or_an_option_is_allowed(old: dict[str, Any], ne
     (table(pivotKeys=[[1], [2]]), "the first pivot key must be []"),
     (replica(preserveTimestamps=False), "a replica with preserveTimestamps: false can only be asynchronous: "
                                         "set mode: async and enableReplicatedTableTracker: false"),
+    (replica(atomicity="none"), "a replica with atomicity: none can only be asynchronous: "
+                                "set mode: async and enableReplicatedTableTracker: false"),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_api_server_and_the_models_refuse_the_same_manifest(manifest: dict[str, Any], message: str) -> None:
     assert violations(manifest) == [message]

@@ -257,6 +257,39 @@ def test_a_read_only_cluster_refuses_client_writes_and_still_receives_replicatio
     remote.insert_rows("//tmp/plain_read_only", [{"k": 1, "v": "x"}])
 
 
+def test_a_replica_with_atomicity_none_is_asynchronous_and_needs_a_non_atomic_table(clusters: ClusterSet) -> None:
+    """Seed 002: a replica's atomicity "makes sense only for asynchronous replicas"; its replication writes are
+    non-atomic, so its table must be too (seed 003: the modes of a table and its writes must match)."""
+    path = clusters.replicated_table("//tmp/rt_non_atomic")
+
+    def create(mode: str) -> str:
+        return str(clusters.meta.call("create", {"type": "table_replica", "attributes": {
+            "table_path": path, "cluster_name": "remote_0", "replica_path": "//tmp/r_non_atomic", "mode": mode,
+            "atomicity": "none"}})["node_id"])
+
+    with pytest.raises(YtError, match="atomicity=none can only be asynchronous"):
+        create("sync")
+    replica_id = create("async")
+    remote = clusters.client("remote_0")
+    remote.create("table", "//tmp/r_non_atomic", attributes={"dynamic": True, "schema": SCHEMA,
+                                                             "upstream_replica_id": replica_id})
+    remote.mount_table("//tmp/r_non_atomic")
+    with pytest.raises(YtError, match="has atomicity=full but the replica has atomicity=none; they must match"):
+        clusters.alter(replica_id, enabled=True)
+    remote.unmount_table("//tmp/r_non_atomic")
+    wait_for(lambda: remote.get("//tmp/r_non_atomic/@tablet_state") == "unmounted", 10, "unmounted")
+    remote.remove("//tmp/r_non_atomic")
+    remote.create("table", "//tmp/r_non_atomic", attributes={"dynamic": True, "schema": SCHEMA, "atomicity": "none",
+                                                             "upstream_replica_id": replica_id})
+    remote.mount_table("//tmp/r_non_atomic")
+    clusters.alter(replica_id, enabled=True)
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "non-atomic"}], require_sync_replica=False)
+    wait_for(lambda: clusters.rows("remote_0", "//tmp/r_non_atomic") == [{"k": 1, "v": "non-atomic"}], 30, "the row")
+    with pytest.raises(YtError, match="atomicity=none and can only be asynchronous"):
+        clusters.alter(replica_id, mode="sync")
+    assert clusters.meta.get(f"#{replica_id}/@mode") == "async"
+
+
 def test_replicas_attribute_shape(clusters: ClusterSet) -> None:
     path = clusters.replicated_table("//tmp/rt")
     replica_id = clusters.replica(path, "remote_0", "//tmp/r")
