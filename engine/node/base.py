@@ -36,6 +36,7 @@ from ..errors import ErrorCode, YtError
 from ..faults import Faults
 from ..metrics import EngineMetrics
 from ..peers import Peers
+from ..query import ParsedQuery
 from ..replication import (
     TRIMMED_TIMESTAMP_ATTRIBUTE,
     ReplicationManager,
@@ -80,12 +81,27 @@ READ_ONLY_ATTRIBUTES = {"id", "type", "path", "key", "parent_id", "dynamic", "so
                         "expected_tablet_state"}
 
 
-def _retarget_query(query: str, path: str, new_path: str) -> str:
-    for old, new in ((f"[{path}]", f"[{new_path}]"), (f"`{path}`", f"`{new_path}`")):
-        if old in query:
-            return query.replace(old, new, 1)
-    raise YtError(f"Cannot redirect query to a replica: table {path} is not written as [path]",
-                  code=ErrorCode.INVALID_PARAMETER)
+def _retarget_query(query: ParsedQuery, new_paths: dict[str, str]) -> str:
+    """The text of ``query`` with each table path written in it replaced by ``new_paths[path]``.
+
+    Used to send a query over replicated tables to the cluster of their replicas. Only the table
+    tokens of FROM and JOIN are rewritten (found by their position in the parsed text), so a string
+    literal or an alias that happens to spell a path is left alone.
+    """
+    text = query.text
+    pieces: list[str] = []
+    last = 0
+    for table in sorted(query.tables, key=lambda t: t.span.start):
+        if table.path not in new_paths:
+            continue
+        if table.span.start < last or text[table.span.start:table.span.end] == "":
+            raise YtError(f"Cannot redirect query to a replica: table {table.path} is not written in it",
+                          code=ErrorCode.INVALID_PARAMETER)
+        new = new_paths[table.path]
+        token = f"[{new}]" if "]" not in new else "`" + new.replace("\\", "\\\\").replace("`", "\\`") + "`"
+        pieces += [text[last:table.span.start], token]
+        last = table.span.end
+    return "".join(pieces) + text[last:]
 
 
 def _is_storage_outage(exc: sa.exc.DBAPIError) -> bool:

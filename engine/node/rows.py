@@ -16,7 +16,7 @@ from .. import yson_util
 from ..credentials import made_by
 from ..cypress import parse_ypath
 from ..errors import ErrorCode, YtError
-from ..query import compile_query, parse_query
+from ..query import ParsedQuery, compile_query, parse_query
 from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
 from ..tablets import (
     DynamicTable,
@@ -277,18 +277,21 @@ class RowCommands(TabletCommands):
         if not isinstance(query, str):
             raise YtError("Parameter \"query\" must be a string", code=ErrorCode.INVALID_PARAMETER)
         parsed = parse_query(query)
-        table, table_path, _ = self._table(parsed.table_path)
-        table.check_readable(table_path)
+        tables = [self._table(path) for path in parsed.table_paths]  # FROM first, then each JOIN's
+        for table, table_path, _ in tables:
+            table.check_readable(table_path)
         ts = self._snapshot_timestamp(timestamp, transaction_id)
-        table.check_snapshot(ts, table_path)
-        if table.replicated:
-            replica = self.replication.in_sync_read_replica(table, table_path)
-            rewritten = _retarget_query(query, parsed.table_path, replica.replica_path)
+        for table, table_path, _ in tables:
+            table.check_snapshot(ts, table_path)
+        if any(table.replicated for table, _, _ in tables):
+            replica, rewritten = self._replicas_for_query(parsed, tables)
             return self._from_replica(replica, lambda c: c.select_rows(
                 rewritten, timestamp=ts, output_row_limit=output_row_limit))
         if ts is None:
-            self.transactions.wait_prepared_writes(table.table_id)
-        compiled = compile_query(parsed, table.query_source(ts))
+            for table_id in dict.fromkeys(table.table_id for table, _, _ in tables):
+                self.transactions.wait_prepared_writes(table_id)
+        sources = [table.query_source(ts) for table, _, _ in tables]
+        compiled = compile_query(parsed, sources[0], sources[1:])
         limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
         statement = compiled.statement
         if statement._limit_clause is None:
@@ -361,6 +364,42 @@ class RowCommands(TabletCommands):
                         row[n] = yson_util.loads_text(row[n])
         return rows
 
+    def _replicas_for_query(self, parsed: ParsedQuery,
+                            tables: list[tuple[DynamicTable, str, Any]]) -> tuple[Any, str]:
+        """The replica that serves a query over replicated tables, and the query retargeted to the
+        replica tables on its cluster (seed 002, "Reading data"): one cluster must hold an in-sync
+        sync replica of every table of the query, as inter-cluster queries are not supported."""
+        distinct = {table.table_id: (table, path) for table, path, _ in tables}
+        plain = [path for table, path in distinct.values() if not table.replicated]
+        if plain:
+            replicated = [path for table, path in distinct.values() if table.replicated]
+            raise YtError(f"Query mixes replicated tables ({', '.join(replicated)}) with tables that are not "
+                          f"replicated ({', '.join(plain)}): if one table of a query is replicated, all must be",
+                          code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"replicated_paths": replicated, "plain_paths": plain})
+        if len(distinct) == 1:
+            table, path = next(iter(distinct.values()))
+            replica = self.replication.in_sync_read_replica(table, path)
+            return replica, _retarget_query(parsed, dict.fromkeys(parsed.table_paths, replica.replica_path))
+        by_cluster: dict[str, dict[str, Any]] = {}  # cluster -> table id -> its in-sync sync replica
+        for table_id in distinct:
+            for replica in self.replication.registry.replicas_of(table_id):
+                if replica.writes_synchronously:
+                    by_cluster.setdefault(replica.cluster_name, {}).setdefault(table_id, replica)
+        clusters = sorted(name for name, found in by_cluster.items() if len(found) == len(distinct))
+        if not clusters:
+            paths = [path for _, path in distinct.values()]
+            raise YtError(f"No single cluster contains in-sync replicas for all involved tables [{', '.join(paths)}]",
+                          code=ErrorCode.NO_IN_SYNC_REPLICAS,
+                          attributes={"paths": paths, "clusters_with_sync_replicas": {
+                              name: sorted(distinct[t][1] for t in found) for name, found in by_cluster.items()}})
+        chosen = by_cluster[random.choice(clusters)]  # as YT, any cluster that has them all
+        # keyed by each path as written in the query (``//t`` and ``#<id>`` may name one table)
+        new_paths = {written: chosen[table.table_id].replica_path
+                     for written, (table, _, _) in zip(parsed.table_paths, tables, strict=True)}
+        first = tables[0][0].table_id
+        return chosen[first], _retarget_query(parsed, new_paths)
+
     def check_peer_read(self, caller: str, command: str, params: dict[str, Any]) -> None:
         """A peer credential reads only the replica tables of its own replicas, and only with
         ``lookup_rows``/``select_rows`` (what a meta-cluster needs to serve reads of its replicated
@@ -377,7 +416,10 @@ class RowCommands(TabletCommands):
             path = params.get("path")
         elif command == "select_rows":
             query = params.get("query")
-            path = parse_query(query).table_path if isinstance(query, str) else None
+            paths = parse_query(query).table_paths if isinstance(query, str) else ()
+            for other in paths[1:]:  # every table a join reads must be such a replica table too
+                self.check_peer_read(caller, "lookup_rows", {"path": other})
+            path = paths[0] if paths else None
         else:
             path = None
         if not isinstance(path, str):

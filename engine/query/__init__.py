@@ -8,7 +8,7 @@ package is cut along that pipeline, each module importing only the ones above it
 * :mod:`.grammar` - the lark grammar, the parser built from it and the syntax-error messages;
 * :mod:`.parser` - :func:`parse_query`: lark's parse tree -> AST, plus the checks that need no schema;
 * :mod:`.expressions` - the typing and SQL of one expression (built-in functions, NULL semantics);
-* :mod:`.compiler` - :func:`compile_query`: the whole query bound to a table, as one ``SELECT``.
+* :mod:`.compiler` - :func:`compile_query`: the whole query bound to its tables, as one ``SELECT``.
 
 Why this package exists: clients of a YTsaurus dynamic table filter, group and sort on the server by
 sending a query string such as ``k, sum(v) AS s FROM [//t] WHERE k > 3 GROUP BY k``. reptables
@@ -46,6 +46,11 @@ The tricky parts, and how they are handled:
   by those columns. The outer query then only refers to plain columns, so no expression (and no
   bound parameter) has to be repeated verbatim in ``GROUP BY``, and a constant key such as YT's
   ``GROUP BY 1`` cannot be mistaken for a column position.
+* **Joins are SQL joins over the tables' own relations.** ``[LEFT] JOIN [//t] [AS b] ON ...`` or
+  ``USING ...`` becomes an SQL ``JOIN`` (``LEFT OUTER`` for ``LEFT``) of each table's relation, the
+  same one a single-table query reads (so a snapshot timestamp applies to every table), each under
+  an SQL alias of its own so that a table can be joined with itself. As in YT, the join must equate
+  a prefix of the joined table's key; qualified names (``b.k``) name the columns of aliased tables.
 * The SQL is dialect-neutral (it runs on SQLite and PostgreSQL): row values are used only for
   ``(a, b) IN (...)``; tuple comparisons are expanded lexicographically; ``int64(double)`` rounds
   towards zero on both, although ``CAST`` alone truncates on SQLite but rounds on PostgreSQL.
@@ -57,10 +62,11 @@ aggregate the whole table into one row, even an empty table (YT requires ``GROUP
 accepted; ``HAVING`` needs no ``GROUP BY`` and may be used with ``LIMIT``. Division by zero gives
 NULL on SQLite and an error on PostgreSQL (an error in YT); ``length`` counts characters where the
 database stores text; uint64 values beyond 2**63 - 1 are not representable in SQLite. Not supported:
-joins, ``WITH TOTALS``, ``LIKE``, ``CASE``, ``transform``, bitwise operators and other YT functions.
+``WITH TOTALS``, ``LIKE``, ``CASE``, ``transform``, bitwise operators and other YT functions.
 """
 
+from .ast import ParsedQuery
 from .compiler import CompiledQuery, QuerySource, compile_query
 from .parser import parse_query
 
-__all__ = ["CompiledQuery", "QuerySource", "compile_query", "parse_query"]
+__all__ = ["CompiledQuery", "ParsedQuery", "QuerySource", "compile_query", "parse_query"]

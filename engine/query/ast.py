@@ -49,10 +49,19 @@ class _Literal(_Node):
 
 @dataclass(frozen=True)
 class _Reference(_Node):
-    """A name as written: a column or an alias; replaced by :class:`_Column` at compile time."""
+    """A name as written: a column or an alias; replaced by :class:`_Column` at compile time.
+
+    ``qualifier`` is the table alias of a qualified reference (``a.k``), None for a bare name.
+    """
 
     name: str
     span: _Span = field(compare=False)
+    qualifier: str | None = None
+
+    @property
+    def written(self) -> str:
+        """The reference as the user wrote it, without quoting: ``k`` or ``a.k``."""
+        return self.name if self.qualifier is None else f"{self.qualifier}.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,27 @@ class _OrderItem:
 
 
 @dataclass(frozen=True)
+class _TableRef:
+    """A table of the FROM or a JOIN clause: its path, optional alias and where the path is written
+    (``span``, so that a query can be redirected to other tables by rewriting exactly those tokens)."""
+
+    path: str
+    alias: str | None
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
+class _Join:
+    """``[LEFT] JOIN table ON condition`` or ``[LEFT] JOIN table USING columns``."""
+
+    table: _TableRef
+    left: bool
+    on: _Expr | None  # None for USING
+    using: tuple[str, ...]
+    span: _Span = field(compare=False)
+
+
+@dataclass(frozen=True)
 class ParsedQuery:
     """A parsed query: the table path and the AST of each clause (not yet bound to a schema)."""
 
@@ -154,6 +184,18 @@ class ParsedQuery:
     offset: int | None
     limit: int | None
     aliases: tuple[tuple[str, _Expr], ...]  # every ``expr AS name`` of the query, by name
+    table: _TableRef | None = None  # the FROM table with its alias (``table_path`` is its path)
+    joins: tuple[_Join, ...] = ()
+
+    @property
+    def tables(self) -> tuple[_TableRef, ...]:
+        """Every table the query reads, FROM first, then each JOIN's in order (a path may repeat)."""
+        first = self.table or _TableRef(self.table_path, None, _Span(self.text, 0, 0))
+        return (first, *(join.table for join in self.joins))
+
+    @property
+    def table_paths(self) -> tuple[str, ...]:
+        return tuple(table.path for table in self.tables)
 
 
 def _children(node: _Expr) -> tuple[_Expr, ...]:

@@ -9,6 +9,7 @@ of a grouped query (see the package docstring). Each expression is typed and emi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from .ast import (
     _Column,
     _Expr,
     _In,
+    _items,
     _Logical,
     _Reference,
     _Span,
@@ -60,13 +62,21 @@ class CompiledQuery:
     output_types: dict[str, str]
 
 
-def compile_query(parsed: ParsedQuery, source: QuerySource) -> CompiledQuery:
-    """Bind a parsed query to a table and translate it into one SQLAlchemy ``Select``."""
-    unknown = set(source.column_types.values()) - _ALL_TYPES
-    if set(source.columns) != set(source.column_types) or unknown:
-        raise ValueError(f"QuerySource columns and column_types disagree (unknown types: {unknown})")
+def compile_query(
+    parsed: ParsedQuery, source: QuerySource, joined: Sequence[QuerySource] = ()
+) -> CompiledQuery:
+    """Bind a parsed query to its tables and translate it into one SQLAlchemy ``Select``.
+
+    ``source`` is the FROM table; ``joined`` holds the table of each JOIN clause, in order.
+    """
+    if len(joined) != len(parsed.joins):
+        raise ValueError(f"the query joins {len(parsed.joins)} tables but {len(joined)} sources were given")
+    for each in (source, *joined):
+        unknown = set(each.column_types.values()) - _ALL_TYPES
+        if set(each.columns) != set(each.column_types) or unknown:
+            raise ValueError(f"QuerySource columns and column_types disagree (unknown types: {unknown})")
     try:
-        return _QueryCompiler(parsed, source).compile()
+        return _QueryCompiler(parsed, source, tuple(joined)).compile()
     except RecursionError:
         raise _too_deep(parsed.text) from None
 
@@ -112,10 +122,44 @@ def _not_a_group_key(column: _Column) -> QuerySyntaxError:
 
 
 class _QueryCompiler:
-    def __init__(self, parsed: ParsedQuery, source: QuerySource) -> None:
+    def __init__(self, parsed: ParsedQuery, source: QuerySource, joined: tuple[QuerySource, ...] = ()) -> None:
         self._parsed = parsed
         self._source = source
         self._aliases = dict(parsed.aliases)
+        # name resolution: a bare name -> its column key; (table alias, name) -> column key
+        self._names: dict[str, str] = {name: name for name in source.columns}
+        self._ambiguous: dict[str, list[str]] = {}
+        self._qualified: dict[tuple[str, str], str] = {}
+        self._owner: dict[str, int] = dict.fromkeys(source.columns, 0)  # column key -> table index
+        table = parsed.tables[0]
+        if parsed.joins or table.alias is not None:
+            self._source = _JoinBinder(self, (source, *joined)).bind()
+
+    def _reference(self, node: _Reference) -> _Column:
+        """The column a (bare or qualified) name stands for."""
+        if node.qualifier is not None:
+            key = self._qualified.get((node.qualifier, node.name))
+            if key is not None:
+                return _Column(key, node.span)
+            if not any(table.alias == node.qualifier for table in self._parsed.tables):
+                raise YtError(
+                    f'Undefined reference "{node.written}": no table of the query has alias "{node.qualifier}"',
+                    code=ErrorCode.COLUMN_NOT_FOUND,
+                    attributes={"name": node.written},
+                )
+        elif node.name in self._names:
+            return _Column(self._names[node.name], node.span)
+        elif node.name in self._ambiguous:
+            choices = " or ".join(self._ambiguous[node.name])
+            raise QuerySyntaxError(
+                f'Column "{node.name}" is ambiguous: several tables of the query have it ({choices}); '
+                f"qualify it with its table's alias (alias.{node.name})"
+            )
+        raise YtError(
+            f'Undefined reference "{node.written}"',
+            code=ErrorCode.COLUMN_NOT_FOUND,
+            attributes={"name": node.written},
+        )
 
     def _resolve(self, node: _Expr, expanding: frozenset[str] = frozenset()) -> _Expr:
         """Replace aliases by their expressions and names by columns.
@@ -123,16 +167,10 @@ class _QueryCompiler:
         While an alias is being expanded its name refers to the column, so ``k / 2 AS k`` works.
         """
         match node:
-            case _Reference(name=name) if name in self._aliases and name not in expanding:
+            case _Reference(name=name, qualifier=None) if name in self._aliases and name not in expanding:
                 return self._resolve(self._aliases[name], expanding | {name})
-            case _Reference(name=name) if name in self._source.columns:
-                return _Column(name, node.span)
-            case _Reference(name=name):
-                raise YtError(
-                    f'Undefined reference "{name}"',
-                    code=ErrorCode.COLUMN_NOT_FOUND,
-                    attributes={"name": name},
-                )
+            case _Reference():
+                return self._reference(node)
             case _Alias(expr=expr, name=name):
                 return self._resolve(expr, expanding | {name})
             case _Tuple(items=items):
@@ -242,6 +280,182 @@ class _QueryCompiler:
         if order:
             statement = statement.order_by(*_order_by(scope, order))
         return statement, types
+
+
+class _JoinBinder:
+    """Binds the tables of a query with JOINs (or an aliased FROM table) into one :class:`QuerySource`.
+
+    Each table is read through an SQL alias of its own (``t0``, ``t1``...), so a table may be joined
+    with itself and the snapshot relations of a timestamped read (subqueries named alike) do not
+    clash. A column is known by its bare name when the table has no alias, else as ``alias.name``
+    (also its output name under ``*``). Two tables without aliases sharing a column name are
+    refused as in YT, except the columns of ``USING``, which appear once (the left table's). A bare
+    name that several tables have (under their aliases) is ambiguous when used.
+
+    As in YT, a joined table is looked up by its key: the join must equate a prefix of the joined
+    table's key columns (each with an expression over the tables before it); further conditions of
+    ``ON`` are allowed and, under ``LEFT JOIN``, only decide which rows match. The equalities are
+    plain SQL ``=``: a key column is never NULL, so YT's ``NULL = NULL`` cannot arise there.
+    """
+
+    def __init__(self, compiler: _QueryCompiler, sources: tuple[QuerySource, ...]) -> None:
+        self._compiler = compiler
+        self._sources = sources
+        self._tables = compiler._parsed.tables
+
+    def bind(self) -> QuerySource:
+        compiler = self._compiler
+        compiler._names, compiler._ambiguous, compiler._qualified, compiler._owner = {}, {}, {}, {}
+        columns: dict[str, sa.ColumnElement[Any]] = {}
+        types: dict[str, str] = {}
+        key_columns: list[str] = []
+        froms: list[sa.FromClause] = []
+        own: list[dict[str, sa.ColumnElement[Any]]] = []  # each table's columns by their own names
+        using: list[list[tuple[sa.ColumnElement[Any], sa.ColumnElement[Any], str]]] = []
+        bare: dict[str, list[str]] = {}  # bare name -> the keys of the tables that have it
+        for index, (table, source) in enumerate(zip(self._tables, self._sources, strict=True)):
+            aliased = source.from_clause.alias(f"t{index}")
+            froms.append(aliased)
+            mine = {name: _aliased_column(aliased, sql) for name, sql in source.columns.items()}
+            own.append(mine)
+            merged = self._compiler._parsed.joins[index - 1].using if index else ()
+            using.append([self._using_pair(index, name, bare, columns, types, mine) for name in merged])
+            for name in source.columns:
+                key = name if table.alias is None else f"{table.alias}.{name}"
+                if table.alias is None and name in merged:
+                    continue  # the left table's column stands for both
+                if key in columns:
+                    raise QuerySyntaxError(
+                        f'Column "{name}" occurs both in main and joined tables ({table.path}); '
+                        f"give the tables aliases (AS a) and qualify the column (a.{name}), or join USING it"
+                    )
+                columns[key], types[key] = mine[name], source.column_types[name]
+                compiler._owner[key] = index
+                if table.alias is not None:
+                    compiler._qualified[(table.alias, name)] = key
+                if not (table.alias is not None and name in merged):
+                    bare.setdefault(name, []).append(key)
+            key_columns += [
+                k if table.alias is None else f"{table.alias}.{k}"
+                for k in source.key_columns
+                if table.alias is not None or k not in merged
+            ]
+        compiler._names = {name: keys[0] for name, keys in bare.items() if len(keys) == 1}
+        compiler._ambiguous = {name: keys for name, keys in bare.items() if len(keys) > 1}
+
+        scope = _RowScope(QuerySource(froms[0], columns, types), "a JOIN condition")
+        joined: sa.FromClause = froms[0]
+        for index, join in enumerate(compiler._parsed.joins, start=1):
+            pairs = using[index]
+            conditions = [left == right for left, right, _ in pairs]
+            equated = [name for _, _, name in pairs]
+            if join.on is not None:
+                equated, conditions = self._on(index, compiler._resolve(join.on), scope, own[index])
+            self._check_key_prefix(index, equated)
+            joined = joined.join(froms[index], sa.and_(*conditions), isouter=join.left)
+        return QuerySource(joined, columns, types, tuple(key_columns))
+
+    def _using_pair(
+        self,
+        index: int,
+        name: str,
+        bare: dict[str, list[str]],
+        columns: dict[str, sa.ColumnElement[Any]],
+        types: dict[str, str],
+        mine: dict[str, sa.ColumnElement[Any]],
+    ) -> tuple[sa.ColumnElement[Any], sa.ColumnElement[Any], str]:
+        """The left and right columns of a USING column (validated) and its name."""
+        path = self._tables[index].path
+        left = bare.get(name, [])
+        if len(left) != 1:
+            where = "is in no table" if not left else "is in several tables"
+            raise QuerySyntaxError(f'USING column "{name}" of the join of table {path} {where} before it')
+        if name not in mine:
+            raise YtError(
+                f'USING column "{name}" is not a column of joined table {path}',
+                code=ErrorCode.COLUMN_NOT_FOUND,
+                attributes={"name": name, "path": path},
+            )
+        right_type = self._sources[index].column_types[name]
+        if types[left[0]] != right_type:
+            raise QuerySyntaxError(
+                f'Type mismatch in USING column "{name}" of the join of table {path}: '
+                f"{types[left[0]]} and {right_type}"
+            )
+        return columns[left[0]], mine[name], name
+
+    def _owners(self, node: _Expr) -> set[int]:
+        return {self._compiler._owner[n.name] for n in _walk(node) if isinstance(n, _Column)}
+
+    def _on(
+        self, index: int, condition: _Expr, scope: _RowScope, mine: dict[str, sa.ColumnElement[Any]]
+    ) -> tuple[list[str], list[sa.ColumnElement[bool]]]:
+        """The key columns an ON condition equates and its SQL, one term per conjunct."""
+        path = self._tables[index].path
+        if any(owner > index for owner in self._owners(condition)):
+            raise QuerySyntaxError(
+                f'The JOIN condition of table {path} refers to a table joined after it: "{condition.text}"'
+            )
+        if _BOOLEAN not in scope.types(condition):
+            raise QuerySyntaxError(
+                f'JOIN condition "{condition.text}" must be boolean, got {_choose(scope.types(condition))}'
+            )
+        conjuncts = condition.operands if isinstance(condition, _Logical) and condition.op == "and" else (condition,)
+        table = self._tables[index]
+        key_by_column = {name if table.alias is None else f"{table.alias}.{name}": name for name in mine}
+        equated: list[str] = []
+        terms: list[sa.ColumnElement[bool]] = []
+        for conjunct in conjuncts:
+            pairs = self._key_pairs(index, conjunct)
+            if pairs is None:
+                terms.append(scope.emit(conjunct, _BOOLEAN, predicate=True))
+                continue
+            assert isinstance(conjunct, _Binary)
+            for outer, column in pairs:
+                (t,) = scope._comparison_types(conjunct, (outer,), (column,))
+                terms.append(scope.emit(outer, t) == scope.emit(column, t))
+                equated.append(key_by_column[column.name])
+        return equated, terms
+
+    def _key_pairs(self, index: int, conjunct: _Expr) -> list[tuple[_Expr, _Column]] | None:
+        """``outer = column`` pairs if the conjunct equates columns of table ``index`` with expressions
+        over the tables before it (tuples pairwise), else None."""
+        if not (isinstance(conjunct, _Binary) and conjunct.op == "="):
+            return None
+        lefts, rights = _items(conjunct.left), _items(conjunct.right)
+        if len(lefts) != len(rights):
+            return None
+        pairs: list[tuple[_Expr, _Column]] = []
+        for left, right in zip(lefts, rights, strict=True):
+            for outer, column in ((left, right), (right, left)):
+                if isinstance(column, _Column) and self._owners(column) == {index} and index not in self._owners(outer):
+                    pairs.append((outer, column))
+                    break
+            else:
+                return None
+        return pairs
+
+    def _check_key_prefix(self, index: int, equated: list[str]) -> None:
+        table, source = self._tables[index], self._sources[index]
+        key = [k for k in source.key_columns if not k.startswith("$")]  # an ordered table has no key
+        used = set(equated)
+        described = ", ".join(sorted(used)) or "none of its columns"
+        if not key:
+            raise QuerySyntaxError(
+                f"Cannot join table {table.path}: it is not sorted, and a joined table is looked up by its key"
+            )
+        if not used or used != set(key[: len(used)]):
+            raise QuerySyntaxError(
+                f"Join of table {table.path} must equate a prefix of its key columns ({', '.join(key)}) "
+                f"with expressions over the tables before it; it equates {described}"
+            )
+
+
+def _aliased_column(aliased: sa.FromClause, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    found = aliased.corresponding_column(column)  # type: ignore[arg-type]
+    if found is None:
+        raise ValueError(f"QuerySource column {column} is not a column of its from_clause")
+    return found
 
 
 def _collect_aggregates(node: _Expr, keys: set[_Expr], found: dict[_Call, None]) -> None:

@@ -20,12 +20,16 @@ from ..errors import QuerySyntaxError
 # first: OR, AND, NOT, IS [NOT] NULL, = != <>, < <= > >= [NOT] IN [NOT] BETWEEN, + - ||, * / %, unary.
 
 _GRAMMAR = r"""
-start: _SELECT? projection _FROM table_path where? group_by? having? order_by? offset? limit?
+start: _SELECT? projection _FROM table_ref join* where? group_by? having? order_by? offset? limit?
 
 projection: STAR                                       -> star_projection
           | expression (_COMMA expression)*            -> item_projection
 
+table_ref: table_path (_AS NAME)?
 table_path: BRACKETED | BACKQUOTED
+join: LEFT? _JOIN table_ref _ON or_expr                            -> join_on
+    | LEFT? _JOIN table_ref _USING column_name (_COMMA column_name)* -> join_using
+column_name: NAME | DOLLAR_NAME | BRACKETED | BACKQUOTED
 where: _WHERE or_expr
 group_by: _GROUP_BY expression (_COMMA expression)*
 having: _HAVING or_expr
@@ -69,6 +73,7 @@ alias_name: NAME | BRACKETED | BACKQUOTED
      | _LPAR expression (_COMMA expression)* _RPAR     -> parens
 
 reference: NAME | DOLLAR_NAME | BRACKETED | BACKQUOTED
+         | NAME _DOT (NAME | DOLLAR_NAME | BRACKETED | BACKQUOTED)  -> qualified_reference
 
 const_tuple: const_value
            | _LPAR const_value (_COMMA const_value)* _RPAR
@@ -84,6 +89,10 @@ literal: INT      -> int_literal
        | HASH     -> null_literal
 
 _SELECT.4: /select\b/i
+LEFT.4: /left\b/i
+_JOIN.4: /join\b/i
+_ON.4: /on\b/i
+_USING.4: /using\b/i
 _FROM.4: /from\b/i
 _WHERE.4: /where\b/i
 _GROUP_BY.4: /group\s+by\b/i
@@ -129,6 +138,7 @@ GE: ">="
 _LPAR: "("
 _RPAR: ")"
 _COMMA: ","
+_DOT: "."
 
 _WS: /\s+/
 %ignore _WS
@@ -163,6 +173,7 @@ _TERMINAL_NAMES = {  # read-only
     "_LPAR": '"("',
     "_RPAR": '")"',
     "_COMMA": '","',
+    "_DOT": '"."',
     "$END": "end of query",
 }
 

@@ -27,12 +27,14 @@ from .ast import (
     _Call,
     _Expr,
     _In,
+    _Join,
     _Literal,
     _Logical,
     _OrderItem,
     _Reference,
     _SelectItem,
     _Span,
+    _TableRef,
     _too_deep,
     _Tuple,
     _Unary,
@@ -109,9 +111,11 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     # clauses ----------------------------------------------------------------------------------
 
     def start(self, meta: Meta, children: list[Any]) -> ParsedQuery:
-        clauses: dict[str, Any] = dict(children)
+        table = next(child for child in children if isinstance(child, _TableRef))
+        joins = tuple(child for child in children if isinstance(child, _Join))
+        clauses: dict[str, Any] = dict(child for child in children if isinstance(child, tuple))
         return ParsedQuery(
-            table_path=clauses["path"],
+            table_path=table.path,
             text=self._text,
             projection=clauses["projection"],
             where=clauses.get("where"),
@@ -121,6 +125,8 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
             offset=clauses.get("offset"),
             limit=clauses.get("limit"),
             aliases=(),
+            table=table,
+            joins=joins,
         )
 
     def star_projection(self, meta: Meta, children: list[Token]) -> tuple[str, None]:
@@ -129,8 +135,25 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def item_projection(self, meta: Meta, children: list[_Expr]) -> tuple[str, tuple[_SelectItem, ...]]:
         return "projection", tuple(_SelectItem(expr, _output_name(expr)) for expr in children)
 
-    def table_path(self, meta: Meta, children: list[Token]) -> tuple[str, str]:
-        return "path", _identifier(children[0])
+    def table_path(self, meta: Meta, children: list[Token]) -> _TableRef:
+        return _TableRef(_identifier(children[0]), None, self._span(meta))
+
+    def table_ref(self, meta: Meta, children: list[Any]) -> _TableRef:
+        table: _TableRef = children[0]
+        return replace(table, alias=children[1].value) if len(children) > 1 else table
+
+    def join_on(self, meta: Meta, children: list[Any]) -> _Join:
+        left = isinstance(children[0], Token) and children[0].type == "LEFT"
+        table, on = children[-2:]
+        return _Join(table, left, on, (), self._span(meta))
+
+    def join_using(self, meta: Meta, children: list[Any]) -> _Join:
+        left = isinstance(children[0], Token) and children[0].type == "LEFT"
+        rest = children[1:] if left else children
+        return _Join(rest[0], left, None, tuple(rest[1:]), self._span(meta))
+
+    def column_name(self, meta: Meta, children: list[Token]) -> str:
+        return _identifier(children[0])
 
     def where(self, meta: Meta, children: list[_Expr]) -> tuple[str, _Expr]:
         return "where", children[0]
@@ -223,6 +246,9 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def reference(self, meta: Meta, children: list[Token]) -> _Reference:
         return _Reference(_identifier(children[0]), self._span(meta))
 
+    def qualified_reference(self, meta: Meta, children: list[Token]) -> _Reference:
+        return _Reference(_identifier(children[1]), self._span(meta), qualifier=children[0].value)
+
     def const_tuple(self, meta: Meta, children: list[_Literal]) -> tuple[_Literal, ...]:
         return tuple(children)
 
@@ -273,7 +299,9 @@ def _signed(sign: str, literal: _Literal, span: _Span) -> _Literal:
 
 
 def _output_name(expr: _Expr) -> str:
-    if isinstance(expr, _Alias | _Reference):
+    if isinstance(expr, _Reference):
+        return expr.written
+    if isinstance(expr, _Alias):
         return expr.name
     return expr.text
 
@@ -283,6 +311,7 @@ def _clause_expressions(parsed: ParsedQuery) -> Iterator[_Expr]:
     yield from (e for e in (parsed.where, parsed.having) if e is not None)
     yield from parsed.group_by
     yield from (item.expr for item in parsed.order_by)
+    yield from (join.on for join in parsed.joins if join.on is not None)
 
 
 def _validate(parsed: ParsedQuery) -> tuple[tuple[str, _Expr], ...]:
@@ -291,6 +320,17 @@ def _validate(parsed: ParsedQuery) -> tuple[tuple[str, _Expr], ...]:
         raise QuerySyntaxError("ORDER BY used without LIMIT", attributes={"query": parsed.text})
     if parsed.offset is not None and parsed.limit is None:
         raise QuerySyntaxError("OFFSET used without LIMIT", attributes={"query": parsed.text})
+    table_aliases: set[str] = set()
+    for table in parsed.tables:
+        if table.alias is not None:
+            if table.alias in table_aliases:
+                raise QuerySyntaxError(f'Table alias "{table.alias}" has been already used',
+                                       attributes={"query": parsed.text})
+            table_aliases.add(table.alias)
+    for join in parsed.joins:
+        if len(set(join.using)) != len(join.using):
+            raise QuerySyntaxError(f'Column repeated in USING of the join of table {join.table.path}',
+                                   attributes={"query": parsed.text})
     aliases: dict[str, _Expr] = {}
     for node in (n for expr in _clause_expressions(parsed) for n in _walk(expr)):
         if isinstance(node, _Alias):
