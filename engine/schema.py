@@ -403,3 +403,88 @@ def _make_batch_validator(schema: TableSchema) -> Callable[[list[Any], Callable[
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from the validated schema only
     validate: Callable[[list[Any], Callable[[Any], dict[str, Any]]], list[dict[str, Any]]] = namespace["validate"]
     return validate
+
+
+#: YT's error code for a schema change an existing table cannot take ("Table schemas are incompatible")
+INCOMPATIBLE_SCHEMAS = 316
+#: type names that widen losslessly into one another (YT's compatible type changes), narrowest first
+_WIDENING = (("int8", "int16", "int32", "int64"), ("uint8", "uint16", "uint32", "uint64"), ("utf8", "string"))
+
+
+def _type_widens(old: Column, new: Column) -> bool:
+    old_name, new_name = old.type_name or old.type.value, new.type_name or new.type.value
+    if old_name == new_name:
+        return True
+    for chain in _WIDENING:
+        if old_name in chain and new_name in chain:
+            return chain.index(new_name) > chain.index(old_name)
+    return False
+
+
+def check_schema_update(old: TableSchema, new: TableSchema, path: str, *, empty: bool) -> list[Column]:
+    """Check that a table holding rows (``empty``: it holds none) can take ``new`` in place of ``old``;
+    returns the columns ``new`` adds.
+
+    What an existing table takes, as YT's ``alter_table`` does: new value columns (optional ones;
+    a required one only while the table is empty, since rows already written have no value for
+    it), ``required`` relaxed from true to false, and a type widened within its family (int32 ->
+    int64, utf8 -> string: the SQL column is the same). Refused, with YT's reasons: removing a
+    column, changing a type otherwise, making an optional column required, touching the key
+    columns (their names, order, types or sort order: the key is the SQL primary key and the
+    tablets' pivots), adding a key column, changing ``strict`` or ``unique_keys``. Two choices of
+    reptables beyond YT: new columns come after the existing ones (the SQL table appends them, and
+    lock groups are numbered in column order), and an existing column keeps its ``lock`` group.
+    The error names the table and the column; nothing has been changed when it is raised.
+    """
+
+    def refuse(reason: str, column: str | None = None) -> YtError:
+        attributes: dict[str, Any] = {"path": path}
+        if column is not None:
+            attributes["column"] = column
+        return YtError(f"Cannot alter the schema of table {path}: {reason}", code=INCOMPATIBLE_SCHEMAS,
+                       attributes=attributes,
+                       inner_errors=[YtError(reason, code=INCOMPATIBLE_SCHEMAS, attributes=dict(attributes))])
+
+    if old.is_sorted != new.is_sorted:
+        raise refuse("Cannot change dynamic table type from sorted to ordered or vice versa")
+    if new.strict != old.strict:
+        raise refuse(f"Changing \"strict\" from \"{str(old.strict).lower()}\" to \"{str(new.strict).lower()}\" "
+                     "is not allowed")
+    if new.unique_keys != old.unique_keys:
+        raise refuse(f"Changing \"unique_keys\" from \"{str(old.unique_keys).lower()}\" to "
+                     f"\"{str(new.unique_keys).lower()}\" is not allowed")
+    for old_col in old.columns:
+        if old_col.name not in new.by_name:
+            raise refuse(f"Cannot remove column {old_col.name!r} from a strict schema", old_col.name)
+    for i, old_col in enumerate(old.columns):
+        new_col = new.columns[i]
+        if new_col.name != old_col.name:
+            if new_col.name not in old.by_name:
+                if new_col.is_key:
+                    raise refuse(f"Cannot add key column {new_col.name!r}: the key of a dynamic table cannot "
+                                 "change (create a new table and copy the rows)", new_col.name)
+                raise refuse(f"Cannot insert column {new_col.name!r} before existing column {old_col.name!r}: "
+                             "reptables appends new columns after the existing ones", new_col.name)
+            raise refuse(f"Cannot change position of column {old_col.name!r}: existing columns keep their order",
+                         old_col.name)
+        name = old_col.name
+        if not _type_widens(old_col, new_col):
+            raise refuse(f"Type mismatch for column {name!r}: cannot change {old_col.type_name or old_col.type.value}"
+                         f" to {new_col.type_name or new_col.type.value}", name)
+        if new_col.sort_order != old_col.sort_order:
+            raise refuse(f"Sort order mismatch for column {name!r}: old {old_col.sort_order or 'none'!s}, new "
+                         f"{new_col.sort_order or 'none'!s} (key columns cannot change)", name)
+        if new_col.required and not old_col.required:
+            raise refuse(f"Column {name!r} cannot become required: rows already written may hold no value in it; "
+                         "only required -> optional is allowed", name)
+        if new_col.lock != old_col.lock:
+            raise refuse(f"Lock mismatch for column {name!r}: old {old_col.lock or 'none'!s}, new "
+                         f"{new_col.lock or 'none'!s} (an existing column keeps its lock group)", name)
+    added = list(new.columns[len(old.columns):])
+    for col in added:
+        if col.is_key:
+            raise refuse(f"Cannot add key column {col.name!r}: the key of a dynamic table cannot change "
+                         "(create a new table and copy the rows)", col.name)
+        if col.required and not empty:
+            raise refuse(f"Cannot insert a new required column {col.name!r} into a non-empty table", col.name)
+    return added

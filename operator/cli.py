@@ -78,7 +78,7 @@ def status(
     from rich.console import Console
 
     from . import statusview
-    from .local import LocalStateError, read_state
+    from .local_state import LocalStateError, read_state
 
     if output not in ("text", "json", "yaml"):
         _fail(f"unknown output format {output!r} (text, json or yaml)")
@@ -110,7 +110,7 @@ app.add_typer(cluster_app, name="cluster")
 
 
 def _control(action: str, name: str, data_dir: Path) -> None:
-    from .local import LocalStateError, request_control
+    from .local_state import LocalStateError, request_control
 
     try:
         ok, message = request_control(data_dir, action, name)
@@ -145,7 +145,7 @@ def env(
     data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
 ) -> None:
     """Print `export YT_PROXY=...` and `export YT_TOKEN=...` for the official yt CLI: eval "$(reptables env NAME)"."""
-    from .local import LocalStateError, env_lines, pid_alive, read_state
+    from .local_state import LocalStateError, env_lines, pid_alive, read_state
 
     try:
         lines = env_lines(data_dir, name)

@@ -37,19 +37,24 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
-
-import yaml
 
 from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine
 
 from . import models
 from .bootstrap import LocalLauncher
+from .local_manifests import ManifestError, load_file, manifest_files
+from .local_state import (
+    CONTROL_DIR,
+    LOOPBACK,
+    STATE_FILE,
+    running_up,
+    write_private,
+)
 from .reconcile import ORDER, finalize, is_ready, reconcile
 from .registry import (
     CREDENTIALS_LABEL,
@@ -62,76 +67,10 @@ from .runtime import Runtime
 from .tracking import TrackerLoop
 from .world import Engines, Resource
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-#: the state file ``reptables up`` keeps in its data directory (read by ``reptables status``/``env``)
-STATE_FILE = "state.json"
-#: where ``reptables cluster stop|start`` leave their requests for the running ``up``
-CONTROL_DIR = "control"
 #: how many recent events state.json keeps
 MAX_EVENTS = 200
-#: how long ``reptables cluster stop|start`` waits for the running ``up`` to carry a request out
-CONTROL_TIMEOUT = 30.0
 
 Key = tuple[str, str | None, str]
-
-
-class ManifestError(ValueError):
-    """A manifest file that cannot be applied: the message names the file, the object and the reason."""
-
-
-def manifest_files(paths: Iterable[Path]) -> list[Path]:
-    """The YAML files the paths name (a directory: its ``*.yaml`` and ``*.yml``, not recursive)."""
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            files += sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
-        elif path.exists():
-            files.append(path)
-    return files
-
-
-def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for file in manifest_files(paths):
-        for doc in yaml.safe_load_all(file.read_text()):
-            if doc:
-                docs.append(doc)
-    return docs
-
-
-def load_file(file: Path) -> list[dict[str, Any]]:
-    """Every document of one manifest file, each checked as ``kubectl apply`` would, or ManifestError.
-
-    Nothing of a file is applied unless all of it is valid, so an edit half-way through never
-    leaves half an object set behind.
-    """
-    try:
-        docs = [d for d in yaml.safe_load_all(file.read_text()) if d]
-    except OSError as exc:
-        raise ManifestError(f"manifest {file}: cannot be read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-        raise ManifestError(f"manifest {file}: invalid YAML{where}: {problem}") from None
-    for doc in docs:
-        if not isinstance(doc, dict):
-            raise ManifestError(f"manifest {file}: a document is a {type(doc).__name__}, not an object")
-        kind = doc.get("kind")
-        meta = doc.get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if not isinstance(name, str) or not name:
-            raise ManifestError(f"manifest {file}: a {kind or 'document'} has no metadata.name")
-        if kind == "Secret":
-            continue
-        if kind not in ORDER:
-            raise ManifestError(f"manifest {file}: {kind} {name}: the local runner manages "
-                                f"{', '.join(ORDER)} and Secrets")
-        try:
-            models.parse_resource(doc)
-        except (models.InvalidResourceError, ValueError) as exc:
-            raise ManifestError(f"manifest {file}: {exc}") from None
-    return docs
 
 
 def _key_of(doc: dict[str, Any], namespace: str) -> Key:
@@ -143,29 +82,6 @@ def _key_of(doc: dict[str, Any], namespace: str) -> Key:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file atomically (temp file + rename) with mode 0600: readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (a zombie or a process of another user counts)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class LocalRunner:
@@ -584,96 +500,6 @@ def _demo_row(schema: list[Any], i: int) -> dict[str, Any]:
 
 def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-# -- the other commands' side: they read the state directory of a running `up` ------------------
-
-
-class LocalStateError(Exception):
-    """No usable state: no ``reptables up`` runs for the directory, the state is missing, or a bad name."""
-
-
-def read_state(data_dir: Path, require_running: bool = True) -> dict[str, Any]:
-    """The state.json of ``reptables up --data-dir DATA_DIR``; LocalStateError saying why not."""
-    path = data_dir / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LocalStateError(f"no local state in {data_dir} ({path} is missing): start "
-                              f"`reptables up --keep-running --data-dir {data_dir}` first") from None
-    except (OSError, ValueError) as exc:
-        raise LocalStateError(f"the local state {path} cannot be read: {exc}") from None
-    if not isinstance(state, dict):
-        raise LocalStateError(f"the local state {path} is not an object")
-    if require_running and not pid_alive(state.get("pid")):
-        raise LocalStateError(f"no `reptables up` runs for {data_dir}: its process (pid {state.get('pid')}) is "
-                              f"gone; its last state is from {state.get('updated')}")
-    return state
-
-
-def running_up(data_dir: Path) -> int | None:
-    """The pid of another ``reptables up`` running on this data directory, if any."""
-    try:
-        pid = read_state(data_dir).get("pid")
-    except LocalStateError:
-        return None
-    return pid if isinstance(pid, int) and pid != os.getpid() else None
-
-
-def _table_cluster(state: dict[str, Any], name: str, data_dir: Path) -> None:
-    clusters = sorted(o["metadata"]["name"] for o in state.get("objects", []) if o.get("kind") == "TableCluster")
-    if name not in clusters:
-        raise LocalStateError(f"TableCluster {name} not found in the local state of {data_dir} "
-                              f"(TableClusters: {', '.join(clusters) or 'none'})")
-
-
-def request_control(data_dir: Path, action: str, cluster: str,
-                    timeout: float = CONTROL_TIMEOUT) -> tuple[bool, str]:
-    """Ask the running ``up`` to stop or start a cluster's engine; wait for its answer (ok, message)."""
-    if action not in ("stop", "start"):
-        raise LocalStateError(f"unknown action {action!r} (stop or start)")
-    state = read_state(data_dir)
-    _table_cluster(state, cluster, data_dir)
-    control = data_dir / CONTROL_DIR
-    control.mkdir(mode=0o700, exist_ok=True)
-    ident = uuid.uuid4().hex
-    request = control / f"{ident}.request.json"
-    result = control / f"{ident}.result.json"
-    write_private(request, json.dumps({"action": action, "cluster": cluster}))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result.exists():
-            answer = json.loads(result.read_text())
-            result.unlink()
-            return bool(answer.get("ok")), str(answer.get("message"))
-        if not pid_alive(state.get("pid")):
-            break
-        time.sleep(0.2)
-    with contextlib.suppress(OSError):
-        request.unlink()
-    raise LocalStateError(f"`reptables up` (pid {state.get('pid')}) did not {action} TableCluster {cluster} "
-                          f"within {timeout:g} s")
-
-
-def env_lines(data_dir: Path, cluster: str) -> list[str]:
-    """``export YT_PROXY=...`` and ``export YT_TOKEN=...`` for a local engine (the official yt CLI reads them)."""
-    import shlex
-
-    state = read_state(data_dir, require_running=False)
-    _table_cluster(state, cluster, data_dir)
-    engine = (state.get("engines") or {}).get(cluster)
-    if not isinstance(engine, dict):
-        raise LocalStateError(f"TableCluster {cluster}: `reptables up` started no engine for it")
-    endpoint = str(engine.get("endpoint"))
-    if urlparse(endpoint).hostname not in LOOPBACK:
-        raise LocalStateError(f"TableCluster {cluster}: {endpoint} is not a loopback endpoint of the local runner")
-    token_file = data_dir / cluster / "token"
-    try:
-        token = token_file.read_text().strip()
-    except OSError as exc:
-        raise LocalStateError(f"TableCluster {cluster}: its token file {token_file} cannot be read: "
-                              f"{exc.strerror}") from None
-    return [f"export YT_PROXY={shlex.quote(endpoint)}", f"export YT_TOKEN={shlex.quote(token)}"]
 
 
 # -- `reptables up` ----------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ from .models_common import (
 
 __all__ = [
     "Column", "ColumnType", "ReplicaSummary", "ReplicatedTable", "ReplicatedTableOptions", "ReplicatedTableSpec",
-    "ReplicatedTableStatus", "ReplicationThrottler", "SortOrder", "TrackerStatus",
+    "ReplicatedTableStatus", "ReplicationThrottler", "SchemaMigrationPhase", "SchemaMigrationStatus", "SortOrder",
+    "TrackerStatus",
 ]
 
 
@@ -213,6 +214,28 @@ class TrackerStatus(StatusModel):
     """When the decision was applied."""
 
 
+class SchemaMigrationPhase(StrEnum):
+    REPLICAS = "Replicas"
+    TABLE = "Table"
+    DONE = "Done"
+    REFUSED = "Refused"
+
+
+class SchemaMigrationStatus(StatusModel):
+    """A schema edit of the manifest, applied in seed 002's order: replica tables first, then the
+    replicated table."""
+
+    phase: SchemaMigrationPhase
+    """Replicas: the replica tables are being widened; Table: the replicated table is next; Done:
+    the engine has the manifest's schema; Refused: the edit cannot be applied (see message)."""
+    pending: list[StrictStr] = Field(default_factory=list, json_schema_extra=SET_LIST)
+    """TableReplicas (or replica ids) whose replica table does not have the new schema yet."""
+    message: StrictStr | None = None
+    """What was done last, or why the edit is refused."""
+    observed_generation: StrictInt | None = Field(default=None, ge=0)
+    """The metadata.generation whose schema this migration applies."""
+
+
 class ReplicatedTableStatus(BaseStatus):
     """The replicated table as the meta-cluster reports it."""
 
@@ -227,6 +250,8 @@ class ReplicatedTableStatus(BaseStatus):
     """The largest replication lag of the enabled replicas, in seconds."""
     tracker: TrackerStatus | None = None
     """The tracker's last decision."""
+    schema_migration: SchemaMigrationStatus | None = None
+    """Progress of the last schema edit (value columns added, required relaxed)."""
 
 
 class ReplicatedTable(BaseResource):

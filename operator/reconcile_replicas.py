@@ -5,7 +5,11 @@ meta-cluster — adopted from the status' ``replicaId``, or found in the table's
 cluster and path, so an operator restart never creates a second one; (2) find or create the replica
 table with ``upstream_replica_id`` on the replica cluster and mount it; (3) enable or disable it;
 (4) set its mode — unless the replicated table tracker owns the mode (tracker on for the table
-and for the replica), in which case the spec's mode is only the starting point. Before the
+and for the replica), in which case the spec's mode is only the starting point. Enabling and
+disabling take a while on the engine (the replica is ``enabling``/``disabling`` until its
+replicator has started or stopped): while a transition runs the replica is not Ready (reason
+``Enabling``/``Disabling``) and no further ``alter_table_replica`` is sent; the next reconcile,
+a second later, looks again. Before the
 first step the two clusters' directories are brought up to date (``directory.py``): each engine
 knows only the peers its tables link it to, and this replica is a new link.
 
@@ -36,6 +40,10 @@ from .world import (
 )
 
 REFRESH_SECONDS = 5.0
+#: the replica states of a transition the engine runs (seed 002: enabling -> enabled, disabling ->
+#: disabled); while one runs the operator issues no alter and looks again after this many seconds
+TRANSITIONS = {"enabling": "Enabling", "disabling": "Disabling"}
+TRANSITION_POLL_SECONDS = 1.0
 
 
 def tracker_owns_mode(table: Resource, replica: Resource) -> bool:
@@ -130,20 +138,30 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             events += step.events
             info = meta.get(f"#{replica_id}/@")  # the bootstrap just enabled it
         want_enabled = spec.enabled
+        if info["state"] in TRANSITIONS:
+            # the engine is enabling or disabling it: no second alter until that is over
+            out = Outcome(retry_after=TRANSITION_POLL_SECONDS, events=events)
+            out.status = _status(res, replica_id, info, step, _lag_threshold(table))
+            return out
+        # one alter for state and mode: a second one would land in the transition the first began
+        change: dict[str, Any] = {}
         if want_enabled and info["state"] != "enabled":
-            meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
-            events.append(Event("Normal", "Enabled", f"replica {replica_id} enabled"))
+            change["enabled"] = True
+            events.append(Event("Normal", "Enabling", f"replica {replica_id} is being enabled"))
         elif not want_enabled and info["state"] != "disabled":
-            meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": False})
-            events.append(Event("Normal", "Disabled", f"replica {replica_id} disabled"))
+            change["enabled"] = False
+            events.append(Event("Normal", "Disabling", f"replica {replica_id} is being disabled"))
         if not owned_by_tracker and info["mode"] != spec.mode.value:
-            meta.call("alter_table_replica", {"replica_id": replica_id, "mode": spec.mode.value})
+            change["mode"] = spec.mode.value
             events.append(Event("Normal", "ModeChanged", f"replica {replica_id} switched to {spec.mode.value}"))
+        if change:
+            meta.call("alter_table_replica", {"replica_id": replica_id, **change})
         info = meta.get(f"#{replica_id}/@")
     except YtError as exc:
         reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
         return not_ready(res, reason, describe_error(exc), 15.0)
-    out = Outcome(retry_after=REFRESH_SECONDS, events=events)
+    out = Outcome(retry_after=TRANSITION_POLL_SECONDS if info["state"] in TRANSITIONS else REFRESH_SECONDS,
+                  events=events)
     out.status = _status(res, replica_id, info, step, _lag_threshold(table))
     return out
 
@@ -199,6 +217,10 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any],
                           f"bootstrap {step.phase}: {step.condition.message}"))
     elif errors:
         conds.append(Cond(conditions.READY, False, "ReplicationError", errors[0]["message"]))
+    elif info["state"] in TRANSITIONS:
+        conds.append(Cond(conditions.READY, False, TRANSITIONS[info["state"]],
+                          f"replica is {info['state']}: waiting for the replicator to "
+                          f"{'start' if info['state'] == 'enabling' else 'stop'} on every tablet"))
     elif not enabled_as_wanted:
         conds.append(Cond(conditions.READY, False, "StateMismatch", f"replica is {info['state']}"))
     else:

@@ -10,10 +10,12 @@ errors — not merely that the table exists.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from reptables.engine.errors import YtError
+from reptables.engine.schema import INCOMPATIBLE_SCHEMAS, TableSchema, check_schema_update
 
 from . import conditions
 from .conditions import Cond
@@ -110,12 +112,142 @@ def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
         if list(attrs.get("key_columns", [])) != keys:
             return not_ready(res, "SchemaMismatch", f"{path} on {spec.cluster} has key columns "
                                                      f"{attrs.get('key_columns')}, the spec says {keys}", 30.0)
+        migration = _migrate_schema(res, world, client, path, attrs)
+        if migration is not None and migration.refused:
+            out = not_ready(res, "SchemaChangeRefused", migration.message, 30.0)
+            out.status["schemaMigration"] = migration.status(res)
+            return out
+        if migration is not None:
+            events += migration.events
+            if migration.phase == "Done":
+                attrs = client.get(f"{path}/@")
         events += _correct_drift(client, path, spec, attrs)
     except YtError as exc:
         return not_ready(res, "EngineError", f"{spec.cluster}: {describe_error(exc)}", 10.0)
     out = Outcome(retry_after=REFRESH_SECONDS, events=events)
     out.status = _status(res, world, client, path, attrs)
+    if migration is not None:
+        out.status["schemaMigration"] = migration.status(res)
+        if migration.phase != "Done":
+            # under way: Ready says so until the replicated table has the new schema too
+            out.retry_after = 1.0 if migration.phase == "Table" else 5.0
+            out.status["conditions"] = conditions.merge(out.status["conditions"], [Cond(
+                conditions.READY, False, "SchemaMigrating", migration.message)], res.generation)
+    elif res.status.get("schemaMigration"):
+        previous = dict(res.status["schemaMigration"])
+        if previous.get("phase") != "Done":
+            # the engine has the manifest's schema (an edit reverted, say): nothing is under way
+            previous = {"phase": "Done", "pending": [], "message": f"{path} has the manifest's schema",
+                        "observedGeneration": res.generation}
+        out.status["schemaMigration"] = previous
     return out
+
+
+# -- schema edits ------------------------------------------------------------------------------------
+
+
+def _columns(raw: Any) -> list[dict[str, Any]]:
+    """A schema as the engine reports it (a list, or YSON's ``{"$value": [...]}`` with attributes),
+    reduced to what a manifest states of each column."""
+    if isinstance(raw, dict):
+        raw = raw.get("$value", [])
+    out = []
+    for col in raw or []:
+        column: dict[str, Any] = {"name": col["name"], "type": col["type"], "required": bool(col.get("required"))}
+        if col.get("sort_order"):
+            column["sort_order"] = col["sort_order"]
+        if col.get("lock"):
+            column["lock"] = col["lock"]
+        out.append(column)
+    return out
+
+
+def widened(current: list[dict[str, Any]], desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The schema a replica table needs before the replicated table takes ``desired``: its own
+    columns, with ``required`` relaxed where ``desired`` relaxes it, and the columns of ``desired``
+    it lacks appended. A replica may stay wider than the replicated table (seed 002)."""
+    wanted = {c["name"]: c for c in desired}
+    out = []
+    for col in current:
+        want = wanted.get(col["name"])
+        out.append({**col, "required": False} if want is not None and col["required"] and not want["required"]
+                   else col)
+    have = {c["name"] for c in current}
+    return out + [c for c in desired if c["name"] not in have]
+
+
+@dataclass
+class Migration:
+    """One reconcile pass of a schema edit: what it did and where it stands."""
+
+    phase: str
+    message: str
+    pending: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    refused: bool = False
+
+    def status(self, res: Resource) -> dict[str, Any]:
+        return {"phase": "Refused" if self.refused else self.phase, "pending": self.pending,
+                "message": self.message, "observedGeneration": res.generation}
+
+
+def _migrate_schema(res: Resource, world: World, client: Any, path: str, attrs: dict[str, Any]) -> Migration | None:
+    """Apply a schema edit of the manifest in seed 002's order; None when the engine already has it.
+
+    "Start the schema change with the replicas and then move on to the replicated table": a pass
+    first widens every replica table that lacks a new column (or still requires a relaxed one),
+    on its own cluster; the next pass alters the replicated table (the engine itself refuses it
+    while an enabled replica is narrower). An edit the engine cannot take (a removed, reordered or
+    retyped column, a new required column, a lock change) is refused here, before anything is
+    touched, with the engine's own reason naming the column."""
+    desired = yt_schema(res.spec)
+    current = _columns(attrs.get("schema"))
+    if current == desired:
+        return None
+    try:
+        check_schema_update(TableSchema.parse(current, path), TableSchema.parse(desired, path), path, empty=False)
+    except YtError as exc:
+        return Migration("Refused", f"the schema edit cannot be applied: {exc.message}; the engine keeps "
+                                    f"{[c['name'] for c in current]} (revert the edit, or create a new table)",
+                         refused=True)
+    owners = {r.status.get("replicaId"): r.name for r in world.of_kind("TableReplica", res.namespace)
+              if r.spec.table == res.name and r.status.get("replicaId")}
+    events: list[Event] = []
+    pending: list[str] = []
+    problems: list[str] = []
+    for replica_id, info in sorted((client.get(f"{path}/@replicas") or {}).items()):
+        name = owners.get(replica_id, replica_id)
+        cluster, replica_path = info["cluster_name"], info["replica_path"]
+        try:
+            remote = world.engines.client(cluster)
+            if not remote.exists(replica_path):
+                continue  # made later from the manifest's schema (reconcile_replicas.py)
+            have = _columns(remote.get(f"{replica_path}/@schema"))
+            want = widened(have, desired)
+            if want == have:
+                continue
+            remote.call("alter_table", {"path": replica_path, "schema": want})
+        except (YtError, ClusterNotFound) as exc:
+            pending.append(name)
+            why = describe_error(exc) if isinstance(exc, YtError) else str(exc)
+            problems.append(f"{name} ({cluster}:{replica_path}): {why}")
+            continue
+        events.append(Event("Normal", "SchemaMigrating", f"replica table {replica_path} on {cluster} ({name}) "
+                                                         f"altered to the new schema"))
+    if problems:
+        return Migration("Replicas", "waiting for replica tables: " + "; ".join(problems), pending, events)
+    if events:
+        return Migration("Table", f"{len(events)} replica table(s) altered; the replicated table is next",
+                         [], events)
+    try:
+        client.call("alter_table", {"path": path, "schema": desired})
+    except YtError as exc:
+        if exc.code == INCOMPATIBLE_SCHEMAS:
+            return Migration("Refused", f"the schema edit cannot be applied: {exc.message}", refused=True)
+        return Migration("Table", f"altering {path}: {describe_error(exc)}", [], events)
+    added = [c["name"] for c in desired if c["name"] not in {x["name"] for x in current}]
+    message = f"{path} has the new schema" + (f" (added {', '.join(added)})" if added else "")
+    return Migration("Done", message, [], [Event("Normal", "SchemaMigrated", message)])
 
 
 def _correct_drift(client: Any, path: str, spec: Any, attrs: dict[str, Any]) -> list[Event]:

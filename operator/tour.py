@@ -36,7 +36,8 @@ from urllib.parse import urlparse
 
 from reptables.engine.process import free_port
 
-from .local import LocalRunner, load_manifests
+from .local import LocalRunner
+from .local_manifests import load_manifests
 from .world import Resource
 
 #: the quickstart manifests of the repository this module was installed from (editable install), else

@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      totals["chunks_skipped"], seconds, totals["rows"] / seconds if seconds else 0.0)
             if args.enable:
                 meta.call("alter_table_replica", {"replica_id": plan.replica_id, "enabled": True})
-                log.info("replica %s enabled", plan.replica_id)
+                log.info("replica %s enabling (enabled once its replicator runs on every tablet)", plan.replica_id)
     except (ReptablesSparkError, YtError) as exc:
         log.error("bootstrap failed: %s", exc)
         return 1

@@ -1,11 +1,17 @@
 """Tablet state (mount, unmount, freeze, reshard) and the replication commands of a table.
 
-A state change completes before the command returns, so YT's transient states (mounting,
-freezing...) are never observed; each one runs in one write transaction.
+A state change runs in one write transaction. Mount, unmount and unfreeze complete before the
+command returns. ``freeze_table`` does not wait for commits in flight: the table is ``freezing``
+(writes refused with the frozen error from then on) until no commit that already passed the
+writable check holds it any more, then ``frozen`` — so "frozen" means what seed 002's queue check
+relies on (every accepted change is in the queue, ``flushed_row_count`` is final).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 from .. import yson_util
@@ -13,7 +19,7 @@ from ..cypress import (
     INTERNAL_PREFIX,
 )
 from ..errors import ErrorCode, TabletStateError, YtError
-from ..schema import validate_row
+from ..schema import TableSchema, check_schema_update, validate_row
 from ..storage import on_rollback, tablets_table
 from ..tablets import (
     DynamicTable,
@@ -22,13 +28,14 @@ from ..tablets import (
 )
 from .cypress_commands import CypressCommands
 
+log = logging.getLogger("reptables.engine")
+
 
 class TabletCommands(CypressCommands):
     """Tablet state and the replication commands."""
 
     def _transition(self, path: Any, allowed: tuple[TabletState, ...], target: TabletState, verb: str) -> None:
-        """Move a table to ``target``; the change is complete when the command returns, so the
-        transient states of YT (mounting, freezing...) are never observed here."""
+        """Move a table to ``target``; the change is complete when the command returns."""
         table, table_path, node = self._table(path)
         with self.storage.write() as conn:
             if table.state == target:
@@ -52,10 +59,61 @@ class TabletCommands(CypressCommands):
             raise TabletStateError(f"Cannot remount table {table_path}: it is not mounted")
 
     def freeze_table(self, path: Any) -> None:
-        self._transition(path, (TabletState.MOUNTED,), TabletState.FROZEN, "freeze")
+        """mounted -> ``freezing`` now, -> ``frozen`` once the table's commits in flight are done.
+
+        A commit checks that its tables are writable before it prepares, so one that passed the
+        check before the table turned ``freezing`` may still append; ``frozen`` waits for it
+        (:meth:`_commits_in_flight`). Returns at once; with nothing in flight the table is frozen
+        before it returns. Freezing a freezing table waits on (a restart ends the wait: after it
+        nothing is in flight)."""
+        table, table_path, node = self._table(path)
+        with self.storage.write() as conn:
+            if table.state == TabletState.FROZEN:
+                return
+            if table.state not in (TabletState.MOUNTED, TabletState.FREEZING):
+                raise TabletStateError(f"Cannot freeze table {table_path}: tablet state is {table.state.value!r}",
+                                       attributes={"path": table_path, "tablet_state": table.state.value})
+            if table.state == TabletState.MOUNTED:
+                table.state = TabletState.FREEZING
+                self._save_table_state(conn, node)
+        if not self._finish_freezing(table, node):
+            threading.Thread(target=self._await_frozen, args=(table, node, table_path),
+                             name=f"freeze-{table.table_id}", daemon=True).start()
 
     def unfreeze_table(self, path: Any) -> None:
-        self._transition(path, (TabletState.FROZEN,), TabletState.MOUNTED, "unfreeze")
+        """frozen (or still freezing) -> mounted."""
+        self._transition(path, (TabletState.FROZEN, TabletState.FREEZING), TabletState.MOUNTED, "unfreeze")
+
+    def _commits_in_flight(self, table_id: str) -> bool:
+        return self.transactions.commits_in_flight(table_id)
+
+    def _finish_freezing(self, table: DynamicTable, node: Any) -> bool:
+        """freezing -> frozen if no commit is in flight; True when the table is no longer freezing."""
+        if table.state != TabletState.FREEZING:
+            return True
+        if self._commits_in_flight(table.table_id):
+            return False
+        with self.storage.write() as conn:
+            # a commit applies under the storage writer: none is between its check and its apply now
+            if table.state == TabletState.FREEZING and not self._commits_in_flight(table.table_id):
+                table.state = TabletState.FROZEN
+                self._save_table_state(conn, node)
+        return table.state != TabletState.FREEZING
+
+    def _await_frozen(self, table: DynamicTable, node: Any, table_path: str) -> None:
+        """The background end of a freeze: poll until the commits in flight are done (a commit is
+        bounded by its prepare and transaction timeouts), then freeze."""
+        while True:
+            try:
+                if self._finish_freezing(table, node):
+                    break
+            except Exception:  # noqa: BLE001 - e.g. the engine is shutting down; freeze-table may be retried
+                log.exception("freezing failed", extra={"path": table_path})
+                return
+            time.sleep(0.02)
+        # (unfrozen or unmounted meanwhile: nothing to say)
+        if table.state == TabletState.FROZEN:
+            log.info("table frozen", extra={"path": table_path, "tablet_state": table.state.value})
 
     def _check_queue_replicated(self, table: DynamicTable, table_path: str) -> None:
         """A replicated table is resharded only once every replica has its whole queue.
@@ -123,8 +181,7 @@ class TabletCommands(CypressCommands):
     def alter_table(self, path: Any, upstream_replica_id: Any = None, schema: Any = None) -> None:
         table, table_path, node = self._table(path)
         if schema is not None:
-            raise YtError(f"Cannot alter the schema of {table_path}: schema changes are not supported yet",
-                          code=ErrorCode.INVALID_PARAMETER)
+            self._alter_schema(path, schema)
         if upstream_replica_id is None:
             return
         if not isinstance(upstream_replica_id, str):
@@ -145,6 +202,41 @@ class TabletCommands(CypressCommands):
             else:
                 node.attributes["upstream_replica_id"] = value
             self.cypress.save(conn, node)
+
+    def _alter_schema(self, path: Any, raw_schema: Any) -> None:
+        """``alter_table --schema``: widen a dynamic table's schema, mounted or not (docs/engine.md).
+
+        YT asks for an unmounted table; reptables also takes a mounted (or frozen) one, because the
+        change is one write transaction under the writer lock: a commit applies entirely before or
+        entirely after it, and rows buffered against the old schema simply have no value in the
+        new columns. That is what lets writes go on through the seed's migration order (replica
+        tables first, then the replicated table). A replicated table's new schema must not be wider
+        than the table of any enabled (or enabling) replica: the replicas are asked first (network,
+        no lock held), and the change is checked again under the lock against the schema then."""
+        table, table_path, node = self._table(path)
+        new_schema = TableSchema.parse(raw_schema, table_path)
+        with self.storage.read() as conn:
+            empty = table.is_empty(conn)
+        check_schema_update(table.schema, new_schema, table_path, empty=empty)
+        if table.replicated:
+            self.replication.registry.check_schema_change(table, table_path, new_schema)
+        with self.storage.write() as conn:
+            current = table.schema
+            added = check_schema_update(current, new_schema, table_path, empty=table.is_empty(conn))
+            if new_schema == current:
+                return
+            table.alter_schema(conn, new_schema, [c.name for c in added])
+            previous = (node.attributes.get("schema"), node.attributes.get(f"{INTERNAL_PREFIX}schema_attrs"))
+
+            def undo() -> None:
+                node.attributes["schema"], node.attributes[f"{INTERNAL_PREFIX}schema_attrs"] = previous
+
+            on_rollback(conn, undo)
+            node.attributes["schema"] = [c.to_yt() for c in new_schema.columns]
+            node.attributes[f"{INTERNAL_PREFIX}schema_attrs"] = {"strict": new_schema.strict,
+                                                                "unique_keys": new_schema.unique_keys}
+            self.cypress.save(conn, node)
+        log.info("table schema altered", extra={"path": table_path, "added": [c.name for c in added]})
 
     def alter_table_replica(self, replica_id: str, enabled: bool | None = None, mode: str | None = None) -> None:
         if mode == "sync" and self.replication.replica(replica_id).atomicity == "none":

@@ -14,6 +14,9 @@ state (disabled/enabling/enabled/disabling), mode (sync/async) and per-tablet pr
   exactly once and in order.
 * Switching async -> sync goes catching up -> draining -> in sync (``replicator.py``), the last
   step under the storage writer lock so that no commit slips between.
+* ``alter_table_replica`` returns at once: the replica is ``enabling`` until its replicator has
+  made a first pass over every tablet (a sync replica: until it starts draining), ``disabling``
+  until its replicator has stopped; the replicator pool ends both (``replicator.py``).
 
 The pieces, each with one job: ``registry.py`` owns the replicas and their mutable state,
 ``status.py`` reads it for attributes, ``options.py`` validates table options. This class builds
@@ -84,7 +87,8 @@ class ReplicationManager:
         return self.registry.replicas_of(table_id)
 
     def alter_replica(self, replica_id: str, enabled: bool | None, mode: str | None) -> None:
-        self.registry.alter(replica_id, enabled, mode, stop_replicator=self.replicators.stop_replicator)
+        """Returns at once; the replicators end ``enabling``/``disabling`` (``replicator.py``)."""
+        self.registry.alter(replica_id, enabled, mode)
         self.replicators.wake()
 
     # -- the write path (transactions.CommitHooks) --------------------------------------------------

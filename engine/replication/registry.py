@@ -3,7 +3,8 @@
 A replica's state (mode, state, sync phase, per-tablet progress, errors, backoff) is changed from
 several threads: its replicator pushes batches and advances the sync phase, the commit path
 advances the progress of sync replicas under the storage writer lock, and ``alter_table_replica``
-flips mode and state. So each ``Replica`` owns its state behind its own lock and changes it only
+flips mode and begins a state transition (``enabling``, ``disabling``) that the replicator ends.
+So each ``Replica`` owns its state behind its own lock and changes it only
 through the methods below; readers (status, ``get_in_sync_replicas``, queue trimming) take copies
 (``Replica.snapshot``, ``Replica.progress_of``) instead of iterating dictionaries another thread
 is changing.
@@ -41,7 +42,9 @@ from ..cypress import OBJECT_TYPES, Node
 from ..errors import ErrorCode, YtError
 from ..peers import Peers
 from ..replica_types import ReplicaMode, ReplicaState
+from ..schema import TableSchema
 from ..storage import FastStatement, replica_progress_table
+from ..tablets import DynamicTable
 from ..transactions import make_object_id
 from .host import ReplicationHost
 
@@ -254,29 +257,44 @@ class Replica:
 
     # -- state changes of alter_table_replica (callers hold the storage writer, then save) ------------
 
-    def set_state(self, state: ReplicaState) -> None:
-        with self._lock:
-            self._state = state
-
     def set_mode(self, mode: ReplicaMode) -> None:
         """A new mode; a sync replica starts over catching up, an async one has no phase."""
         with self._lock:
             self._mode = mode
             self._phase = SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC else None
 
-    def enable(self) -> None:
-        """Enabled, with a clean slate: no errors, no backoff, a sync replica catching up."""
+    def begin_enabling(self) -> None:
+        """``enabling``, with a clean slate: no errors, no backoff, a sync replica catching up. The
+        replicator ends it (:meth:`finish_enabling`, :meth:`start_draining`)."""
         with self._lock:
             self._enabled_once = True
             self._errors = []
             self._backoff_until = 0.0
             self._phase = SyncPhase.CATCHING_UP if self._mode is ReplicaMode.SYNC else None
-            self._state = ReplicaState.ENABLED
+            self._state = ReplicaState.ENABLING
 
-    def disable(self) -> None:
+    def begin_disabling(self) -> None:
+        """``disabling``: the replicator ends it once it has stopped (:meth:`finish_disabling`)."""
         with self._lock:
+            self._state = ReplicaState.DISABLING
+
+    def finish_enabling(self) -> bool:
+        """enabling -> enabled after the replicator's first full pass; False if not enabling, or if
+        sync (a sync replica is enabled when it starts draining: :meth:`start_draining`)."""
+        with self._lock:
+            if self._state is not ReplicaState.ENABLING or self._mode is ReplicaMode.SYNC:
+                return False
+            self._state = ReplicaState.ENABLED
+            return True
+
+    def finish_disabling(self) -> bool:
+        """disabling -> disabled once the replicator has stopped; False if not disabling."""
+        with self._lock:
+            if self._state is not ReplicaState.DISABLING:
+                return False
             self._phase = None
             self._state = ReplicaState.DISABLED
+            return True
 
     # -- the replicator's changes ----------------------------------------------------------------------
 
@@ -327,11 +345,18 @@ class Replica:
                 self._backoff_until = 0.0
 
     def start_draining(self) -> bool:
-        """catching_up -> draining; False when the replica is no longer catching up."""
+        """catching_up -> draining; False when the replica is no longer catching up.
+
+        An ``enabling`` sync replica becomes ``enabled`` in the same step: from here on every
+        commit either fails with the retriable 1732 (draining) or includes it (in sync), so no
+        commit passes it by once ``enabled`` is reported. Before, while it catches up, it is fed
+        from the queue like an async replica."""
         with self._lock:
-            if self._phase is not SyncPhase.CATCHING_UP:
+            if self._phase is not SyncPhase.CATCHING_UP or \
+                    self._state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
                 return False
             self._phase = SyncPhase.DRAINING
+            self._state = ReplicaState.ENABLED
             return True
 
     def finish_draining(self, tablet_count: int, queue_end: Callable[[int], int]) -> bool:
@@ -411,7 +436,8 @@ class ReplicaRegistry:
             start_replication_timestamp=int(a.get("start_replication_timestamp", 0)),
             preserve_timestamps=bool(a.get("preserve_timestamps", True)), atomicity=a.get("atomicity", "full"),
             tracker_enabled=bool(a.get("enable_replicated_table_tracker", True)),
-            phase=SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC and state is ReplicaState.ENABLED else None,
+            phase=SyncPhase.CATCHING_UP if mode is ReplicaMode.SYNC and
+            state in (ReplicaState.ENABLED, ReplicaState.ENABLING) else None,
             table_path=table_node.path if table_node is not None else a.get("table_path", ""), progress=progress,
             history_trimmed=int(a.get(HISTORY_TRIMMED_ATTRIBUTE, 0)),
             # (replicas made before these were recorded: old, and taken as enabled once if enabled)
@@ -532,37 +558,47 @@ class ReplicaRegistry:
             return
         conn.execute(replica_progress_table.delete().where(replica_progress_table.c.replica_id == replica_id))
 
-    def alter(self, replica_id: str, enabled: bool | None, mode: str | None,
-              stop_replicator: Callable[[str], None]) -> None:
-        """``alter_table_replica``; ``stop_replicator`` waits for the replica's replicator to stop."""
+    def alter(self, replica_id: str, enabled: bool | None, mode: str | None) -> None:
+        """``alter_table_replica``: returns at once, the replica is then ``enabling`` or ``disabling``.
+
+        What makes enabling impossible (history trimmed, an incompatible replica table) fails the
+        command here, before any change. The transition is ended by the replicator
+        (``replicator.py``): ``enabled`` after its first pass over every tablet (a sync replica: once
+        it starts draining), ``disabled`` once it has stopped with its progress saved. An enable of
+        a replica already enabled or enabling (a disable of one disabled or disabling) changes
+        nothing; an enable of a ``disabling`` replica turns it back to ``enabling``."""
         replica = self.get(replica_id)
         if mode is not None and mode not in ("sync", "async"):
             raise YtError(f"Invalid replica mode {mode!r}: expected sync or async", code=ErrorCode.INVALID_PARAMETER)
         if mode == "sync" and not replica.preserve_timestamps:
             raise YtError(f"Replica {replica.id} has preserve_timestamps=%false and can only be asynchronous",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"replica_id": replica.id})
-        if enabled is True and replica.state is not ReplicaState.ENABLED:
+        if enabled is True and replica.state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
             trimmed = replica.history_trimmed
             if trimmed:
                 raise history_trimmed_error(replica, trimmed)
-            self._change(replica, lambda: replica.set_state(ReplicaState.ENABLING))
-            try:
-                self.check_replica_table(replica)  # network: no lock held
-            except YtError:
-                self._change(replica, lambda: replica.set_state(ReplicaState.DISABLED))
-                raise
-            self._change(replica, replica.enable)
-        elif enabled is False and replica.state is not ReplicaState.DISABLED:
-            self._change(replica, lambda: replica.set_state(ReplicaState.DISABLING))
-            # the replicator finishes its batch in flight and stops
-            stop_replicator(replica.id)
-            self._change(replica, replica.disable)
+            self.check_replica_table(replica)  # network: no lock held
+            self._change(replica, replica.begin_enabling)
+        elif enabled is False and replica.state not in (ReplicaState.DISABLED, ReplicaState.DISABLING):
+            self._change(replica, replica.begin_disabling)
         if mode is not None and ReplicaMode(mode) is not replica.mode:
             new_mode = ReplicaMode(mode)
             self._change(replica, lambda: replica.set_mode(new_mode))
         snap = replica.snapshot()
         log.info("replica altered", extra={"replica_id": replica.id, "path": replica.table_path,
                                            "state": snap.state.value, "mode": snap.mode.value})
+
+    def finish_transition(self, replica: Replica, change: Callable[[], bool]) -> bool:
+        """End a transition (``Replica.finish_enabling``, ``finish_disabling``, ``start_draining``)
+        and save the new state in one write transaction, if ``change`` made one (it returns whether)."""
+        with self.host.storage.write() as conn:
+            if self.find(replica.id) is not replica or not change():
+                return False
+            self._save(conn, replica)
+        snap = replica.snapshot()
+        log.info("replica state changed", extra={"replica_id": replica.id, "path": replica.table_path,
+                                                 "state": snap.state.value, "mode": snap.mode.value})
+        return True
 
     def _change(self, replica: Replica, change: Callable[[], None]) -> None:
         """One state change, saved in one write transaction (the storage writer, then the replica)."""
@@ -611,3 +647,39 @@ class ReplicaRegistry:
             raise YtError(f"Cannot enable replica {replica.id}: {where} has upstream_replica_id "
                           f"{info.get('upstream_replica_id')!r}, expected {expected!r}",
                           code=ErrorCode.UPSTREAM_REPLICA_MISMATCH)
+
+    def check_schema_change(self, table: DynamicTable, path: str, schema: TableSchema) -> None:
+        """Seed 002: a replicated table's schema is never wider than its replicas' ("start the schema
+        change with the replicas and then move on to the replicated table").
+
+        Refuses ``schema`` for the replicated table at ``path`` while the table of an enabled (or
+        enabling) replica lacks one of its columns or has it with another type; the error names the
+        replica, its cluster and path. Each replica cluster is asked through ``table_info``, as
+        :meth:`check_replica_table` does; no lock is held. A disabled replica is not asked: it gets
+        nothing until it is enabled, and enabling checks its table against the schema then."""
+        for replica in self.replicas_of(table.table_id):
+            snap = replica.snapshot()
+            if snap.state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
+                continue
+            where = f"replica table {snap.replica_path} on cluster {snap.cluster_name}"
+            attributes = {"path": path, "replica_id": snap.id, "cluster_name": snap.cluster_name,
+                          "replica_path": snap.replica_path}
+            try:
+                info = self.peers.client(snap.cluster_name).call("table_info", {"path": snap.replica_path},
+                                                                 timeout=5.0)
+            except YtError as exc:
+                raise YtError(f"Cannot alter the schema of replicated table {path}: {where} of enabled replica "
+                              f"{snap.id} cannot be inspected: {exc.message}", code=exc.code,
+                              attributes=attributes) from None
+            columns = {c["name"]: c["type"] for c in info["columns"]}
+            for col in schema.columns:
+                have = columns.get(col.name)
+                if have is None:
+                    raise YtError(f"Cannot alter the schema of replicated table {path}: {where} of enabled replica "
+                                  f"{snap.id} has no column {col.name!r}; alter the replica tables first (seed 002: "
+                                  "a replicated table's schema must be no wider than its replicas')",
+                                  code=ErrorCode.SCHEMA_VIOLATION, attributes={**attributes, "column": col.name})
+                if have != col.type.value:
+                    raise YtError(f"Cannot alter the schema of replicated table {path}: column {col.name!r} of "
+                                  f"{where} (replica {snap.id}) has type {have}, expected {col.type.value}",
+                                  code=ErrorCode.SCHEMA_VIOLATION, attributes={**attributes, "column": col.name})

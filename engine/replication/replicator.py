@@ -10,8 +10,17 @@ A replica switching to sync is also driven from here: it catches up while fed as
 drains (writes fail with the retriable 1732) once few rows are missing, and turns in sync under
 the storage writer lock once the queue tail is fully replicated, so that no commit slips between.
 
-``ReplicatorPool`` starts a replicator thread per enabled replica and runs the maintenance jobs
-(decision delivery, in-doubt resolution, queue trimming) once a second.
+The replicator also ends the state transitions ``alter_table_replica`` begins, so that the states
+users wait on (seed 002: "the replica will switch to enabling state and after it is successfully
+enabled, it will switch to enabled") mean what they say: an ``enabling`` replica becomes
+``enabled`` once its replicator runs and has made a first pass over every tablet (a sync replica:
+once it has caught up and starts draining), and a ``disabling`` one becomes ``disabled`` once its
+replicator has finished the push in flight, saved its progress and stopped.
+
+``ReplicatorPool`` starts a replicator thread per enabled or enabling replica (at once when
+``alter_table_replica`` wakes it), ends ``disabling`` for a replica without a running replicator
+(one never started, or an engine restarted mid-transition), and runs the maintenance jobs (decision
+delivery, in-doubt resolution, queue trimming) once a second.
 """
 
 from __future__ import annotations
@@ -63,6 +72,10 @@ class Replicator:
 
     # -- the thread --------------------------------------------------------------------------------
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def ensure_running(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self.run, name=f"replicator-{self.replica.id}", daemon=True)
@@ -74,10 +87,16 @@ class Replicator:
             thread.join(timeout=timeout)
 
     def run(self) -> None:
-        """Until the replica is disabled or removed, or the engine stops."""
+        """Until the replica is disabled or removed, or the engine stops; ends its transitions."""
         while not self._stop.is_set():
-            if self.registry.find(self.replica.id) is not self.replica or \
-                    self.replica.state is not ReplicaState.ENABLED:
+            if self.registry.find(self.replica.id) is not self.replica:
+                return
+            state = self.replica.state
+            if state is ReplicaState.DISABLING:
+                # the push in flight is done and its progress saved (push_tablet is synchronous)
+                self.registry.finish_transition(self.replica, self.replica.finish_disabling)
+                return
+            if state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
                 return
             busy = False
             if time.monotonic() >= self.replica.backoff_until:
@@ -86,6 +105,10 @@ class Replicator:
                 except Exception as exc:  # noqa: BLE001 - any failure is recorded and backed off
                     log.exception("replicator failed", extra={"replica_id": self.replica.id})
                     self.record_error(None, YtError(f"Replicator failed: {exc}"), self.config.soft_backoff)
+                else:
+                    if state is ReplicaState.ENABLING:
+                        # a first pass over every tablet is done (a push or a recorded push error each)
+                        self.registry.finish_transition(self.replica, self.replica.finish_enabling)
             if not busy:
                 self._wake.wait(self.config.replicator_tick)
                 self._wake.clear()
@@ -105,6 +128,8 @@ class Replicator:
             return False  # fed by the commits themselves
         busy = False
         for tablet in range(table.tablet_count):
+            if self.replica.state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
+                return False  # disabling: stop after the push in flight
             busy |= self.push_tablet(table, tablet)
         _, mode, phase = self.replica.flags()
         if mode is ReplicaMode.SYNC and phase is not SyncPhase.IN_SYNC:
@@ -218,8 +243,9 @@ class Replicator:
         replica = self.replica
         pending = sum(max(0, queue_end(table, t) - replica.progress_of(t).row_index)
                       for t in range(table.tablet_count))
-        if pending <= self.config.drain_threshold_rows:
-            replica.start_draining()
+        if pending <= self.config.drain_threshold_rows and replica.phase is SyncPhase.CATCHING_UP:
+            # (an enabling sync replica becomes enabled here, saved with the phase change)
+            self.registry.finish_transition(replica, replica.start_draining)
         if replica.phase is SyncPhase.DRAINING:
             # lock order: the storage writer, then the replica; no commit appends while we check
             with self.host.storage.write_lock:
@@ -313,6 +339,8 @@ class ReplicatorPool:
         self._stop = threading.Event()
         #: set to cut a replicator's idle tick short (after alter_table_replica)
         self._wake = threading.Event()
+        #: set to cut the supervisor's tick short (a replica began enabling or disabling)
+        self._kick = threading.Event()
         #: guards _replicators; a leaf (nothing is acquired, no thread is joined under it)
         self._lock = threading.Lock()
         self._replicators: dict[str, Replicator] = {}
@@ -332,19 +360,15 @@ class ReplicatorPool:
         self._supervisor.start()
 
     def wake(self) -> None:
+        """After ``alter_table_replica``: replicators look at their replica's state, and the
+        supervisor starts the replicator of an enabling one, now rather than at their next tick."""
         self._wake.set()
-
-    def stop_replicator(self, replica_id: str, timeout: float = 30.0) -> None:
-        """Wait for a replica's replicator to finish its batch in flight and stop (it stops by
-        itself once the replica is no longer enabled)."""
-        with self._lock:
-            replicator = self._replicators.get(replica_id)
-        if replicator is not None:
-            replicator.join(timeout)
+        self._kick.set()
 
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._kick.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=5)
         with self._lock:
@@ -355,10 +379,18 @@ class ReplicatorPool:
     def _supervise(self) -> None:
         last_maintenance = 0.0
         while not self._stop.is_set():
+            self._kick.clear()
             replicas = self.registry.all()
             for replica in replicas:
-                if replica.state is ReplicaState.ENABLED:
+                state = replica.state
+                if state in (ReplicaState.ENABLED, ReplicaState.ENABLING):
                     self.replicator(replica).ensure_running()
+                elif state is ReplicaState.DISABLING and not self.replicator(replica).running:
+                    # no replicator to stop (only this thread starts them): disabled now
+                    try:
+                        self.registry.finish_transition(replica, replica.finish_disabling)
+                    except Exception:  # noqa: BLE001 - tried again at the next tick
+                        log.exception("ending disabling failed", extra={"replica_id": replica.id})
             present = {r.id for r in replicas}
             with self._lock:
                 for gone in [i for i in self._replicators if i not in present]:
@@ -371,4 +403,4 @@ class ReplicatorPool:
                     except Exception:  # noqa: BLE001 - maintenance must keep running
                         log.exception("replication maintenance failed",
                                       extra={"job": getattr(job, "__name__", repr(job))})
-            self._stop.wait(0.5)
+            self._kick.wait(0.5)

@@ -78,7 +78,8 @@ class SyncCommits:
         pending: list[Replica] = []
         for replica in self.registry.replicas_of(part.table.table_id):
             state, mode, phase = replica.flags()
-            if state is not ReplicaState.ENABLED or mode is not ReplicaMode.SYNC:
+            # (an enabling sync replica is catching up: a write that needs it is told to retry)
+            if state not in (ReplicaState.ENABLED, ReplicaState.ENABLING) or mode is not ReplicaMode.SYNC:
                 continue
             if phase is SyncPhase.DRAINING:
                 raise sync_not_in_sync(replica)

@@ -32,6 +32,7 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from ..errors import StorageCorruptedError
@@ -307,6 +308,23 @@ class UserTables:
 
     def create(self, conn: sa.Connection) -> None:
         self.metadata.create_all(conn)
+
+    def add_columns(self, conn: sa.Connection, names: list[str]) -> None:
+        """``ALTER TABLE ... ADD COLUMN`` for the columns ``names`` of this (new, wider) shape, on the
+        data table and the versions table: in the caller's transaction, so a failure adds none.
+
+        Rows already stored read the new columns as NULL. SQLAlchemy Core has no construct for an
+        ALTER; the column's SQL is the dialect's own (``CreateColumn``), so this stays dialect-neutral.
+        A replication queue stores changes as payloads and has no user columns: nothing to alter."""
+        if KIND in self.data.c:
+            return
+        preparer = conn.dialect.identifier_preparer
+        for table in (self.data, self.versions):
+            if table is None:
+                continue
+            for name in names:
+                spec = CreateColumn(table.c[name]).compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {spec}"))
 
     def drop(self, conn: sa.Connection) -> None:
         self.metadata.drop_all(conn)

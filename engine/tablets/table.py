@@ -51,6 +51,7 @@ from ..storage import (
     TABLET_INDEX,
     TS,
     UserTables,
+    on_commit,
     on_rollback,
     read_locks_table,
     tablets_table,
@@ -128,6 +129,12 @@ class DynamicTable:
     #: ``recent_commit_grace_seconds`` (the node passes its own; never changed after creation)
     config: EngineConfig = DEFAULT_CONFIG
 
+    def __post_init__(self) -> None:
+        # a table is made at start-up (or creation), when no commit is in flight: one stored as
+        # freezing (the engine stopped mid-freeze) is frozen
+        if self.state == TabletState.FREEZING:
+            self.state = TabletState.FROZEN
+
     @property
     def sorted(self) -> bool:
         return self.schema.is_sorted
@@ -165,7 +172,8 @@ class DynamicTable:
     # -- state checks ----------------------------------------------------------------------------
 
     def check_writable(self, path: str) -> None:
-        if self.state == TabletState.FROZEN:
+        # freezing refuses writes as frozen does: only commits already past this check go on
+        if self.state in (TabletState.FROZEN, TabletState.FREEZING):
             raise TabletStateError(f"Cannot write into table {path}: its tablets are frozen",
                                    attributes={"path": path, "tablet_state": self.state.value})
         if self.state != TabletState.MOUNTED:
@@ -181,6 +189,42 @@ class DynamicTable:
                                    f"(tablet state is {self.state.value!r})",
                                    code=ErrorCode.TABLET_NOT_MOUNTED,
                                    attributes={"path": path, "tablet_state": self.state.value})
+
+    # -- schema changes --------------------------------------------------------------------------
+
+    def is_empty(self, conn: sa.Connection) -> bool:
+        """Whether the table holds no row: no stored row or version, no queued change (for
+        ``alter_table``, which lets an empty table take a new required column)."""
+        if self.replicated or not self.sorted:
+            if any(count > 0 for count, _ in self.tablet_rows.values()):
+                return False
+            if self.replicated:
+                return True
+        for table in (self.sql.data, self.sql.versions):
+            if table is not None and conn.execute(sa.select(sa.literal(1)).select_from(table).limit(1)).first():
+                return False
+        return True
+
+    def alter_schema(self, conn: sa.Connection, schema: TableSchema, added: list[str]) -> None:
+        """Give the table ``schema`` (already checked to be a compatible widening of its own, adding
+        the columns ``added``) inside the caller's write transaction, under the writer lock.
+
+        The SQL tables get the new columns (a replicated table's queue needs none: its payloads
+        are rows by column name), and the table a new SQL shape. The new shape and schema are
+        published when the SQL commit is done (``on_commit``), the shape first: a lock-free reader
+        takes the schema from the shape it reads (``UserTables.schema``), so it never names a
+        column the SQL table it reads lacks. A rollback leaves everything as it was."""
+        sql = UserTables.queue(self.sql.sql_name, schema) if self.replicated else \
+            UserTables(self.sql.sql_name, schema)
+        sql.add_columns(conn, added)
+
+        def publish() -> None:
+            self.sql = sql
+            self.schema = schema
+            # compiled statements naming every column (the "move" of replaced images) are stale
+            self.__dict__.pop("_key_statements", None)
+
+        on_commit(conn, publish)
 
     # -- conflict checks -------------------------------------------------------------------------
 
@@ -463,13 +507,15 @@ class DynamicTable:
     # -- reads -----------------------------------------------------------------------------------
 
     def _fetch_latest(self, conn: sa.Connection, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict]:
-        data = self.sql.data
-        names = self.schema.key_names
+        sql = self.sql  # one shape and its schema, even if an alter_table replaces them meanwhile
+        schema = sql.schema
+        data = sql.data
+        names = schema.key_names
         result: dict[tuple[Any, ...], dict[str, Any]] = {}
-        colnames = [c.name for c in self.schema.columns]
+        colnames = [c.name for c in schema.columns]
         if len(keys) <= _POINT_LOOKUPS:
             # a few keys: a point query compiled once per table, run straight on the driver
-            point = self.sql.bulk("point:data", conn)
+            point = sql.bulk("point:data", conn)
             # on the DBAPI cursor: SQLAlchemy's result machinery costs more than the query
             cursor = conn.connection.cursor()
             try:
@@ -481,20 +527,21 @@ class DynamicTable:
             finally:
                 cursor.close()
             return result
-        cols = [data.c[c.name] for c in self.schema.columns]
+        cols = [data.c[c.name] for c in schema.columns]
         for chunk in _chunks(keys):
             stmt = sa.select(*cols).where(sa.tuple_(*[data.c[k] for k in names]).in_(chunk))
             for row in conn.execute(stmt):
-                d = dict(zip([c.name for c in self.schema.columns], row, strict=True))
+                d = dict(zip(colnames, row, strict=True))
                 result[tuple(d[k] for k in names)] = d
         return result
 
     def _fetch_at(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int) -> dict[tuple[Any, ...], dict]:
         """Rows as of ``ts``: the data row if its latest write is that old, else the newest older version."""
-        data, versions = self.sql.data, self.sql.versions
+        sql = self.sql
+        data, versions = sql.data, sql.versions
         assert versions is not None
-        names = self.schema.key_names
-        colnames = [c.name for c in self.schema.columns]
+        names = sql.schema.key_names
+        colnames = [c.name for c in sql.schema.columns]
         result: dict[tuple[Any, ...], dict[str, Any]] = {}
         for key in keys:
             row = conn.execute(sa.select(*[data.c[n] for n in colnames], data.c[TS]).where(
@@ -516,13 +563,18 @@ class DynamicTable:
 
     def query_source(self, ts: int | None) -> QuerySource:
         """The relation a query reads: latest data, or the versions visible at ``ts``."""
-        types = {c.name: c.type.value for c in self.schema.columns}
-        if not self.sorted:
-            data = self.sql.data
+        return self._query_source(self.sql, ts)
+
+    def _query_source(self, sql: UserTables, ts: int | None) -> QuerySource:
+        # one shape and its schema, even if an alter_table replaces them meanwhile
+        schema = sql.schema
+        types = {c.name: c.type.value for c in schema.columns}
+        if not schema.is_sorted:
+            data = sql.data
             cols: dict[str, sa.ColumnElement[Any]] = {
                 "$tablet_index": data.c[TABLET_INDEX], "$row_index": data.c[ROW_INDEX],
                 "$timestamp": data.c[TS]}
-            cols.update({c.name: data.c[c.name] for c in self.schema.columns})
+            cols.update({c.name: data.c[c.name] for c in schema.columns})
             types.update({"$tablet_index": "int64", "$row_index": "int64", "$timestamp": "uint64"})
             order = ("$tablet_index", "$row_index")
             if ts is None:
@@ -531,14 +583,14 @@ class DynamicTable:
             return QuerySource(from_clause=sub, columns={
                 name: sub.c[col.name] for name, col in cols.items()}, column_types=types, key_columns=order)
         if ts is None:
-            data = self.sql.data
-            return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in self.schema.columns},
-                               column_types=types, key_columns=tuple(self.schema.key_names))
+            data = sql.data
+            return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in schema.columns},
+                               column_types=types, key_columns=tuple(schema.key_names))
         # rows whose latest write is old enough, plus the newest older version of the others
-        data, versions = self.sql.data, self.sql.versions
+        data, versions = sql.data, sql.versions
         assert versions is not None
-        names = self.schema.key_names
-        colnames = [c.name for c in self.schema.columns]
+        names = schema.key_names
+        colnames = [c.name for c in schema.columns]
         current = sa.select(*[data.c[n] for n in colnames]).where(data.c[TS] <= ts)
         latest = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
                   .where(versions.c[TS] <= ts).group_by(*[versions.c[k] for k in names]).subquery("latest"))
@@ -548,8 +600,8 @@ class DynamicTable:
                                        versions.c[TS] == latest.c["m"]))
                  .where(versions.c[DELETED] == sa.false(), ~newer_current))
         visible = sa.union_all(current, older).subquery("visible")
-        return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in self.schema.columns},
-                           column_types=types, key_columns=tuple(self.schema.key_names))
+        return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in schema.columns},
+                           column_types=types, key_columns=tuple(schema.key_names))
 
     def check_snapshot(self, timestamp: int | None, path: str) -> None:
         """Refuse a read at a timestamp whose versions may have been compacted away."""

@@ -121,6 +121,18 @@ class TransactionManager:
         """Whether a transaction coordinated elsewhere holds prepared writes to this table."""
         return self._inflight.has_remote_prepared(table_id)
 
+    def commits_in_flight(self, table_id: str) -> bool:
+        """Whether a commit that may still write ``table_id`` is under way here: a transaction this
+        cluster coordinates that is committing with writes to it, or one coordinated elsewhere holding
+        prepared writes to it (what a freezing table waits for)."""
+        if self.has_remote_prepared(table_id):
+            return True
+        with self._lock:  # a leaf: only the list is copied under it
+            running = list(self._transactions.values())
+        # a committing transaction's writes no longer change
+        return any(tx.state is TxState.COMMITTING and any(key[0] == table_id for key in list(tx.writes))
+                   for tx in running)
+
     def wait_prepared_writes(self, table_id: str, timeout: float = 10.0) -> None:
         """Before a read of the latest data: wait for the transactions prepared here (by another
         cluster's coordinator) that had written this table when the read began.

@@ -276,7 +276,11 @@ def test_invalid_manifests_are_rejected_by_the_api(env: Env) -> None:
 
 def test_replica_on_unknown_cluster_is_not_ready_with_a_precise_reason(env: Env) -> None:
     env.api.create(table("lonely", "//home/lonely"))
-    env.wait_ready("replicatedtables", "lonely")
+    # created and mounted, but with no enabled replica it is not Ready (docs/crds.md, "Conditions")
+    env.wait(lambda: any(c.get("reason") == "NoReplicas" and c.get("status") == "False"
+                         for c in env.status("replicatedtables", "lonely").get("conditions", [])),
+             what="Ready=False NoReplicas")
+    assert env.status("replicatedtables", "lonely").get("tableId")
     env.api.create(replica("lonely-nowhere", "lonely", "nowhere", "//home/lonely"))
     env.wait(lambda: any(c.get("reason") == "ClusterNotFound" for c in
                          env.status("tablereplicas", "lonely-nowhere").get("conditions", [])),

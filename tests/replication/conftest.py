@@ -99,8 +99,18 @@ class ClusterSet:
             self.alter(replica_id, enabled=True)
         return replica_id
 
-    def alter(self, replica_id: str, **params: Any) -> None:
+    def alter(self, replica_id: str, wait: bool = True, **params: Any) -> None:
+        """``alter_table_replica``; it returns at once, with the replica ``enabling`` or ``disabling``:
+        with ``wait`` (the default) this waits, as seed 002 tells users to, for ``enabled`` or
+        ``disabled`` (a sync replica is ``enabled`` once it has caught up and drains)."""
         self.meta.call("alter_table_replica", {"replica_id": replica_id, **params})
+        if wait and params.get("enabled") is not None:
+            self.wait_state(replica_id, "enabled" if params["enabled"] else "disabled")
+
+    def wait_state(self, replica_id: str, state: str, timeout: float = 30.0) -> None:
+        """Until the replica's ``@state`` is ``state`` (seed 002's "wait for the state")."""
+        wait_for(lambda: self.meta.get(f"#{replica_id}/@state") == state, timeout,
+                 f"replica {replica_id} {state}")
 
     def wait_in_sync(self, replica_id: str, timeout: float = 30.0) -> None:
         """Until a sync replica accepts writes (the async -> sync catch-up is over)."""

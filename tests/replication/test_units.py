@@ -434,12 +434,17 @@ def test_disable_stops_the_replicator_and_enable_starts_clean(make_world: Callab
     assert replica.errors
 
     world.manager.alter_replica(replica.id, enabled=False, mode=None)
+    assert replica.state is ReplicaState.DISABLING  # the command returns at once
+    world.manager.replicators.replicator(replica).run()  # its replicator sees it, stops and says so
     assert replica.state is ReplicaState.DISABLED
     world.network.down.clear()
     world.manager.alter_replica(replica.id, enabled=True, mode="sync")
     snap = replica.snapshot()
     assert (snap.state, snap.mode, snap.phase, snap.errors, snap.backoff_until) == \
-        (ReplicaState.ENABLED, ReplicaMode.SYNC, SyncPhase.CATCHING_UP, (), 0.0)
+        (ReplicaState.ENABLING, ReplicaMode.SYNC, SyncPhase.CATCHING_UP, (), 0.0)
+    world.replicate_once(replica)  # caught up: it drains, and is enabled from here on
+    assert (replica.state, replica.phase) in ((ReplicaState.ENABLED, SyncPhase.DRAINING),
+                                              (ReplicaState.ENABLED, SyncPhase.IN_SYNC))
 
 
 def test_replicas_come_back_from_storage_with_their_progress(make_world: Callable[..., World]) -> None:

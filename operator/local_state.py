@@ -1,0 +1,138 @@
+"""The state directory of ``reptables up``, as the other local commands see it.
+
+``reptables up`` keeps ``state.json`` (objects with status, recent events, engines, its pid) and a
+``control/`` directory in its data directory; ``reptables status``, ``cluster stop|start`` and ``env``
+are separate processes that read the one and write requests into the other (docs/local.md). This
+module is that shared ground: the file names, atomic private writes, whether the ``up`` process still
+runs, and the readers' side. It imports nothing of the runner, so the commands stay light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: the state file ``reptables up`` keeps in its data directory (read by ``reptables status``/``env``)
+STATE_FILE = "state.json"
+#: where ``reptables cluster stop|start`` leave their requests for the running ``up``
+CONTROL_DIR = "control"
+#: how long ``reptables cluster stop|start`` waits for the running ``up`` to carry a request out
+CONTROL_TIMEOUT = 30.0
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file atomically (temp file + rename) with mode 0600: readers never see half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists (a zombie or a process of another user counts)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+
+class LocalStateError(Exception):
+    """No usable state: no ``reptables up`` runs for the directory, the state is missing, or a bad name."""
+
+
+def read_state(data_dir: Path, require_running: bool = True) -> dict[str, Any]:
+    """The state.json of ``reptables up --data-dir DATA_DIR``; LocalStateError saying why not."""
+    path = data_dir / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LocalStateError(f"no local state in {data_dir} ({path} is missing): start "
+                              f"`reptables up --keep-running --data-dir {data_dir}` first") from None
+    except (OSError, ValueError) as exc:
+        raise LocalStateError(f"the local state {path} cannot be read: {exc}") from None
+    if not isinstance(state, dict):
+        raise LocalStateError(f"the local state {path} is not an object")
+    if require_running and not pid_alive(state.get("pid")):
+        raise LocalStateError(f"no `reptables up` runs for {data_dir}: its process (pid {state.get('pid')}) is "
+                              f"gone; its last state is from {state.get('updated')}")
+    return state
+
+
+def running_up(data_dir: Path) -> int | None:
+    """The pid of another ``reptables up`` running on this data directory, if any."""
+    try:
+        pid = read_state(data_dir).get("pid")
+    except LocalStateError:
+        return None
+    return pid if isinstance(pid, int) and pid != os.getpid() else None
+
+
+def _table_cluster(state: dict[str, Any], name: str, data_dir: Path) -> None:
+    clusters = sorted(o["metadata"]["name"] for o in state.get("objects", []) if o.get("kind") == "TableCluster")
+    if name not in clusters:
+        raise LocalStateError(f"TableCluster {name} not found in the local state of {data_dir} "
+                              f"(TableClusters: {', '.join(clusters) or 'none'})")
+
+
+def request_control(data_dir: Path, action: str, cluster: str,
+                    timeout: float = CONTROL_TIMEOUT) -> tuple[bool, str]:
+    """Ask the running ``up`` to stop or start a cluster's engine; wait for its answer (ok, message)."""
+    if action not in ("stop", "start"):
+        raise LocalStateError(f"unknown action {action!r} (stop or start)")
+    state = read_state(data_dir)
+    _table_cluster(state, cluster, data_dir)
+    control = data_dir / CONTROL_DIR
+    control.mkdir(mode=0o700, exist_ok=True)
+    ident = uuid.uuid4().hex
+    request = control / f"{ident}.request.json"
+    result = control / f"{ident}.result.json"
+    write_private(request, json.dumps({"action": action, "cluster": cluster}))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.exists():
+            answer = json.loads(result.read_text())
+            result.unlink()
+            return bool(answer.get("ok")), str(answer.get("message"))
+        if not pid_alive(state.get("pid")):
+            break
+        time.sleep(0.2)
+    with contextlib.suppress(OSError):
+        request.unlink()
+    raise LocalStateError(f"`reptables up` (pid {state.get('pid')}) did not {action} TableCluster {cluster} "
+                          f"within {timeout:g} s")
+
+
+def env_lines(data_dir: Path, cluster: str) -> list[str]:
+    """``export YT_PROXY=...`` and ``export YT_TOKEN=...`` for a local engine (the official yt CLI reads them)."""
+    import shlex
+
+    state = read_state(data_dir, require_running=False)
+    _table_cluster(state, cluster, data_dir)
+    engine = (state.get("engines") or {}).get(cluster)
+    if not isinstance(engine, dict):
+        raise LocalStateError(f"TableCluster {cluster}: `reptables up` started no engine for it")
+    endpoint = str(engine.get("endpoint"))
+    if urlparse(endpoint).hostname not in LOOPBACK:
+        raise LocalStateError(f"TableCluster {cluster}: {endpoint} is not a loopback endpoint of the local runner")
+    token_file = data_dir / cluster / "token"
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise LocalStateError(f"TableCluster {cluster}: its token file {token_file} cannot be read: "
+                              f"{exc.strerror}") from None
+    return [f"export YT_PROXY={shlex.quote(endpoint)}", f"export YT_TOKEN={shlex.quote(token)}"]
