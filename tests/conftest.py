@@ -58,3 +58,18 @@ def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
         yield shared_engine
     finally:
         reset_engine(shared_engine)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (hack/test.sh runs two workers), keep one Spark session and one PostgreSQL at a time.
+
+    The PySpark tests share one session-scoped Spark session (tests/sparkapps/conftest.py): they all go
+    to one worker (``--dist loadgroup``), so a run starts one session. The PostgreSQL benchmark smoke
+    tests go to one worker too, so two PostgreSQL servers never run side by side.
+    """
+    for item in items:
+        path = item.path.as_posix()
+        if "/tests/sparkapps/" in path:
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif path.endswith("/tests/benchmarks/test_pg_logical_smoke.py"):
+            item.add_marker(pytest.mark.xdist_group("postgresql"))
