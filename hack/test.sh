@@ -8,6 +8,6 @@ source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/lint-imports
 .venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
-# two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps the Spark
-# tests on one worker (one Spark session per run) and the PostgreSQL ones on one
+# two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps each module
+# on one worker, in order, and all Spark tests on one (one Spark session per run)
 exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

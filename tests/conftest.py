@@ -61,15 +61,14 @@ def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (hack/test.sh runs two workers), keep one Spark session and one PostgreSQL at a time.
+    """Under pytest-xdist (hack/test.sh runs two workers with ``--dist loadgroup``): one worker per group.
 
-    The PySpark tests share one session-scoped Spark session (tests/sparkapps/conftest.py): they all go
-    to one worker (``--dist loadgroup``), so a run starts one session. The PostgreSQL benchmark smoke
-    tests go to one worker too, so two PostgreSQL servers never run side by side.
+    * every module is one group, so its tests run in order on one worker and share its module-scoped
+      engines (several modules build each test on the one before, as a walkthrough does);
+    * the PySpark tests share one session-scoped Spark session (tests/sparkapps/conftest.py): all of
+      tests/sparkapps is one group, so a run starts one session.
     """
     for item in items:
         path = item.path.as_posix()
-        if "/tests/sparkapps/" in path:
-            item.add_marker(pytest.mark.xdist_group("spark"))
-        elif path.endswith("/tests/benchmarks/test_pg_logical_smoke.py"):
-            item.add_marker(pytest.mark.xdist_group("postgresql"))
+        group = "spark" if "/tests/sparkapps/" in path else path.rsplit("/tests/", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group(group))
