@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,15 +61,19 @@ def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
         reset_engine(shared_engine)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (hack/test.sh runs two workers with ``--dist loadgroup``): one worker per group.
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (hack/test.sh runs two workers), one worker per module, and one for all Spark tests.
 
-    * every module is one group, so its tests run in order on one worker and share its module-scoped
-      engines (several modules build each test on the one before, as a walkthrough does);
+    * each module's tests run in order on one worker and share its module-scoped engines (several
+      modules build each test on the one before, as a walkthrough does);
     * the PySpark tests share one session-scoped Spark session (tests/sparkapps/conftest.py): all of
-      tests/sparkapps is one group, so a run starts one session.
+      tests/sparkapps goes to one worker, so a run starts one session.
     """
-    for item in items:
-        path = item.path.as_posix()
-        group = "spark" if "/tests/sparkapps/" in path else path.rsplit("/tests/", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group(group))
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/sparkapps" if module.startswith("tests/sparkapps/") else module
+
+    return ModuleScheduling(config, log)
