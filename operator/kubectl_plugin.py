@@ -273,6 +273,12 @@ def _root(ctx: typer.Context, kubeconfig: KubeconfigOption = None, context: Cont
     ctx.obj = Target(kubeconfig, context, namespace, bool(all_namespaces))
 
 
+def _table_view(kube: Kube, table: str | None) -> dict[str, Any]:
+    """The status view of every table (or of ``table``: NAME or NAMESPACE/NAME) and the tracker's switches."""
+    in_namespace, wanted = _split_table(table)
+    return statusview.build_view(kube.list_objects(in_namespace), kube.switch_events(in_namespace), wanted)
+
+
 @app.command()
 def status(ctx: typer.Context, table: Annotated[str | None, typer.Argument(
                help="One ReplicatedTable: NAME or NAMESPACE/NAME.")] = None,
@@ -280,8 +286,7 @@ def status(ctx: typer.Context, table: Annotated[str | None, typer.Argument(
            namespace: NamespaceOption = None, all_namespaces: AllNamespacesOption = None) -> None:
     """Each replicated table: Ready, sync replicas, tracker decision, and per replica mode, state, lag, bootstrap."""
     with _connected(ctx, kubeconfig, context, namespace, all_namespaces) as kube:
-        in_namespace, wanted = _split_table(table)
-        view = statusview.build_view(kube.list_objects(in_namespace), kube.switch_events(in_namespace), wanted)
+        view = _table_view(kube, table)
         if output is Output.TEXT:
             statusview.render(view, _console())
         else:
@@ -295,8 +300,7 @@ def tracker(ctx: typer.Context, table: Annotated[str | None, typer.Argument(
             namespace: NamespaceOption = None, all_namespaces: AllNamespacesOption = None) -> None:
     """The tracker's recent switches and why (ReplicaModeChanged Events) and each table's last decision."""
     with _connected(ctx, kubeconfig, context, namespace, all_namespaces) as kube:
-        in_namespace, wanted = _split_table(table)
-        view = statusview.build_view(kube.list_objects(in_namespace), kube.switch_events(in_namespace), wanted)
+        view = _table_view(kube, table)
         if output is Output.TEXT:
             statusview.render_tracker(view, _console())
         else:

@@ -15,16 +15,25 @@ from reptables.engine.process import LocalEngine, free_port
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_reptables_up_runs_the_examples_and_replicates(tmp_path: Path) -> None:
+def copy_examples(tmp_path: Path, min_replication_log_ttl: str | None = None) -> Path:
+    """examples/*.yaml in ``tmp_path/manifests`` with free ports (the examples use 9012-9014), and
+    ``minReplicationLogTtl`` of the orders table when given."""
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     for source in sorted(EXAMPLES.glob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(source.read_text()) if d]
         for doc in docs:
             if doc.get("kind") == "TableCluster":
-                # the examples use ports 9012-9014; tests use free ones
                 doc["spec"]["endpoint"] = f"http://127.0.0.1:{free_port()}"
+            if min_replication_log_ttl is not None and doc.get("kind") == "ReplicatedTable" \
+                    and doc["metadata"]["name"] == "orders":
+                doc["spec"]["minReplicationLogTtl"] = min_replication_log_ttl
         (manifests / source.name).write_text(yaml.safe_dump_all(docs))
+    return manifests
+
+
+def test_reptables_up_runs_the_examples_and_replicates(tmp_path: Path) -> None:
+    manifests = copy_examples(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "reptables.operator.cli", "up", str(manifests), "--data-dir", str(tmp_path / "data")],
         capture_output=True, text=True, timeout=240)
@@ -46,16 +55,7 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
     finds a new TableReplica of that table: the local launcher copies the rows with local Spark,
     verifies them, enables the replica, and the demo shows it holds every row.
     """
-    manifests = tmp_path / "manifests"
-    manifests.mkdir()
-    for source in sorted(EXAMPLES.glob("*.yaml")):
-        docs = [d for d in yaml.safe_load_all(source.read_text()) if d]
-        for doc in docs:
-            if doc.get("kind") == "TableCluster":
-                doc["spec"]["endpoint"] = f"http://127.0.0.1:{free_port()}"
-            if doc.get("kind") == "ReplicatedTable" and doc["metadata"]["name"] == "orders":
-                doc["spec"]["minReplicationLogTtl"] = "0s"
-        (manifests / source.name).write_text(yaml.safe_dump_all(docs))
+    manifests = copy_examples(tmp_path, min_replication_log_ttl="0s")
     command = [sys.executable, "-m", "reptables.operator.cli", "up", str(manifests), "--data-dir",
                str(tmp_path / "data")]
     first = subprocess.run(command, capture_output=True, text=True, timeout=240)
