@@ -99,6 +99,10 @@ class EngineConfig:
     #: keys one lookup_rows (or get_in_sync_replicas) request may carry, counted while the body is
     #: parsed (rows of a write are bounded the same way by max_rows_per_transaction)
     max_lookup_keys: int = 1_000_000
+    #: change streams (docs/streams.md): pulls that may wait for changes at once (each holds a
+    #: worker thread while it waits; more are answered at once), and the changes one answer carries
+    max_waiting_pulls: int = 16
+    max_pull_rows: int = 100_000
     #: bytes one select_rows or lookup_rows answer may have in its output format; a larger answer is
     #: refused (1802) rather than built: add a WHERE condition or a LIMIT
     max_output_bytes: int = 64 * MiB

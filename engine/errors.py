@@ -49,6 +49,10 @@ class ErrorCode(IntEnum):
     COLUMN_NOT_FOUND = 1726
     SYNC_REPLICA_NOT_IN_SYNC = 1732
     NO_IN_SYNC_REPLICAS = 1736
+    #: reptables: a change stream asked to start before the oldest change still kept
+    CHANGES_TRIMMED = 1760
+    #: reptables: advance_consumer's old_offset is not the consumer's stored offset
+    CONSUMER_OFFSET_CONFLICT = 1761
     NO_SUCH_TRANSACTION = 11000
     INVALID_TRANSACTION_STATE = 11003
     INVALID_TRANSACTION_ATOMICITY = 11004

@@ -83,6 +83,17 @@ class TableSample:
     sync_replicas: int
 
 
+@dataclass(frozen=True)
+class ConsumerSample:
+    """A registered change-stream consumer (YT's queue consumer) of a table."""
+
+    table: str
+    consumer: str
+    vital: bool
+    #: seconds between the newest commit and the consumer's offset (how far behind it reads)
+    lag_seconds: float
+
+
 @dataclass
 class StateSamples:
     """Everything a state source reports at one scrape."""
@@ -91,6 +102,7 @@ class StateSamples:
     queue_tablets: list[QueueTabletSample] = field(default_factory=list)
     replicas: list[ReplicaInfoSample] = field(default_factory=list)
     tables: list[TableSample] = field(default_factory=list)
+    consumers: list[ConsumerSample] = field(default_factory=list)
     #: transactions prepared here by another cluster's coordinator, undecided for over a second
     #: (None: this source does not know)
     in_doubt: int | None = None
@@ -137,12 +149,15 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("reptables_sync_replicas",
                                 "Sync replicas of a replicated table that take part in every commit now",
                                 labels=["table"])
+        yield GaugeMetricFamily("reptables_stream_consumer_lag_seconds",
+                                "How far a registered change-stream consumer's offset is behind the newest "
+                                "commit (docs/streams.md)", labels=["table", "consumer", "vital"])
         yield GaugeMetricFamily("reptables_in_doubt_pending_transactions",
                                 "Transactions prepared here by another cluster's coordinator, undecided for over "
                                 "a second (in doubt)")
 
     def collect(self) -> Iterable[Metric]:
-        lag, behind, queue, trimmed, flushed, info, sync, in_doubt = self._families()
+        lag, behind, queue, trimmed, flushed, info, sync, consumers, in_doubt = self._families()
         pending = 0
         for source in list(self.sources):
             try:
@@ -163,9 +178,11 @@ class StateCollector(Collector):
                 info.add_metric([i.table, i.replica_id, i.cluster, i.mode, i.state], 1)
             for t in samples.tables:
                 sync.add_metric([t.table], t.sync_replicas)
+            for c in samples.consumers:
+                consumers.add_metric([c.table, c.consumer, str(c.vital).lower()], c.lag_seconds)
             pending += samples.in_doubt or 0
         in_doubt.add_metric([], pending)
-        return [lag, behind, queue, trimmed, flushed, info, sync, in_doubt]
+        return [lag, behind, queue, trimmed, flushed, info, sync, consumers, in_doubt]
 
 
 class EngineMetrics:

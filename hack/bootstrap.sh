@@ -17,6 +17,12 @@ if ! command -v java >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     openjdk-17-jre-headless >/dev/null
 fi
+# Redis (Debian's redis-server) backs the cache-invalidation tests of change streams (reptables.cache)
+if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    redis-server >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -1,6 +1,7 @@
 """The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``tour`` (the
 guided tour, operator/tour.py), ``operator``,
-``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds), and the local
+``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds), ``stream`` (a
+table's change stream as JSON lines, docs/streams.md), and the local
 mode's ``status``, ``cluster stop|start`` and ``env``, which talk to a running ``up`` through its
 data directory (docs/local.md) the way ``kubectl reptables`` talks to the API server.
 
@@ -157,6 +158,40 @@ def env(
                    f"--data-dir {data_dir}`)", err=True)
     for line in lines:
         typer.echo(line)
+
+
+@app.command()
+def stream(
+    path: Annotated[str, typer.Argument(help="The table whose changes to print, e.g. //tmp/orders")],
+    proxy: Annotated[str | None, typer.Option("--proxy", envvar="YT_PROXY",
+                                              help="The engine's URL (default $YT_PROXY)")] = None,
+    from_timestamp: Annotated[int | None, typer.Option("--from-timestamp",
+                                                       help="Start after this commit timestamp")] = None,
+    from_token: Annotated[str | None, typer.Option("--from-token",
+                                                   help="Start after this event token (resume)")] = None,
+    heartbeats: Annotated[bool, typer.Option("--heartbeats", help="Print idle heartbeats too")] = False,
+) -> None:
+    """Print the table's change stream, one JSON event per line, as changes commit (docs/streams.md).
+
+    The token is read from $YT_TOKEN. Each line carries its event_token: restart with
+    --from-token LAST_TOKEN to go on exactly after the last line written."""
+    from reptables.engine.client import Client
+    from reptables.engine.errors import YtError
+
+    if not proxy:
+        _fail("no engine to stream from: give --proxy URL or set YT_PROXY")
+    if from_timestamp is not None and from_token is not None:
+        _fail("give --from-timestamp or --from-token, not both")
+    try:
+        with Client(proxy, timeout=90) as client:
+            for event in client.stream_changes(path, from_event_token=from_token, from_timestamp=from_timestamp,
+                                               heartbeats=heartbeats, wait_timeout=30_000):
+                sys.stdout.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+                sys.stdout.flush()
+    except YtError as exc:
+        _fail(exc.message)
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
 
 
 def _fail(message: str) -> NoReturn:

@@ -43,10 +43,10 @@ from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
 from .body import read_body
-from .commands import _BODY_BYTES, COMMANDS, Command
+from .commands import _BODY_BYTES, COMMANDS, Command, WithParameters
 from .formats import Format, Limit, dump_rows, dump_structured, load_rows, load_structured, parse_format
 from .inline import inline_internal
-from .params import _bool, _decode_header_value, _header_format, _query_value
+from .params import _bool, _decode_header_value, _encode_header_value, _header_format, _query_value
 
 log = logging.getLogger("reptables.engine.http")
 
@@ -277,10 +277,15 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             result = cmd.handler(cluster, params, input_value)
         else:
             result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
+        headers = {"X-YT-Response-Code": "0"}
+        if isinstance(result, WithParameters):
+            # (YT's response parameters: the official client reads them, docs/streams.md)
+            headers["X-YT-Response-Parameters"] = _encode_header_value(result.parameters, header_format)
+            result = result.result
         if _bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
             result = result["value"]
         if cmd.output_type is None:
-            return Response(status_code=200, headers={"X-YT-Response-Code": "0"})
+            return Response(status_code=200, headers=headers)
         fmt = parse_format(params.get("output_format") or request.headers.get("x-yt-output-format"),
                            default="json" if cmd.output_type == "structured" and header_format == "json"
                            else "yson")
@@ -291,7 +296,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         else:
             content = dump_structured(result, fmt)
         media = "application/json" if fmt.name == "json" else "application/x-yt-yson-binary"
-        return Response(content=content, media_type=media, headers={"X-YT-Response-Code": "0"})
+        return Response(content=content, media_type=media, headers=headers)
 
     def _input_row_limit(cmd: Command) -> Limit:
         """Rows one request may carry: a write's are bounded by what one transaction may hold (a

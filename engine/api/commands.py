@@ -36,6 +36,24 @@ class Command:
 
 
 
+@dataclass(frozen=True)
+class WithParameters:
+    """A command's result and its response parameters (the ``X-YT-Response-Parameters`` header)."""
+
+    result: Any
+    parameters: dict[str, Any]
+
+
+def _freshness(p: dict[str, Any]) -> dict[str, Any]:
+    """The change-stream freshness parameters of a read (docs/streams.md)."""
+    return {"include_event_token": _bool(p, "include_event_token"),
+            "compare_event_token": _p(p, "compare_event_token")}
+
+
+def _with(result: Any, parameters: dict[str, Any]) -> Any:
+    return WithParameters(result, parameters) if parameters else result
+
+
 COMMANDS: dict[str, Command] = {}
 #: a pseudo-parameter the protocol layer adds: the decoded request body's size in bytes
 _BODY_BYTES = "\0body_bytes"
@@ -189,12 +207,53 @@ def _lock_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
 
 @_command("lookup_rows", "tabular", "tabular", False, heavy=True, inline=inline_lookup)
 def _lookup_rows(c: Cluster, p: dict[str, Any], body: Any) -> Any:
-    return c.lookup_rows(_path(p), _rows(body), _str_list(p, "column_names"), _int(p, "timestamp"),
-                         _bool(p, "keep_missing_rows"), _tx(p))
+    parameters: dict[str, Any] = {}
+    rows = c.lookup_rows(_path(p), _rows(body), _str_list(p, "column_names"), _int(p, "timestamp"),
+                         _bool(p, "keep_missing_rows"), _tx(p), **_freshness(p), response_parameters=parameters)
+    return _with(rows, parameters)
 
 
 @_command("select_rows", None, "tabular", False, heavy=True)
 def _select_rows(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return c.select_rows(_p(p, "query"), _int(p, "timestamp"), _tx(p), _int(p, "input_row_limit"),
-                         _int(p, "output_row_limit"), _bool(p, "fail_on_incomplete_result", True))
+    parameters: dict[str, Any] = {}
+    rows = c.select_rows(_p(p, "query"), _int(p, "timestamp"), _tx(p), _int(p, "input_row_limit"),
+                         _int(p, "output_row_limit"), _bool(p, "fail_on_incomplete_result", True), **_freshness(p),
+                         response_parameters=parameters)
+    return _with(rows, parameters)
+
+
+# -- change streams (docs/streams.md) ------------------------------------------------------------------
+
+@_command("pull_changes", None, "structured", False)
+def _pull_changes(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.pull_changes(_path(p), _p(p, "from_event_token"), _int(p, "from_timestamp"), _int(p, "max_row_count"),
+                          _int(p, "wait_timeout"))
+
+
+@_command("register_queue_consumer", None, None, True)
+def _register_queue_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    c.register_queue_consumer(_required_str(p, "queue_path"), _required_str(p, "consumer_path"), _bool(p, "vital"),
+                              _int(p, "from_timestamp"))
+
+
+@_command("unregister_queue_consumer", None, None, True)
+def _unregister_queue_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    c.unregister_queue_consumer(_required_str(p, "queue_path"), _required_str(p, "consumer_path"))
+
+
+@_command("list_queue_consumer_registrations", None, "structured", False)
+def _list_queue_consumer_registrations(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return {"value": c.list_queue_consumer_registrations(_required_str(p, "queue_path"))}
+
+
+@_command("pull_consumer", None, "structured", False)
+def _pull_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.pull_consumer(_required_str(p, "consumer_path"), _required_str(p, "queue_path"),
+                           _int(p, "max_row_count"), _int(p, "wait_timeout"))
+
+
+@_command("advance_consumer", None, None, True)
+def _advance_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    c.advance_consumer(_required_str(p, "consumer_path"), _required_str(p, "queue_path"), _p(p, "old_offset"),
+                       _required_str(p, "new_offset"))
 

@@ -134,6 +134,13 @@ def _decode_header_value(raw: str, header_format: str) -> Any:
                       code=ErrorCode.PROTOCOL_ERROR) from None
 
 
+def _encode_header_value(value: Any, header_format: str) -> str:
+    """A response header's value in the request's header format (YSON text or JSON)."""
+    if header_format == "yson":
+        return yson.dumps(value, yson_format="text").decode()
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _header_format(request: Request) -> str:
     raw = request.headers.get("x-yt-header-format", "json")
     return parse_format(raw, default="json").name

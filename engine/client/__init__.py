@@ -55,7 +55,7 @@ from ..errors import (
     YtError,
 )
 from .aio import AsyncClient
-from .protocol import Schema, TransportError
+from .protocol import Schema, TransportError, compare_tokens, token_timestamp
 from .sync import Client
 
 __all__ = [
@@ -74,4 +74,6 @@ __all__ = [
     "TransportError",
     "UnavailableError",
     "YtError",
+    "compare_tokens",
+    "token_timestamp",
 ]

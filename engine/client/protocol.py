@@ -11,7 +11,7 @@ import builtins
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -107,7 +107,28 @@ _KNOWN_SPECS: dict[str, _Spec] = {
     "ping_transaction": _ACTION,
     "commit_transaction": _Spec(None, "structured", volatile=True),
     "abort_transaction": _ACTION,
+    "pull_changes": _READ,
+    "register_queue_consumer": _ACTION,
+    "unregister_queue_consumer": _ACTION,
+    "list_queue_consumer_registrations": _READ,
+    "pull_consumer": _READ,
+    "advance_consumer": _ACTION,
 }
+
+
+# -- event tokens (docs/streams.md) ---------------------------------------------------------------
+
+
+def token_timestamp(token: str) -> int:
+    """The commit timestamp of an event token (its first 16 hex digits)."""
+    return int(token[:16], 16)
+
+
+def compare_tokens(a: str, b: str) -> int:
+    """-1, 0 or 1 as change ``a`` came before, with, or after change ``b`` (tokens of one table;
+    across a meta-cluster and its replicas compare ``token_timestamp`` instead)."""
+    pa, pb = a[:32], b[:32]
+    return (pa > pb) - (pa < pb)
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -170,6 +191,8 @@ class _Request:
     parse: Callable[[_Answer], Any]
     params: dict[str, Any] | None = None
     body: bytes | None = None
+    #: filled with the answer's ``X-YT-Response-Parameters`` (reads with event tokens)
+    response_parameters: dict[str, Any] | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -227,9 +250,21 @@ def _parse_nothing(response: _Answer) -> None:
     return None
 
 
+def _unescape_keys(value: Any) -> Any:
+    """The JSON form of YSON writes a map key starting with "$" as "$$...": undo it."""
+    if isinstance(value, dict):
+        return {(k[1:] if k.startswith("$$") else k): _unescape_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unescape_keys(v) for v in value]
+    return value
+
+
 def _parse_structured(response: _Answer, unwrap: str | None,
                       convert: Callable[[Any], Any] | None) -> Any:
-    value = json.loads(response.content.decode("utf-8"))
+    content = response.content
+    value = json.loads(content.decode("utf-8"))
+    if b'"$$' in content:
+        value = _unescape_keys(value)
     if unwrap is not None:
         value = value[unwrap]
     return convert(value) if convert is not None else value
@@ -289,6 +324,10 @@ def _result(req: _Request, response: _Answer) -> Any:
     error = _error_from_response(response)
     if error is not None:
         raise error
+    if req.response_parameters is not None:
+        raw = response.headers.get("X-YT-Response-Parameters")
+        if raw:
+            req.response_parameters.update(json.loads(raw))
     return req.parse(response)
 
 
@@ -379,17 +418,64 @@ class _Build:
 
     @staticmethod
     def lookup_rows(path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None,
-                    timestamp: int | None, keep_missing_rows: bool | None, transaction_id: str | None) -> _Request:
-        return _Request.command("lookup_rows", {
+                    timestamp: int | None, keep_missing_rows: bool | None, transaction_id: str | None,
+                    include_event_token: bool = False, compare_event_token: str | None = None,
+                    response_parameters: dict[str, Any] | None = None) -> _Request:
+        req = _Request.command("lookup_rows", {
             "path": path, "column_names": column_names, "timestamp": timestamp,
-            "keep_missing_rows": keep_missing_rows, "transaction_id": transaction_id}, list(keys))
+            "keep_missing_rows": keep_missing_rows, "transaction_id": transaction_id,
+            "include_event_token": include_event_token or None, "compare_event_token": compare_event_token},
+            list(keys))
+        return replace(req, response_parameters=response_parameters)
 
     @staticmethod
     def select_rows(query: str, timestamp: int | None, transaction_id: str | None,
-                    output_row_limit: int | None) -> _Request:
-        return _Request.command("select_rows", {
+                    output_row_limit: int | None, include_event_token: bool = False,
+                    compare_event_token: str | None = None,
+                    response_parameters: dict[str, Any] | None = None) -> _Request:
+        req = _Request.command("select_rows", {
             "query": query, "timestamp": timestamp, "transaction_id": transaction_id,
-            "output_row_limit": output_row_limit})
+            "output_row_limit": output_row_limit, "include_event_token": include_event_token or None,
+            "compare_event_token": compare_event_token})
+        return replace(req, response_parameters=response_parameters)
+
+    # -- change streams (docs/streams.md) --
+
+    @staticmethod
+    def pull_changes(path: str, from_event_token: str | None, from_timestamp: int | None,
+                     max_row_count: int | None, wait_timeout: int | None) -> _Request:
+        return _Request.command("pull_changes", {
+            "path": path, "from_event_token": from_event_token, "from_timestamp": from_timestamp,
+            "max_row_count": max_row_count, "wait_timeout": wait_timeout})
+
+    @staticmethod
+    def register_queue_consumer(queue_path: str, consumer_path: str, vital: bool,
+                                from_timestamp: int | None) -> _Request:
+        return _Request.command("register_queue_consumer", {
+            "queue_path": queue_path, "consumer_path": consumer_path, "vital": vital,
+            "from_timestamp": from_timestamp})
+
+    @staticmethod
+    def unregister_queue_consumer(queue_path: str, consumer_path: str) -> _Request:
+        return _Request.command("unregister_queue_consumer", {"queue_path": queue_path,
+                                                              "consumer_path": consumer_path})
+
+    @staticmethod
+    def list_queue_consumer_registrations(queue_path: str) -> _Request:
+        return _Request.command("list_queue_consumer_registrations", {"queue_path": queue_path}, unwrap="value")
+
+    @staticmethod
+    def pull_consumer(consumer_path: str, queue_path: str, max_row_count: int | None,
+                      wait_timeout: int | None) -> _Request:
+        return _Request.command("pull_consumer", {
+            "consumer_path": consumer_path, "queue_path": queue_path, "max_row_count": max_row_count,
+            "wait_timeout": wait_timeout})
+
+    @staticmethod
+    def advance_consumer(consumer_path: str, queue_path: str, old_offset: str | None, new_offset: str) -> _Request:
+        return _Request.command("advance_consumer", {
+            "consumer_path": consumer_path, "queue_path": queue_path, "old_offset": old_offset,
+            "new_offset": new_offset})
 
     @staticmethod
     def generate_timestamp() -> _Request:

@@ -142,14 +142,66 @@ class Client:
 
     def lookup_rows(self, path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None = None,
                     timestamp: int | None = None, keep_missing_rows: bool | None = None,
-                    transaction_id: str | None = None) -> builtins.list[dict[str, Any] | None]:
-        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``."""
+                    transaction_id: str | None = None, include_event_token: bool = False,
+                    compare_event_token: str | None = None,
+                    response_parameters: dict[str, Any] | None = None) -> builtins.list[dict[str, Any] | None]:
+        """The rows with ``keys``, in order; a missing row is skipped, or None with ``keep_missing_rows``.
+
+        ``include_event_token``/``compare_event_token`` fill ``response_parameters`` with the read's
+        freshness (``event_token``, ``timestamp``, ``fresh``; docs/streams.md)."""
         return self._send(_Build.lookup_rows(path, keys, column_names, timestamp, keep_missing_rows,
-                                             transaction_id))
+                                             transaction_id, include_event_token, compare_event_token,
+                                             response_parameters))
 
     def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
-                    output_row_limit: int | None = None) -> builtins.list[dict[str, Any]]:
-        return self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit))
+                    output_row_limit: int | None = None, include_event_token: bool = False,
+                    compare_event_token: str | None = None,
+                    response_parameters: dict[str, Any] | None = None) -> builtins.list[dict[str, Any]]:
+        return self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit,
+                                             include_event_token, compare_event_token, response_parameters))
+
+    # -- change streams (docs/streams.md) --
+
+    def pull_changes(self, path: str, from_event_token: str | None = None, from_timestamp: int | None = None,
+                     max_row_count: int | None = None, wait_timeout: int | None = None) -> dict[str, Any]:
+        """One answer of the change stream of ``path`` after a token or a timestamp (or from now):
+        ``{"events", "event_token", "timestamp"}``; waits up to ``wait_timeout`` ms for a change."""
+        return self._send(_Build.pull_changes(path, from_event_token, from_timestamp, max_row_count,
+                                              wait_timeout))
+
+    def stream_changes(self, path: str, from_event_token: str | None = None, from_timestamp: int | None = None,
+                       heartbeats: bool = False, max_row_count: int | None = None,
+                       wait_timeout: int | None = None) -> Iterator[dict[str, Any]]:
+        """Every change of ``path`` after the token or timestamp (or from now), once and in order, as
+        it commits; endless. Each event carries its ``event_token``: resume from the last one
+        handled. With ``heartbeats`` the idle answers' heartbeat events are yielded too."""
+        answer = self.pull_changes(path, from_event_token, from_timestamp, max_row_count, wait_timeout)
+        while True:
+            for event in answer["events"]:
+                if heartbeats or event["kind"] != "heartbeat":
+                    yield event
+            answer = self.pull_changes(path, answer["event_token"], None, max_row_count, wait_timeout)
+
+    def register_queue_consumer(self, queue_path: str, consumer_path: str, vital: bool = False,
+                                from_timestamp: int | None = None) -> None:
+        self._send(_Build.register_queue_consumer(queue_path, consumer_path, vital, from_timestamp))
+
+    def unregister_queue_consumer(self, queue_path: str, consumer_path: str) -> None:
+        self._send(_Build.unregister_queue_consumer(queue_path, consumer_path))
+
+    def list_queue_consumer_registrations(self, queue_path: str) -> builtins.list[dict[str, Any]]:
+        return self._send(_Build.list_queue_consumer_registrations(queue_path))
+
+    def pull_consumer(self, consumer_path: str, queue_path: str, max_row_count: int | None = None,
+                      wait_timeout: int | None = None) -> dict[str, Any]:
+        """Changes after the consumer's offset (the offset moves only with ``advance_consumer``)."""
+        return self._send(_Build.pull_consumer(consumer_path, queue_path, max_row_count, wait_timeout))
+
+    def advance_consumer(self, consumer_path: str, queue_path: str, old_offset: str | None,
+                         new_offset: str) -> None:
+        """Move the consumer's offset to ``new_offset`` if it is ``old_offset`` (None: whatever it is);
+        otherwise ``YtError`` 1761 with the current offset."""
+        self._send(_Build.advance_consumer(consumer_path, queue_path, old_offset, new_offset))
 
     # -- timestamps and transactions --
 

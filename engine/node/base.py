@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .. import yson_util
 from ..config import EngineConfig
 from ..cypress import (
     INTERNAL_PREFIX,
@@ -46,7 +47,9 @@ from ..storage import Storage, UserTables
 from ..tablets import (
     DynamicTable,
     TabletState,
+    changes,
 )
+from ..tablets.changes import ChangeFeed
 from ..timestamps import (
     ASYNC_LAST_COMMITTED_TIMESTAMP,
     COUNTER_BITS,
@@ -68,6 +71,10 @@ STORAGE_FORMAT = "2"
 DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 #: a sorted table's node attribute holding ``DynamicTable.compacted_until``
 COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
+#: a table's node attribute holding ``DynamicTable.changes_trimmed`` (change streams)
+CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
+#: the default ``change_retention`` of sorted and ordered tables (ms): changes are streamed from this far back
+DEFAULT_CHANGE_RETENTION_MS = 60 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much
 MAX_FUTURE_READ_SECONDS = 60
 DEFAULT_OUTPUT_ROW_LIMIT = 1_000_000
@@ -134,6 +141,7 @@ class NodeBase:
     transactions: TransactionManager
     peers: Peers
     replication: ReplicationManager
+    change_feed: ChangeFeed
 
     def _make_table(self, node: Node) -> DynamicTable:
         attrs = node.attributes
@@ -156,7 +164,27 @@ class NodeBase:
         )
         # every commit from now on is remembered for conflict checks; earlier ones are in SQL
         table.recent_floor = self.timestamps.generate()
+        # change streams (node/streams.py): where the log goes on, what was trimmed, who waits
+        trimmed = attrs.get(CHANGES_TRIMMED_ATTRIBUTE)
+        if isinstance(trimmed, list) and len(trimmed) == 2:
+            table.changes_trimmed = (int(trimmed[0]), int(trimmed[1]))
+        if not replicated:
+            with self.storage.read() as conn:
+                table.change_seq = changes.next_seq(conn, node.id)
+        table.on_change = self.change_feed.notify
         return table
+
+    def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:
+        """``any`` values are stored as YSON text; turn them back into structures for output."""
+        any_cols = [c.name for c in table.schema.columns if c.type.value == "any"]
+        if not any_cols:
+            return
+        for row in rows:
+            if row is None:
+                continue
+            for n in any_cols:
+                if row.get(n) is not None:
+                    row[n] = yson_util.loads_text(row[n])
 
     def _table_by_id(self, table_id: str) -> tuple[DynamicTable, str] | None:
         node = self.cypress.by_id.get(table_id)

@@ -35,6 +35,7 @@ from ..replication import (
 )
 from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
 from ..tablets import MAX_LEASE_SECONDS, SnapshotLeases
+from ..tablets.changes import ChangeFeed
 from ..timestamps import (
     COUNTER_BITS,
     ReservationFile,
@@ -73,6 +74,9 @@ class Cluster(RowCommands):
         self.transactions.register_commit_hooks(self.replication)
         #: long reads at one timestamp (bootstrap copies) hold compaction back while they renew
         self.snapshot_leases = SnapshotLeases()
+        #: wakes change-stream pulls waiting for commits (node/streams.py)
+        self.change_feed = ChangeFeed(config.max_waiting_pulls)
+        self.metrics.register_state(self.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
         #: the checked data directory when opened through ``open`` (marked stopped by ``close``)
@@ -160,6 +164,8 @@ class Cluster(RowCommands):
             while not self._stop.wait(period):
                 try:
                     self.transactions.expire()
+                    # (one indexed query per table when nothing is old enough)
+                    self.trim_changes()
                     if time.monotonic() - last_compaction > self.config.compaction_period:
                         self.compact()
                         last_compaction = time.monotonic()

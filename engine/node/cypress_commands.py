@@ -43,6 +43,7 @@ from ..tablets import (
     TabletState,
     parse_pivot_keys,
 )
+from ..tablets.changes import drop_log
 from ..transactions import (
     make_object_id,
 )
@@ -167,7 +168,7 @@ class CypressCommands(CypressReads):
         if attrs.get("atomicity", "full") not in ("full", "none"):
             raise YtError(f"Cannot create table {path}: atomicity must be \"full\" or \"none\"",
                           code=ErrorCode.INVALID_PARAMETER)
-        for name in ("min_data_ttl", "min_replication_log_ttl"):
+        for name in ("min_data_ttl", "min_replication_log_ttl", "change_retention"):
             ttl = attrs.get(name, 0)
             if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
                 raise YtError(f"Cannot create table {path}: {name} must be a non-negative number of "
@@ -265,6 +266,7 @@ class CypressCommands(CypressReads):
                     self._leave_collocation(conn, collocation, n)
                 n.table.sql.drop(conn)
                 conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
+                drop_log(conn, n.id)
         removed = self.cypress.detach(node, conn)
         self.cypress.delete(conn, removed)
 
@@ -495,10 +497,10 @@ class CypressCommands(CypressReads):
             previous = table.atomicity
             on_rollback(conn, lambda: setattr(table, "atomicity", previous))
             table.atomicity = value
-        if table is not None and name == "min_data_ttl" and (
+        if table is not None and name in ("min_data_ttl", "change_retention") and (
                 len(attr_path) != 1 or isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise YtError("Attribute \"min_data_ttl\" must be a non-negative number of milliseconds",
-                          code=ErrorCode.INVALID_PARAMETER)
+            raise YtError(f"Attribute \"{name}\" of {node.path} must be a non-negative number of milliseconds",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
         self._set_in_attributes(conn, node, attr_path, value)
 
     def _set_in_attributes(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...], value: Any) -> None:

@@ -22,6 +22,7 @@ from ..tablets import (
     DynamicTable,
     RowWrite,
     WriteKind,
+    changes,
     validate_key_not_null,
 )
 from ..transactions import (
@@ -34,13 +35,13 @@ from .base import (
     _is_storage_outage,
     _retarget_query,
 )
-from .tablet_commands import TabletCommands
+from .streams import StreamCommands
 
 #: the node whose ``@read_only`` makes this cluster refuse client row writes (TableCluster ``readOnly``)
 _SYS = parse_ypath("//sys")
 
 
-class RowCommands(TabletCommands):
+class RowCommands(StreamCommands):
     """Timestamps, transactions and rows."""
 
     def generate_timestamp(self) -> int:
@@ -230,7 +231,11 @@ class RowCommands(TabletCommands):
 
     def lookup_rows(self, path: Any, keys: list[Any], column_names: list[str] | None = None,
                     timestamp: Any = None, keep_missing_rows: bool = False,
-                    transaction_id: str | None = None) -> list[dict[str, Any] | None]:
+                    transaction_id: str | None = None, include_event_token: bool = False,
+                    compare_event_token: Any = None,
+                    response_parameters: dict[str, Any] | None = None) -> list[dict[str, Any] | None]:
+        """``include_event_token``/``compare_event_token`` (change streams, docs/streams.md) put the
+        read's freshness into ``response_parameters``."""
         table, table_path, _ = self._table(path)
         if not table.sorted:
             raise YtError(f"Cannot lookup rows in ordered table {table_path}: use select_rows",
@@ -256,7 +261,11 @@ class RowCommands(TabletCommands):
             replica = self.replication.in_sync_read_replica(table, table_path)
             return self._from_replica(replica, lambda c: c.lookup_rows(
                 replica.replica_path, key_rows, column_names=column_names, timestamp=ts,
-                keep_missing_rows=keep_missing_rows))
+                keep_missing_rows=keep_missing_rows, include_event_token=include_event_token,
+                compare_event_token=compare_event_token, response_parameters=response_parameters))
+        freshness = self.read_freshness(table, table_path, ts, include_event_token, compare_event_token)
+        if freshness is not None and response_parameters is not None:
+            response_parameters.update(freshness)
         with self.storage.read() as conn:
             found = table.lookup(conn, key_tuples, ts)
         self.decode_any_columns(table, found)
@@ -273,7 +282,9 @@ class RowCommands(TabletCommands):
 
     def select_rows(self, query: str, timestamp: Any = None, transaction_id: str | None = None,
                     input_row_limit: int | None = None, output_row_limit: int | None = None,
-                    fail_on_incomplete_result: bool = True) -> list[dict[str, Any]]:
+                    fail_on_incomplete_result: bool = True, include_event_token: bool = False,
+                    compare_event_token: Any = None,
+                    response_parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         if not isinstance(query, str):
             raise YtError("Parameter \"query\" must be a string", code=ErrorCode.INVALID_PARAMETER)
         parsed = parse_query(query)
@@ -286,10 +297,22 @@ class RowCommands(TabletCommands):
         if any(table.replicated for table, _, _ in tables):
             replica, rewritten = self._replicas_for_query(parsed, tables)
             return self._from_replica(replica, lambda c: c.select_rows(
-                rewritten, timestamp=ts, output_row_limit=output_row_limit))
+                rewritten, timestamp=ts, output_row_limit=output_row_limit,
+                include_event_token=include_event_token, compare_event_token=compare_event_token,
+                response_parameters=response_parameters))
         if ts is None:
             for table_id in dict.fromkeys(table.table_id for table, _, _ in tables):
                 self.transactions.wait_prepared_writes(table_id)
+        # (a join's answer is as fresh as its least fresh table: the FROM table's token is given)
+        freshness = [self.read_freshness(table, path, ts, include_event_token, compare_event_token)
+                     for table, path, _ in tables]
+        if freshness[0] is not None and response_parameters is not None:
+            least = min(f["timestamp"] for f in freshness if f is not None)
+            response_parameters["timestamp"] = least
+            response_parameters["event_token"] = changes.encode_token(changes.heartbeat_position(least),
+                                                                      tables[0][0].table_id)
+            if "fresh" in freshness[0]:
+                response_parameters["fresh"] = all(f is not None and f.get("fresh") for f in freshness)
         sources = [table.query_source(ts) for table, _, _ in tables]
         compiled = compile_query(parsed, sources[0], sources[1:])
         limit = output_row_limit or DEFAULT_OUTPUT_ROW_LIMIT
@@ -441,15 +464,3 @@ class RowCommands(TabletCommands):
             raise YtError(f"Cannot read replicated table {replica.table_path} from its sync replica "
                           f"{replica.cluster_name}:{replica.replica_path}: {exc.message}", code=exc.code,
                           attributes={"replica_id": replica.id}, inner_errors=[exc]) from None
-
-    def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:
-        """``any`` values are stored as YSON text; turn them back into structures for output."""
-        any_cols = [c.name for c in table.schema.columns if c.type.value == "any"]
-        if not any_cols:
-            return
-        for row in rows:
-            if row is None:
-                continue
-            for n in any_cols:
-                if row.get(n) is not None:
-                    row[n] = yson_util.loads_text(row[n])

@@ -46,3 +46,8 @@ class ReplicationHost(Protocol):
     def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
         """The dynamic table at ``path``, its canonical path and its node; a ``YtError`` otherwise."""
         ...
+
+    def stream_hold(self, table: DynamicTable, node: Node) -> int | None:
+        """The newest commit timestamp change streams let a replicated table's queue be trimmed
+        to (its ``change_retention`` and vital consumers, ``node/streams.py``); None: no hold."""
+        ...

@@ -39,7 +39,7 @@ from .bootstrap import bootstrap_progress, handle_bootstrap_write
 from .host import ReplicationHost
 from .registry import Replica, ReplicaRegistry
 from .replicator import ReplicatorPool, trim_queues
-from .sink import ReplicaSink
+from .sink import ReplicaSink, replica_freshness
 from .status import ReplicationStatus
 from .sync import SyncCommits
 
@@ -167,6 +167,13 @@ class ReplicationManager:
         samples = self.status.metric_samples()
         samples.in_doubt = len({tx for tx, _ in self.host.transactions.pending_participants(1.0)})
         return samples
+
+    def replica_freshness(self, table: DynamicTable) -> int | None:
+        """A replica table's freshness (``sink.replica_freshness``); None for other tables."""
+        if not table.upstream_replica_id:
+            return None
+        with self.host.storage.read() as conn:
+            return replica_freshness(conn, table.upstream_replica_id)
 
     def bootstrap_progress(self, replica_id: str) -> dict[str, int] | None:
         """A replica table's ``@bootstrap_progress`` on this cluster (``bootstrap.bootstrap_progress``)."""

@@ -125,7 +125,12 @@ class Replicator:
         if table is None:
             return False
         if self.replica.writes_synchronously:
-            return False  # fed by the commits themselves
+            # fed by the commits themselves; idle tablets still tell the replica how fresh it is
+            for tablet in range(table.tablet_count):
+                progress = self.replica.progress_of(tablet)
+                if progress.row_index >= queue_end(table, tablet):
+                    self.barrier(table, tablet, progress)
+            return False
         busy = False
         for tablet in range(table.tablet_count):
             if self.replica.state not in (ReplicaState.ENABLED, ReplicaState.ENABLING):
@@ -218,7 +223,27 @@ class Replicator:
             return
         barrier = self.host.timestamps.generate()
         self.host.transactions.wait_visible(barrier)  # no replication lock held while waiting
-        self.replica.advance_timestamp(tablet, barrier, queue_end(table, tablet))
+        end = queue_end(table, tablet)
+        self.replica.advance_timestamp(tablet, barrier, end)
+        self.heartbeat(table, tablet, end, barrier)
+
+    def heartbeat(self, table: DynamicTable, tablet: int, end: int, barrier: int) -> None:
+        """Tell the replica cluster that it has every change of ``tablet`` up to ``barrier``: an
+        empty push the sink records like a batch (exactly once: only while it holds row ``end``).
+        A replica table's freshness (reads' event tokens, its change stream) is the least of these
+        over the meta-cluster's tablets, so an idle tablet must not hold it back."""
+        replica = self.replica
+        if not replica.preserve_timestamps:
+            return  # its rows take this cluster's timestamps: no freshness to speak of
+        body = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
+                           "tablet_index": tablet, "prev_row_index": end, "row_index": end,
+                           "preserve_timestamps": True, "entries": [], "barrier_timestamp": barrier,
+                           "tablet_count": table.tablet_count}).encode()
+        try:
+            # network: no lock held
+            self.peers.client(replica.cluster_name).call("push", raw_body=body, timeout=self.config.push_timeout)
+        except YtError as exc:
+            log.debug("replica heartbeat failed", extra={"replica_id": replica.id, "error": exc.message})
 
     def throttle_allows(self, tablet: int) -> bool:
         budget = self._throttle.get(tablet)
@@ -278,6 +303,9 @@ def trim_queues(host: ReplicationHost, registry: ReplicaRegistry, config: Engine
             continue
         ttl_ms = int(node.attributes.get("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS))
         horizon = host.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
+        held = host.stream_hold(table, node)  # change streams: retention and vital consumers
+        if held is not None:
+            horizon = min(horizon, held)
 
         def holding(table: DynamicTable = table) -> tuple[list[Replica], list[Replica]]:
             """(replicas that hold the queue back, abandoned ones that no longer do)."""

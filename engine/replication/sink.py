@@ -109,6 +109,38 @@ def advance_sink(conn: sa.Connection, replica_id: str, tablet: int, row_index: i
                          row_index=max(row_index, current[0]), timestamp=max(ts, current[1]))
 
 
+#: the sink record (replica, TABLET_COUNT_RECORD) holds the meta table's tablet count in row_index
+TABLET_COUNT_RECORD = -1
+
+
+def set_upstream_tablet_count(conn: sa.Connection, replica_id: str, count: int) -> None:
+    """Remember how many tablets the meta table has (their records make the replica's freshness);
+    records of tablets a reshard removed stop counting."""
+    current = read_sink(conn, replica_id, TABLET_COUNT_RECORD)
+    if current is None:
+        _INSERT_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=TABLET_COUNT_RECORD,
+                         row_index=count, timestamp=0)
+    elif current[0] != count:
+        _UPDATE_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=TABLET_COUNT_RECORD,
+                         row_index=count, timestamp=0)
+
+
+def replica_freshness(conn: sa.Connection, replica_id: str) -> int:
+    """The newest timestamp up to which a replica table surely has every change of its upstream
+    replica: one below the least recorded timestamp over the meta table's tablets (a recorded
+    timestamp may be a commit only partly applied: a batch can end inside a commit). 0 while a
+    tablet has no record, or the tablet count is not known yet (the first heartbeat tells it)."""
+    rows = conn.execute(sa.select(replica_sink_table.c.tablet_index, replica_sink_table.c.row_index,
+                                  replica_sink_table.c.timestamp).where(
+        replica_sink_table.c.upstream_replica_id == replica_id)).all()
+    by_tablet = {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+    count = by_tablet.pop(TABLET_COUNT_RECORD, None)
+    if count is None:
+        return 0
+    stamps = [by_tablet[t][1] if t in by_tablet else 0 for t in range(count[0])]
+    return max(0, min(stamps, default=0) - 1)
+
+
 class ReplicaSink:
     """Answers the meta-cluster's calls on a replica cluster."""
 
@@ -389,9 +421,20 @@ class ReplicaSink:
             for w in writes:
                 if w.kind is write_kind:
                     w.mask = table.schema.lock_mask(list(w.row)) if w.update else full_mask
+        # a heartbeat (no entries): the meta-cluster has nothing of this tablet before this timestamp
+        # that the replica lacks; recorded like a batch, so the replica knows how fresh it is
+        barrier = 0
+        if "barrier_timestamp" in body:
+            barrier = self.check_timestamp(body["barrier_timestamp"], f"barrier timestamp of a {what}")
+        tablet_count = int_field(body, "tablet_count", what, MAX_PEER_TABLET_INDEX) if "tablet_count" in body \
+            else None
+
+        def record(conn: sa.Connection, newest_ts: int) -> None:
+            advance_sink(conn, replica_id, tablet, end, max(newest_ts, barrier))
+            if tablet_count is not None:
+                set_upstream_tablet_count(conn, replica_id, tablet_count)
+
         return self.host.transactions.apply_replicated(
             table, groups, preserve, tablet % table.tablet_count,
             check=lambda conn: read_sink(conn, replica_id, tablet),
-            expected=prev,
-            record=lambda conn, newest_ts: advance_sink(conn, replica_id, tablet, end, newest_ts),
-            end=end)
+            expected=prev, record=record, end=end)

@@ -13,7 +13,9 @@ from .sql import (
     FastStatement,
     Storage,
     UserTables,
+    changes_table,
     commits_table,
+    consumers_table,
     meta_table,
     nodes_table,
     on_commit,
@@ -27,7 +29,7 @@ from .sql import (
 
 __all__ = [
     "DELETED", "DataDir", "FastStatement", "KIND", "LOCK_MASK", "PAYLOAD", "ROW_INDEX", "Storage", "TABLET_INDEX",
-    "TS", "UserTables", "commits_table", "meta_table", "new_database_id", "nodes_table", "on_commit", "on_rollback",
-    "open_data_dir", "prepared_table", "read_locks_table", "replica_progress_table", "replica_sink_table",
-    "tablets_table",
+    "TS", "UserTables", "changes_table", "commits_table", "consumers_table", "meta_table", "new_database_id",
+    "nodes_table", "on_commit", "on_rollback", "open_data_dir", "prepared_table", "read_locks_table",
+    "replica_progress_table", "replica_sink_table", "tablets_table",
 ]

@@ -111,6 +111,34 @@ read_locks_table = sa.Table(
     sa.Column("timestamp", sa.BigInteger, nullable=False),
 )
 
+#: the change log of every sorted and ordered table (change streams, docs/streams.md): one row per
+#: changed row, appended in the commit's SQL transaction. ``(timestamp, seq)`` is a change's position
+#: in its table's stream: commit order, then order within the commit (``seq`` grows per table, so a
+#: change applied later at an equal timestamp - a replica receiving one commit in two batches -
+#: still sorts after). A replicated table's stream is its replication queue instead.
+changes_table = sa.Table(
+    "_rt_changes", SYSTEM_METADATA,
+    sa.Column("table_id", sa.String(64), primary_key=True),
+    sa.Column("timestamp", sa.BigInteger, primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True),
+    sa.Column("tablet_index", sa.Integer, nullable=False),
+    #: insert, update, delete (sorted tables) or append (ordered tables)
+    sa.Column("kind", sa.String(16), nullable=False),
+    #: JSON: {"row": the new row} or {"key": [...]} for a delete; ordered rows add "row_index"
+    sa.Column("payload", sa.Text, nullable=False),
+)
+
+#: registered stream consumers (YT's queue consumers): their offset is an event token position;
+#: a vital one holds the trimming of its table's changes at its offset
+consumers_table = sa.Table(
+    "_rt_consumers", SYSTEM_METADATA,
+    sa.Column("table_id", sa.String(64), primary_key=True),
+    sa.Column("consumer_path", sa.String(1000), primary_key=True),
+    sa.Column("vital", sa.Boolean, nullable=False),
+    sa.Column("offset_timestamp", sa.BigInteger, nullable=False),
+    sa.Column("offset_seq", sa.BigInteger, nullable=False),
+)
+
 TS = "_rt_ts"
 DELETED = "_rt_deleted"
 LOCK_MASK = "_rt_lock_mask"

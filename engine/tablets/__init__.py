@@ -2,11 +2,13 @@
 
 ``table`` holds ``DynamicTable`` (SQL layout, reads at a timestamp, conflict memory), ``writes``
 the row changes every layer above exchanges, ``queue`` the replication queue of a replicated
-table, ``keys`` the key-to-tablet helpers, ``leases`` the snapshot leases that hold compaction back.
+table, ``changes`` the change log and event tokens of change streams, ``keys`` the key-to-tablet
+helpers, ``leases`` the snapshot leases that hold compaction back.
 Only ``SnapshotLeases`` takes a lock of its own (a leaf); everything else is changed under
 ``Storage.write_lock`` (see ``table.py``).
 """
 
+from . import changes
 from .keys import parse_pivot_keys, tablet_id, validate_key_not_null
 from .leases import MAX_LEASE_SECONDS, SnapshotLeases
 from .queue import QueueEntry
@@ -16,4 +18,5 @@ from .writes import WRITE_KINDS, RowWrite, WriteKind, decode_writes, encode_writ
 __all__ = [
     "DynamicTable", "MAX_LEASE_SECONDS", "QueueEntry", "RowWrite", "SnapshotLeases", "TabletState", "WRITE_KINDS",
     "WriteKind", "decode_writes", "encode_writes", "parse_pivot_keys", "tablet_id", "validate_key_not_null",
+    "changes",
 ]

@@ -57,7 +57,7 @@ from ..storage import (
     tablets_table,
 )
 from ..timestamps import COUNTER_BITS
-from . import queue
+from . import changes, queue
 from .keys import key_sort_tuple
 from .queue import QueueEntry
 from .writes import RowWrite, WriteKind, masks_conflict
@@ -125,6 +125,16 @@ class DynamicTable:
     #: only by an on_commit hook (after the SQL commit, under Storage.write_lock); replicators read
     #: it without any lock (see ``queue.py``)
     queue_tail: dict[int, tuple[int, list[QueueEntry]]] = field(default_factory=dict)
+    #: change streams: the seq of the next change logged (``changes.py``); changed only under
+    #: Storage.write_lock, inside the commit that logs (a rollback puts it back)
+    change_seq: int = 0
+    #: change streams: the newest position trimmed from the log (or, replicated, the queue); a
+    #: stream may start only after it. Changed only under Storage.write_lock; kept on the table's
+    #: node (``_rt_changes_trimmed``)
+    changes_trimmed: tuple[int, int] = (0, 0)
+    #: called after every commit that changed the table (wakes stream pulls waiting for changes);
+    #: runs under Storage.write_lock and takes only a leaf lock
+    on_change: Callable[[], None] | None = None
     #: the engine's tunables this table uses: ``queue_tail_rows``, ``recent_commit_keys``,
     #: ``recent_commit_grace_seconds`` (the node passes its own; never changed after creation)
     config: EngineConfig = DEFAULT_CONFIG
@@ -314,8 +324,12 @@ class DynamicTable:
         """Apply merged writes with ``commit_ts``; returns the number of data rows written.
 
         ``keyed`` is the same writes by key, when the caller has it (a sorted table needs it)."""
+        if self.on_change is not None:
+            on_commit(conn, self.on_change)
         if self.replicated:
             return queue.append(self, conn, writes, commit_ts, tablet_index or 0)
+        seq = self.change_seq
+        on_rollback(conn, lambda: setattr(self, "change_seq", seq))
         if self.sorted:
             if keyed is None:
                 key_of = self.key_of
@@ -351,6 +365,10 @@ class DynamicTable:
         tombstones: list[tuple[Any, ...]] = []
         lock_rows: list[dict[str, Any]] = []
         locks_only: set[Any] = set()
+        #: the change log (``changes.py``): (key, image or None for a delete), in write order
+        logged: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
+        nkeys = len(keys)
+        key_positions = [names.index(k) for k in keys]
         # a whole-row write of every column is one C call from dict to tuple
         image_of = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
         write_kind = WriteKind.WRITE
@@ -362,6 +380,8 @@ class DynamicTable:
                 except KeyError:
                     image = tuple(row.get(n) for n in names)
                 upserts.append(image + (commit_ts, w.mask))
+                logged.append((image[:nkeys] if key_positions == list(range(nkeys))
+                               else tuple(image[i] for i in key_positions), image))
                 continue
             if w.kind is WriteKind.LOCK:
                 locks_only.add(self.key_of(row))
@@ -373,20 +393,33 @@ class DynamicTable:
             if w.kind is WriteKind.DELETE:
                 deletes.append(tuple(row[k] for k in keys))
                 tombstones.append((*(row[n] if n in keys else None for n in names), commit_ts, True, w.mask))
+                logged.append((deletes[-1], None))
                 continue
             merged = dict(current.get(self.key_of(row)) or {})
             merged.update(row)
-            upserts.append((*(merged.get(n) for n in names), commit_ts, w.mask))
+            image = tuple(merged.get(n) for n in names)
+            upserts.append((*image, commit_ts, w.mask))
+            logged.append((tuple(image[i] for i in key_positions), image))
         changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
+        existed: set[tuple[Any, ...]] = set()
         if changed:
-            # the images this commit replaces become older versions
-            for _ in self._run_with_keys(conn, "move", data, self._move_statement, changed):
-                pass
+            # the images this commit replaces become older versions (and tell the log which keys
+            # had a row: an update, not an insert)
+            for result in self._run_with_keys(conn, "move", data, self._move_statement, changed):
+                existed.update(map(tuple, result))
         if deletes:
             for _ in self._run_with_keys(conn, "remove", data, lambda key_in: data.delete().where(key_in), deletes):
                 pass
             self.sql.bulk("insert:versions", conn).run(conn, tombstones, [*names, TS, DELETED, LOCK_MASK])
         self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS, LOCK_MASK])
+        if logged:
+            single = len(self.pivot_keys) == 1
+            changes.record(self, conn, commit_ts, (
+                (0 if single else self.tablet_of_key(key),
+                 "delete" if image is None else "update" if key in existed else "insert",
+                 None if image is None else dict(zip(names, image, strict=True)),
+                 list(key) if image is None else None, None)
+                for key, image in logged))
         if lock_rows:
             self._record_locks(conn, lock_rows)
             self.has_read_locks = True
@@ -453,7 +486,8 @@ class DynamicTable:
         assert versions is not None
         names = [c.name for c in self.schema.columns]
         image = sa.select(*[data.c[n] for n in names], data.c[TS], sa.false(), data.c[LOCK_MASK]).where(key_in)
-        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image)
+        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image).returning(
+            *[versions.c[k] for k in self.schema.key_names])
 
     def _record_locks(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         rl = read_locks_table
@@ -472,6 +506,8 @@ class DynamicTable:
         rows = [(tablet_index, start + i, commit_ts, *(w.row.get(n) for n in names)) for i, w in enumerate(writes)]
         if rows:
             self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, *names])
+            changes.record(self, conn, commit_ts, (
+                (tablet_index, "append", dict(zip(names, r[3:], strict=True)), None, r[1]) for r in rows))
             conn.execute(tablets_table.update().where(
                 tablets_table.c.table_id == self.table_id,
                 tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))

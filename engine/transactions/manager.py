@@ -113,6 +113,10 @@ class TransactionManager:
 
     # -- timestamps and visibility -----------------------------------------------------------------
 
+    def visible_bound(self, ts: int) -> int:
+        """See ``InFlight.visible_bound`` (change streams read up to it)."""
+        return self._inflight.visible_bound(ts)
+
     def wait_visible(self, ts: int, timeout: float = 10.0) -> None:
         """Block until no commit with a timestamp <= ``ts`` is still being applied."""
         self._inflight.wait_visible(ts, timeout)

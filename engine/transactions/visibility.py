@@ -106,6 +106,18 @@ class InFlight:
                                   code=ErrorCode.TIMEOUT)
                 self.cond.wait(remaining)
 
+    def visible_bound(self, ts: int) -> int:
+        """The largest timestamp at most ``ts`` below which nothing is in flight: every commit at
+        or before it is applied, and no prepared remote transaction can still commit at or before
+        it (a commit's timestamp is after its prepare's). Change streams read up to it; it never waits."""
+        with self.cond:
+            bound = ts
+            if self._commits:
+                bound = min(bound, min(self._commits) - 1)
+            if self._remote_prepared:
+                bound = min(bound, min(self._remote_prepared.values()) - 1)
+            return bound
+
     # -- transactions prepared here by another coordinator -----------------------------------------
 
     def hold_remote(self, tx_id: str, table_id: str, prepare_ts: int) -> None:

@@ -1,0 +1,387 @@
+"""Change streams (seed 004): pull a table's changes from an event token, consumers, retention,
+and how fresh a read is.
+
+The stream of a table is read in answers (``pull_changes``), each starting after a position the
+client holds - an event token (``tablets/changes.py``) or a timestamp - and waiting up to
+``wait_timeout`` for a change when there is none; a client that keeps pulling from the last token
+it got sees every change once, in order, and its position moves on while the table is idle
+(heartbeats carry a token too). Pulls keep no state on the server: a restarted engine, or another
+one serving a replica, continues from the same token. An answer is bounded (``max_row_count``,
+``max_pull_rows``), so a slow consumer costs the server nothing while it does not pull.
+
+Retention is explicit: a sorted or ordered table keeps its log for ``@change_retention`` (default
+1 h), a replicated table its queue as replication needs it (``min_replication_log_ttl``) and for
+``@change_retention`` when set; either is kept while a *vital* consumer has not advanced past it.
+A start before what is kept is refused (1760) with the oldest position still available, never
+answered with a silently incomplete history.
+
+Consumers are YT's queue consumers: a name registered on a table with a stored offset (an event
+token) that ``advance_consumer`` moves by compare-and-swap, under the storage writer.
+
+Freshness: ``stream_bound`` is the newest timestamp up to which every change of a table is
+applied here - the in-flight bound on a table written here, and, on a replica table, also its
+replication freshness (heartbeats from the meta-cluster, ``replication/sink.py``). Reads answer
+with it (``include_event_token``) or compare a token with it (``compare_event_token``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..cypress import Node
+from ..errors import ErrorCode, YtError
+from ..metrics import ConsumerSample, StateSamples
+from ..storage import consumers_table, on_rollback
+from ..tablets import DynamicTable, changes
+from ..tablets.changes import HEARTBEAT_SEQ, Position, decode_token, encode_token, heartbeat_position
+from ..timestamps import COUNTER_BITS
+from .base import CHANGES_TRIMMED_ATTRIBUTE, DEFAULT_CHANGE_RETENTION_MS, log
+from .tablet_commands import TabletCommands
+
+DEFAULT_PULL_ROWS = 1000
+DEFAULT_WAIT_MS = 1000
+MAX_WAIT_MS = 60_000
+#: a replica table's freshness moves with heartbeats that wake no pull: waiting pulls look again this often
+_REPLICA_POLL = 0.1
+
+
+def _ms_to_ts(ms: int) -> int:
+    return (ms << COUNTER_BITS) // 1000
+
+
+class StreamCommands(TabletCommands):
+    """pull_changes, the queue-consumer commands, retention, and the freshness of reads."""
+
+    # -- positions -----------------------------------------------------------------------------------
+
+    def stream_bound(self, table: DynamicTable) -> int:
+        """The newest timestamp up to which every change of ``table`` is applied on this cluster."""
+        bound = self.transactions.visible_bound(self.timestamps.generate())
+        freshness = self.replication.replica_freshness(table)
+        if freshness is not None:
+            bound = min(bound, freshness)
+        return bound
+
+    def _trimmed(self, table: DynamicTable) -> Position:
+        """The newest position no longer kept (a stream starts after it, or later)."""
+        if table.replicated:
+            return heartbeat_position(table.trimmed_timestamp) if table.trimmed_timestamp else (0, 0)
+        return table.changes_trimmed
+
+    def _check_kept(self, table: DynamicTable, table_path: str, start: Position) -> None:
+        trimmed = self._trimmed(table)
+        if start < trimmed:
+            oldest = encode_token(trimmed, table.table_id)
+            raise YtError(f"Cannot stream table {table_path} from timestamp {start[0]:#x}: its changes up to "
+                          f"timestamp {trimmed[0]:#x} are no longer kept (change_retention, or the replication "
+                          f"log's trimming); the oldest position available is event token {oldest} (timestamp "
+                          f"{trimmed[0]}); raise @change_retention or register a vital consumer to keep more",
+                          code=ErrorCode.CHANGES_TRIMMED,
+                          attributes={"path": table_path, "oldest_timestamp": trimmed[0], "oldest_event_token": oldest})
+
+    def _position_of(self, table: DynamicTable, table_path: str, token: Any, what: str = "event token") -> Position:
+        position, table_id = decode_token(token, what)
+        if table_id != table.table_id:
+            raise YtError(f"Invalid {what} for table {table_path}: it belongs to the table with id {table_id}, "
+                          f"not to {table_path} ({table.table_id})", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": table_path, "event_token": str(token)[:200]})
+        return position
+
+    def _start(self, table: DynamicTable, table_path: str, from_event_token: Any,
+               from_timestamp: Any) -> Position:
+        if from_event_token is not None and from_timestamp is not None:
+            raise YtError(f"Cannot stream table {table_path}: give from_event_token or from_timestamp, not both",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        if from_event_token is not None:
+            return self._position_of(table, table_path, from_event_token, "from_event_token")
+        if from_timestamp is not None:
+            if isinstance(from_timestamp, bool) or not isinstance(from_timestamp, int) or \
+                    not 0 <= from_timestamp < 1 << 64:
+                raise YtError(f"Invalid from_timestamp {str(from_timestamp)[:100]!r} for table {table_path}: "
+                              "expected a timestamp (an unsigned 64-bit integer)", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"path": table_path})
+            return heartbeat_position(from_timestamp)
+        return heartbeat_position(self.stream_bound(table))
+
+    @staticmethod
+    def _limits(max_row_count: Any, wait_timeout: Any, max_rows: int) -> tuple[int, int]:
+        rows = DEFAULT_PULL_ROWS if max_row_count is None else max_row_count
+        wait = DEFAULT_WAIT_MS if wait_timeout is None else wait_timeout
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= max_rows:
+            raise YtError(f"Invalid max_row_count {str(rows)[:50]!r}: expected an integer in [1, {max_rows}]",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if isinstance(wait, bool) or not isinstance(wait, int) or not 0 <= wait <= MAX_WAIT_MS:
+            raise YtError(f"Invalid wait_timeout {str(wait)[:50]!r}: expected milliseconds in [0, {MAX_WAIT_MS}]",
+                          code=ErrorCode.INVALID_PARAMETER)
+        return rows, wait
+
+    # -- pulling -------------------------------------------------------------------------------------
+
+    def pull_changes(self, path: Any, from_event_token: Any = None, from_timestamp: Any = None,
+                     max_row_count: Any = None, wait_timeout: Any = None) -> dict[str, Any]:
+        table, table_path, _ = self._table(path)
+        limit, wait_ms = self._limits(max_row_count, wait_timeout, self.config.max_pull_rows)
+        start = self._start(table, table_path, from_event_token, from_timestamp)
+        return self._pull(table, table_path, start, limit, wait_ms)
+
+    def _pull(self, table: DynamicTable, table_path: str, start: Position, limit: int,
+              wait_ms: int) -> dict[str, Any]:
+        self._check_kept(table, table_path, start)
+        deadline = time.monotonic() + wait_ms / 1000.0
+        feed = self.change_feed
+        while True:
+            version = feed.version
+            bound = self.stream_bound(table)
+            with self.storage.read() as conn:
+                found = changes.read(table, conn, start, bound, limit)
+            # a trim may have passed between the check and the read: never answer with a gap
+            self._check_kept(table, table_path, start)
+            if found:
+                return self._answer(table, table_path, found, bound, limited=len(found) >= limit)
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
+            if not feed.wait_after(version, until) and until == deadline:
+                break  # no slot to wait in: answer now
+        position = max(start, heartbeat_position(bound))
+        token = encode_token(position, table.table_id)
+        return {"events": [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
+                            "path": table_path}],
+                "event_token": token, "timestamp": position[0]}
+
+    def _answer(self, table: DynamicTable, table_path: str, found: list[changes.Change], bound: int,
+                limited: bool) -> dict[str, Any]:
+        events = self._events(table, table_path, found)
+        if limited:
+            token, ts = events[-1]["event_token"], found[-1].position[0]
+        else:
+            # every change up to the bound is in this answer: the next pull starts after it
+            ts = max(bound, found[-1].position[0])
+            token = encode_token((ts, HEARTBEAT_SEQ), table.table_id)
+        return {"events": events, "event_token": token, "timestamp": ts}
+
+    def _events(self, table: DynamicTable, table_path: str, found: list[changes.Change]) -> list[dict[str, Any]]:
+        keys = table.schema.key_names
+        rows = [c.payload.get("row") for c in found]
+        self.decode_any_columns(table, [r for r in rows if isinstance(r, dict)])
+        events: list[dict[str, Any]] = []
+        for i, (change, row) in enumerate(zip(found, rows, strict=True)):
+            event: dict[str, Any] = {"event_token": encode_token(change.position, table.table_id),
+                                     "timestamp": change.position[0], "kind": change.kind, "path": table_path,
+                                     "tablet_index": change.tablet_index}
+            if change.kind == "append":
+                event["row"] = row
+                event["$tablet_index"] = change.tablet_index
+                event["$row_index"] = change.payload.get("row_index")
+            elif change.kind == "delete":
+                key = change.payload.get("key")
+                event["key"] = dict(zip(keys, key, strict=False)) if isinstance(key, list) else \
+                    {k: (row or {}).get(k) for k in keys}
+            else:
+                event["key"] = {k: (row or {}).get(k) for k in keys}
+                event["row"] = row
+                if change.kind == "upsert":
+                    event["update"] = bool(change.payload.get("update", False))
+            nxt = found[i + 1] if i + 1 < len(found) else None
+            event["commit_end"] = nxt is None or nxt.position[0] != change.position[0]
+            events.append(event)
+        return events
+
+    # -- consumers (YT's queue consumers) ------------------------------------------------------------------
+
+    @staticmethod
+    def _consumer_name(consumer_path: Any) -> str:
+        if not isinstance(consumer_path, str) or not 0 < len(consumer_path) <= 1000:
+            raise YtError(f"Invalid consumer_path {str(consumer_path)[:100]!r}: expected a name of 1 to 1000 "
+                          "characters", code=ErrorCode.INVALID_PARAMETER)
+        return consumer_path
+
+    def _consumer_row(self, conn: sa.Connection, table: DynamicTable, consumer: str) -> Any:
+        c = consumers_table.c
+        return conn.execute(sa.select(c.vital, c.offset_timestamp, c.offset_seq).where(
+            c.table_id == table.table_id, c.consumer_path == consumer)).first()
+
+    def _no_consumer(self, consumer: str, table_path: str) -> YtError:
+        return YtError(f"Consumer {consumer} is not registered for table {table_path}",
+                       code=ErrorCode.RESOLVE_ERROR, attributes={"path": table_path, "consumer_path": consumer})
+
+    def register_queue_consumer(self, queue_path: Any, consumer_path: Any, vital: bool = False,
+                                from_timestamp: Any = None) -> None:
+        table, table_path, _ = self._table(queue_path)
+        consumer = self._consumer_name(consumer_path)
+        start = self._start(table, table_path, None, from_timestamp)
+        with self.storage.write() as conn:
+            self._check_kept(table, table_path, start)
+            c = consumers_table.c
+            if self._consumer_row(conn, table, consumer) is not None:
+                # registered again: the offset stays, vital is updated
+                conn.execute(consumers_table.update().where(c.table_id == table.table_id,
+                                                            c.consumer_path == consumer).values(vital=bool(vital)))
+            else:
+                conn.execute(consumers_table.insert().values(
+                    table_id=table.table_id, consumer_path=consumer, vital=bool(vital),
+                    offset_timestamp=start[0], offset_seq=_signed(start[1])))
+        log.info("queue consumer registered", extra={"path": table_path, "consumer_path": consumer,
+                                                     "vital": bool(vital)})
+
+    def unregister_queue_consumer(self, queue_path: Any, consumer_path: Any) -> None:
+        table, table_path, _ = self._table(queue_path)
+        consumer = self._consumer_name(consumer_path)
+        with self.storage.write() as conn:
+            c = consumers_table.c
+            removed = conn.execute(consumers_table.delete().where(
+                c.table_id == table.table_id, c.consumer_path == consumer)).rowcount
+            if not removed:
+                raise self._no_consumer(consumer, table_path)
+
+    def list_queue_consumer_registrations(self, queue_path: Any) -> list[dict[str, Any]]:
+        table, table_path, _ = self._table(queue_path)
+        c = consumers_table.c
+        with self.storage.read() as conn:
+            rows = conn.execute(sa.select(c.consumer_path, c.vital, c.offset_timestamp, c.offset_seq).where(
+                c.table_id == table.table_id).order_by(c.consumer_path)).all()
+        return [{"queue_path": table_path, "consumer_path": r[0], "vital": bool(r[1]),
+                 "offset": encode_token((int(r[2]), _unsigned(r[3])), table.table_id), "timestamp": int(r[2])}
+                for r in rows]
+
+    def pull_consumer(self, consumer_path: Any, queue_path: Any, max_row_count: Any = None,
+                      wait_timeout: Any = None) -> dict[str, Any]:
+        table, table_path, _ = self._table(queue_path)
+        consumer = self._consumer_name(consumer_path)
+        limit, wait_ms = self._limits(max_row_count, wait_timeout, self.config.max_pull_rows)
+        with self.storage.read() as conn:
+            row = self._consumer_row(conn, table, consumer)
+        if row is None:
+            raise self._no_consumer(consumer, table_path)
+        return self._pull(table, table_path, (int(row[1]), _unsigned(row[2])), limit, wait_ms)
+
+    def advance_consumer(self, consumer_path: Any, queue_path: Any, old_offset: Any, new_offset: Any) -> None:
+        table, table_path, _ = self._table(queue_path)
+        consumer = self._consumer_name(consumer_path)
+        new = self._position_of(table, table_path, new_offset, "new_offset")
+        old = None if old_offset is None else self._position_of(table, table_path, old_offset, "old_offset")
+        with self.storage.write() as conn:
+            row = self._consumer_row(conn, table, consumer)
+            if row is None:
+                raise self._no_consumer(consumer, table_path)
+            current = (int(row[1]), _unsigned(row[2]))
+            if old is not None and current != old:
+                raise YtError(f"Cannot advance consumer {consumer} of table {table_path}: its offset is "
+                              f"{encode_token(current, table.table_id)}, not the old_offset given (another "
+                              "consumer advanced it first)", code=ErrorCode.CONSUMER_OFFSET_CONFLICT,
+                              attributes={"path": table_path, "consumer_path": consumer,
+                                          "current_offset": encode_token(current, table.table_id)})
+            self._check_kept(table, table_path, new)
+            c = consumers_table.c
+            conn.execute(consumers_table.update().where(c.table_id == table.table_id, c.consumer_path == consumer)
+                         .values(offset_timestamp=new[0], offset_seq=_signed(new[1])))
+
+    def _vital_offset(self, conn: sa.Connection, table_id: str) -> Position | None:
+        c = consumers_table.c
+        rows = conn.execute(sa.select(c.offset_timestamp, c.offset_seq).where(
+            c.table_id == table_id, c.vital == sa.true())).all()
+        return min(((int(r[0]), _unsigned(r[1])) for r in rows), default=None)
+
+    def consumer_samples(self) -> StateSamples:
+        """The consumers' lag for ``/metrics`` (a state source, read at scrape time, no lock): the
+        age of the oldest change a consumer has not advanced past, 0 when it has them all."""
+        c = consumers_table.c
+        samples = StateSamples()
+        now = time.time()
+        with self.storage.read() as conn:
+            rows = conn.execute(sa.select(c.table_id, c.consumer_path, c.vital, c.offset_timestamp,
+                                          c.offset_seq)).all()
+            for table_id, consumer, vital, offset_ts, offset_seq in rows:
+                node = self.cypress.by_id.get(table_id)
+                if node is None or node.table is None:
+                    continue
+                after = changes.read(node.table, conn, (int(offset_ts), _unsigned(offset_seq)), 1 << 62, 1)
+                lag = max(0.0, now - (after[0].position[0] >> COUNTER_BITS)) if after else 0.0
+                samples.consumers.append(ConsumerSample(node.path, consumer, bool(vital), lag))
+        return samples
+
+    # -- retention -----------------------------------------------------------------------------------------
+
+    def stream_hold(self, table: DynamicTable, node: Node) -> int | None:
+        """A replicated table's queue: the newest commit timestamp it may be trimmed to for streams
+        (``ReplicationHost.stream_hold``): ``@change_retention`` when set, and vital consumers."""
+        hold: int | None = None
+        retention = node.attributes.get("change_retention")
+        if isinstance(retention, int) and not isinstance(retention, bool):
+            hold = self.timestamps.last - _ms_to_ts(retention)
+        with self.storage.read() as conn:
+            vital = self._vital_offset(conn, table.table_id)
+        if vital is not None:
+            # every change at the offset's timestamp stays (a heartbeat offset could allow it: no matter)
+            hold = vital[0] - 1 if hold is None else min(hold, vital[0] - 1)
+        return hold
+
+    def trim_changes(self) -> int:
+        """Drop logged changes older than each table's ``@change_retention`` that no vital consumer
+        still needs (the background loop runs it)."""
+        removed = 0
+        for node in list(self.cypress.by_id.values()):
+            table = node.table
+            if table is None or table.replicated:
+                continue
+            retention = node.attributes.get("change_retention", DEFAULT_CHANGE_RETENTION_MS)
+            horizon = self.timestamps.last - _ms_to_ts(int(retention))
+            with self.storage.read() as conn:
+                up_to = changes.newest_before(conn, table.table_id, horizon)
+            if up_to is None or up_to <= table.changes_trimmed:
+                continue
+            with self.storage.write() as conn:
+                vital = self._vital_offset(conn, table.table_id)
+                if vital is not None and vital < up_to:
+                    up_to = vital
+                if up_to <= table.changes_trimmed:
+                    continue
+                removed += changes.trim(conn, table.table_id, up_to)
+                before = table.changes_trimmed
+                table.changes_trimmed = up_to
+                node.attributes[CHANGES_TRIMMED_ATTRIBUTE] = list(up_to)
+                self.cypress.save(conn, node)
+                on_rollback(conn, _restore_trimmed(table, before))
+        return removed
+
+    # -- freshness of reads ------------------------------------------------------------------------------
+
+    def read_freshness(self, table: DynamicTable, table_path: str, timestamp: int | None,
+                       include_event_token: bool, compare_event_token: Any) -> dict[str, Any] | None:
+        """The response parameters of a read (``include_event_token``/``compare_event_token``),
+        taken *before* the read: the data it returns includes every change up to ``timestamp``."""
+        if not include_event_token and compare_event_token is None:
+            return None
+        compared = None
+        if compare_event_token is not None:
+            # tokens compare across a meta-cluster and its replicas by timestamp
+            compared, _ = decode_token(compare_event_token, "compare_event_token")
+        fresh_ts = self.stream_bound(table)
+        if timestamp is not None:
+            fresh_ts = min(fresh_ts, timestamp)
+        out: dict[str, Any] = {"event_token": encode_token(heartbeat_position(fresh_ts), table.table_id),
+                               "timestamp": fresh_ts}
+        if compared is not None:
+            out["fresh"] = compared[0] <= fresh_ts
+        return out
+
+
+def _restore_trimmed(table: DynamicTable, before: Position) -> Callable[[], None]:
+    def undo() -> None:
+        table.changes_trimmed = before
+    return undo
+
+
+def _signed(seq: int) -> int:
+    """A seq in a signed 64-bit SQL column (the heartbeat seq is 2**64 - 1)."""
+    return seq - (1 << 64) if seq >= 1 << 63 else seq
+
+
+def _unsigned(value: Any) -> int:
+    value = int(value)
+    return value + (1 << 64) if value < 0 else value

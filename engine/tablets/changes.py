@@ -1,0 +1,319 @@
+"""Change streams (seed 004): the change log of a table, its positions, and reading it back.
+
+Every commit that changes a sorted or ordered table appends one row per changed row to
+``_rt_changes`` in the same SQL transaction, so the log holds exactly the committed history, in
+commit order. A change's *position* is ``(commit timestamp, seq)``: the meta-cluster's commit
+timestamp first (two changes of one key always have different timestamps, so per key the stream
+is in commit order whatever happened to the tablets), then ``seq``, which grows per table. The log
+is per table, not per tablet, so a reshard changes nothing a consumer can see: positions are
+stored, never recomputed from pivot keys.
+
+A replicated table keeps no rows (seed 002): its stream is its replication queue, per tablet in
+commit order; a position there is ``(timestamp, tablet << 40 | row_index)``, and the tablets are
+merged by position, so a reshard is invisible there too.
+
+An *event token* is the position as 32 hex digits followed by the table id: tokens of one table
+compare as strings in stream order, and the first 16 digits are the commit timestamp, which is
+what a token is compared by across a meta-cluster and its replicas (their rows keep the
+meta-cluster's timestamps).
+
+What may be read: everything on a table written only here (commits are applied under the writer
+lock in timestamp order, so the committed log is a prefix in stream order) below the in-flight
+bound; on a replica table, only below its replication freshness (changes arrive per meta tablet,
+so a later arrival may carry an earlier timestamp than one already here). The caller passes the
+bound; this module never waits.
+
+Locking: :func:`record` runs inside a write transaction under ``Storage.write_lock``; reads take
+a read connection and no lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import sqlalchemy as sa
+
+from ..errors import ErrorCode, YtError
+from ..schema import ColumnType, TableSchema
+from ..storage import KIND, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, UserTables, changes_table, consumers_table
+from .queue import QueueEntry
+
+#: a position: (commit timestamp, seq)
+Position = tuple[int, int]
+
+#: the seq of a heartbeat's position: after every change at its timestamp
+HEARTBEAT_SEQ = (1 << 64) - 1
+#: seqs in SQL are signed 64-bit: a heartbeat's seq binds as this (no change has a seq as large)
+_SQL_SEQ_MAX = (1 << 63) - 1
+#: a queue position's seq: tablet index in the high bits, row index in the low 40
+_ROW_BITS = 40
+
+_TOKEN = re.compile(r"^([0-9a-f]{16})([0-9a-f]{16})(.+)$")
+
+
+def encode_token(position: Position, table_id: str) -> str:
+    return f"{position[0]:016x}{position[1]:016x}{table_id}"
+
+
+def decode_token(token: object, what: str = "event token") -> tuple[Position, str]:
+    """(position, table id) of a token; a clear error for anything else."""
+    match = _TOKEN.match(token) if isinstance(token, str) else None
+    if match is None:
+        raise YtError(f"Invalid {what} {str(token)[:100]!r}: expected a token from a change stream or a read "
+                      "(32 hex digits and a table id)", code=ErrorCode.INVALID_PARAMETER)
+    return (int(match.group(1), 16), int(match.group(2), 16)), match.group(3)
+
+
+def heartbeat_position(ts: int) -> Position:
+    return (ts, HEARTBEAT_SEQ)
+
+
+@dataclass
+class Change:
+    """One change read back from a log or a queue, before it becomes an event."""
+
+    position: Position
+    tablet_index: int
+    kind: str
+    payload: dict[str, Any]
+
+
+class ChangeTable(Protocol):
+    """What this module uses of a table (``DynamicTable`` is one)."""
+
+    table_id: str
+    schema: TableSchema
+    sql: UserTables
+    replicated: bool
+    tablet_rows: dict[int, list[int]]
+    change_seq: int
+    queue_tail: dict[int, tuple[int, list[QueueEntry]]]
+
+    @property
+    def sorted(self) -> bool: ...
+
+    @property
+    def tablet_count(self) -> int: ...
+
+
+class ChangeFeed:
+    """Wakes stream pulls waiting for changes: every commit that changes a table bumps a counter.
+
+    ``_cond`` guards ``_version`` only: a **leaf** lock, taken by ``notify`` after a commit (an
+    ``on_commit`` hook, under ``Storage.write_lock``) and by waiting pulls holding nothing else."""
+
+    def __init__(self, max_waiting: int) -> None:
+        self._cond = threading.Condition()
+        #: guarded by _cond
+        self._version = 0
+        #: pulls that may wait at once (each holds a worker thread); more answer at once instead
+        self._waiting = threading.BoundedSemaphore(max_waiting)
+
+    def notify(self) -> None:
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def wait_after(self, version: int, deadline: float) -> bool:
+        """Wait until a commit after ``version`` or ``deadline`` (monotonic); False if no slot
+        to wait in was free (the caller answers at once)."""
+        if not self._waiting.acquire(blocking=False):
+            return False
+        try:
+            with self._cond:
+                while self._version == version:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            return True
+        finally:
+            self._waiting.release()
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+def _encode(value: dict[str, Any], doubles: list[str], row: dict[str, Any] | None) -> str:
+    """JSON text of a payload: orjson, unless a double is NaN or infinite (the standard encoder
+    keeps them; orjson would write null)."""
+    if row is not None:
+        for name in doubles:
+            v = row.get(name)
+            if v is not None and not math.isfinite(v):
+                return json.dumps(value)
+    return orjson.dumps(value).decode()
+
+
+def decode_payload(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = json.loads(text)
+    return value if isinstance(value, dict) else {}
+
+
+def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
+           changes: Iterable[tuple[int, str, dict[str, Any] | None, list[Any] | None, int | None]]) -> int:
+    """Append ``(tablet, kind, row, key, row_index)`` changes of one commit to the table's log.
+
+    Under the writer lock, inside the commit's SQL transaction; ``table.change_seq`` moves on
+    (and back on rollback, by the caller's undo of the whole apply: see ``DynamicTable.apply``)."""
+    doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
+    seq = table.change_seq
+    rows = []
+    table_id = table.table_id
+    for tablet, kind, row, key, row_index in changes:
+        body: dict[str, Any] = {}
+        if row is not None:
+            body["row"] = row
+        if key is not None:
+            body["key"] = key
+        if row_index is not None:
+            body["row_index"] = row_index
+        rows.append((table_id, commit_ts, seq, tablet, kind, _encode(body, doubles, row)))
+        seq += 1
+    if rows:
+        conn.exec_driver_sql(_insert_sql(conn), rows)
+        table.change_seq = seq
+    return len(rows)
+
+
+_INSERT_SQL: dict[str, str] = {}
+
+
+def _insert_sql(conn: sa.Connection) -> str:
+    sql = _INSERT_SQL.get(conn.dialect.name)
+    if sql is None:
+        c = changes_table.c
+        stmt = changes_table.insert().values({
+            c.table_id: sa.bindparam("a"), c.timestamp: sa.bindparam("b"), c.seq: sa.bindparam("c"),
+            c.tablet_index: sa.bindparam("d"), c.kind: sa.bindparam("e"), c.payload: sa.bindparam("f")})
+        sql = _INSERT_SQL[conn.dialect.name] = str(stmt.compile(dialect=conn.dialect))
+    return sql
+
+
+def next_seq(conn: sa.Connection, table_id: str) -> int:
+    """The seq after the newest logged change of a table (at start-up)."""
+    c = changes_table.c
+    newest = conn.execute(sa.select(sa.func.max(c.seq)).where(c.table_id == table_id)).scalar()
+    return 0 if newest is None else int(newest) + 1
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+def read(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int, limit: int) -> list[Change]:
+    """Changes after ``after`` with a timestamp at most ``bound_ts``, in stream order: at least
+    ``limit`` if there are as many, and always every change of the last commit returned (a commit
+    is never split between two reads)."""
+    if bound_ts <= after[0] and after[1] == HEARTBEAT_SEQ:
+        return []
+    if table.replicated:
+        return _read_queue(table, conn, after, bound_ts, limit)
+    c = changes_table.c
+    base = sa.select(c.timestamp, c.seq, c.tablet_index, c.kind, c.payload).where(
+        c.table_id == table.table_id, c.timestamp <= bound_ts)
+    stmt = base.where(sa.or_(c.timestamp > after[0],
+                             sa.and_(c.timestamp == after[0], c.seq > min(after[1], _SQL_SEQ_MAX)))) \
+        .order_by(c.timestamp, c.seq).limit(limit)
+    rows = list(conn.execute(stmt).all())
+    if len(rows) == limit:
+        last_ts, last_seq = rows[-1][0], rows[-1][1]
+        rows += conn.execute(base.where(c.timestamp == last_ts, c.seq > last_seq).order_by(c.seq)).all()
+    return [Change((r[0], r[1]), r[2], r[3], decode_payload(r[4])) for r in rows]
+
+
+def _queue_tablets(table: ChangeTable) -> list[int]:
+    return sorted(set(range(table.tablet_count)) | set(table.tablet_rows))
+
+
+def _first_row_after(table: ChangeTable, conn: sa.Connection, tablet: int, after: Position) -> int:
+    """The first queue row of ``tablet`` whose position is after ``after`` (timestamps grow along a
+    tablet's queue: a binary search over the rows still there)."""
+    end, trimmed = table.tablet_rows.get(tablet, [0, 0])
+    data = table.sql.data
+
+    def position(row: int) -> Position | None:
+        ts = conn.execute(sa.select(data.c[TS]).where(data.c[TABLET_INDEX] == tablet,
+                                                      data.c[ROW_INDEX] == row)).scalar()
+        return None if ts is None else (int(ts), tablet << _ROW_BITS | row)
+
+    low, high = trimmed, end  # the answer is in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        at = position(middle)
+        if at is None or at <= after:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _read_queue(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int,
+                limit: int) -> list[Change]:
+    data = table.sql.data
+    streams = []
+    for tablet in _queue_tablets(table):
+        start = _first_row_after(table, conn, tablet, after)
+        end = table.tablet_rows.get(tablet, [0, 0])[0]
+        if start >= end:
+            continue
+        # (a commit's rows of one tablet are contiguous: read a little past the limit to end it)
+        stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
+                .where(data.c[TABLET_INDEX] == tablet, data.c[ROW_INDEX] >= start, data.c[TS] <= bound_ts)
+                .order_by(data.c[ROW_INDEX]).limit(limit))
+        rows = list(conn.execute(stmt).all())
+        if len(rows) == limit:
+            last_ts, last_row = rows[-1][1], rows[-1][0]
+            rows += conn.execute(sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD]).where(
+                data.c[TABLET_INDEX] == tablet, data.c[ROW_INDEX] > last_row,
+                data.c[TS] == last_ts).order_by(data.c[ROW_INDEX])).all()
+        streams.append([((int(r[1]), tablet << _ROW_BITS | int(r[0])), tablet, r) for r in rows])
+    merged = list(heapq.merge(*streams, key=lambda item: item[0]))
+    if len(merged) > limit:
+        # cut after the commit of the limit-th change; every tablet read at least that far
+        cut_ts = merged[limit - 1][0][0]
+        merged = [item for item in merged if item[0][0] <= cut_ts]
+    out = []
+    for position, tablet, r in merged:
+        payload = decode_payload(r[3])
+        kind = "delete" if r[2] == "delete" else "upsert"
+        out.append(Change(position, tablet, kind, payload))
+    return out
+
+
+# -- trimming --------------------------------------------------------------------------------------
+
+def trim(conn: sa.Connection, table_id: str, up_to: Position) -> int:
+    """Drop logged changes at or before ``up_to`` (under the writer lock)."""
+    c = changes_table.c
+    return int(conn.execute(changes_table.delete().where(
+        c.table_id == table_id,
+        sa.or_(c.timestamp < up_to[0],
+              sa.and_(c.timestamp == up_to[0], c.seq <= min(up_to[1], _SQL_SEQ_MAX))))).rowcount or 0)
+
+
+def newest_before(conn: sa.Connection, table_id: str, ts: int) -> Position | None:
+    """The newest logged position with a timestamp at most ``ts`` (the trim point of a horizon)."""
+    c = changes_table.c
+    row = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table_id, c.timestamp <= ts)
+                       .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def drop_log(conn: sa.Connection, table_id: str) -> None:
+    """A removed table's log and consumers."""
+    conn.execute(changes_table.delete().where(changes_table.c.table_id == table_id))
+    conn.execute(consumers_table.delete().where(consumers_table.c.table_id == table_id))
