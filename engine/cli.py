@@ -106,6 +106,12 @@ def serve(
         "--metrics-port", envvar="REPTABLES_METRICS_PORT", min=0, max=65535,
         help="Also serve /metrics, and only /metrics, without a token over plain HTTP on this port "
         "(0 or unset: no such listener; /metrics on --port always needs the token)")] = None,
+    cluster_id: Annotated[int | None, typer.Option(
+        "--cluster-id", min=0, max=127, help="This cluster's XDCR id, 0-127 (docs/xdcr.md): kept in the data "
+        "directory at the first start; a restart with another id is refused")] = None,
+    paused: Annotated[bool, typer.Option(
+        "--paused", help="Start paused: client writes are refused, changes replicated by XDCR peers are "
+        "applied (a read-only standby; `reptables dr resume` ends it)")] = False,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
@@ -122,7 +128,8 @@ def serve(
                                    max_connections=max_connections,
                                    tls_cert_file=str(tls_cert_file) if tls_cert_file else None,
                                    tls_key_file=str(tls_key_file) if tls_key_file else None,
-                                   peer_ca_file=str(tls_ca_file) if tls_ca_file else None)
+                                   peer_ca_file=str(tls_ca_file) if tls_ca_file else None,
+                                   cluster_id=cluster_id, start_paused=paused)
     problem = _transport_problem(config, port, metrics_port)
     if problem is not None:
         print(problem, file=sys.stderr)

@@ -125,6 +125,14 @@ class EngineConfig:
     #: None: the system trust store (``--tls-ca-file``)
     peer_ca_file: str | None = None
 
+    # -- active-active replication (XDCR, docs/xdcr.md) ----------------------------------------------
+    #: this cluster's XDCR id, 0-127 (``--cluster-id``): persisted at the first start, a restart with
+    #: another id is refused. None: the one stored (or none yet)
+    cluster_id: int | None = None
+    #: start with client writes refused while replicated changes are applied (``--paused``: a
+    #: read-only standby, seed 001's ``voltdb start --pause``)
+    start_paused: bool = False
+
     # -- fault tests -----------------------------------------------------------------------------------
     #: named crash points at which the process SIGKILLs itself (``REPTABLES_CRASH_AT``)
     crash_points: frozenset[str] = field(default_factory=frozenset)

@@ -53,6 +53,10 @@ class ErrorCode(IntEnum):
     CHANGES_TRIMMED = 1760
     #: reptables: advance_consumer's old_offset is not the consumer's stored offset
     CONSUMER_OFFSET_CONFLICT = 1761
+    #: reptables: an XDCR table's schema differs between two clusters (replication waits)
+    XDCR_SCHEMA_MISMATCH = 1770
+    #: reptables: an XDCR connection is not configured on both sides (replication waits)
+    XDCR_NOT_CONNECTED = 1771
     NO_SUCH_TRANSACTION = 11000
     INVALID_TRANSACTION_STATE = 11003
     INVALID_TRANSACTION_ATOMICITY = 11004

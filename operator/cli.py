@@ -194,6 +194,67 @@ def stream(
         pass
 
 
+dr_app = typer.Typer(help="Active-active replication (XDCR, docs/xdcr.md): pause, resume, reset, drop, status",
+                      no_args_is_help=True)
+app.add_typer(dr_app, name="dr")
+PROXY_OPTION = typer.Option("--proxy", envvar="YT_PROXY", help="The engine's URL (default $YT_PROXY; token: $YT_TOKEN)")
+
+
+def _dr(proxy: str | None, command: str, params: dict[str, object], timeout: float = 90.0) -> None:
+    from reptables.engine.client import Client
+    from reptables.engine.errors import YtError
+
+    if not proxy:
+        _fail("no engine: give --proxy URL or set YT_PROXY")
+    try:
+        with Client(proxy, timeout=timeout) as client:
+            answer = client.call(command, params)
+    except YtError as exc:
+        _fail(exc.message)
+    typer.echo(json.dumps(answer, indent=2, sort_keys=True))
+
+
+@dr_app.command("status")
+def dr_status(proxy: Annotated[str | None, PROXY_OPTION] = None) -> None:
+    """Per peer: state, lag, queued rows and bytes, conflicts."""
+    _dr(proxy, "dr_status", {})
+
+
+@dr_app.command("pause")
+def dr_pause(proxy: Annotated[str | None, PROXY_OPTION] = None,
+             wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Return once every change is delivered "
+                                                                         "to every peer (drained)")] = True,
+             timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the drain")] = 60.0) -> None:
+    """Refuse client writes on this cluster (replicated changes are still applied)."""
+    _dr(proxy, "dr_pause", {"wait": wait, "timeout": int(timeout * 1000)}, timeout + 30)
+
+
+@dr_app.command("resume")
+def dr_resume(proxy: Annotated[str | None, PROXY_OPTION] = None) -> None:
+    """Take client writes again."""
+    _dr(proxy, "dr_resume", {})
+
+
+@dr_app.command("reset")
+def dr_reset(proxy: Annotated[str | None, PROXY_OPTION] = None,
+             cluster: Annotated[str | None, typer.Option("--cluster", help="Break replication with this cluster only "
+                                                                           "(needs --force)")] = None,
+             all_: Annotated[bool, typer.Option("--all", help="Break replication with every cluster")] = False,
+             force: Annotated[bool, typer.Option("--force", help="Confirm a single-cluster reset: its undelivered "
+                                                                 "changes are dropped")] = False) -> None:
+    """Stop replicating to one peer or to all (seed 001's `dr reset`)."""
+    if (cluster is None) == (not all_):
+        _fail("give --cluster NAME (with --force) or --all")
+    _dr(proxy, "dr_reset", {"cluster": cluster, "force": force} if cluster else {})
+
+
+@dr_app.command("drop")
+def dr_drop(proxy: Annotated[str | None, PROXY_OPTION] = None,
+            timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the drain")] = 60.0) -> None:
+    """Leave the group: deliver every change, make every peer forget this cluster."""
+    _dr(proxy, "dr_drop", {"timeout": int(timeout * 1000)}, timeout + 30)
+
+
 def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)

@@ -333,6 +333,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
             str(body["transaction_id"])),
         "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),
+        "xdcr_apply": cluster.handle_xdcr_apply,
+        "xdcr_forget": cluster.handle_xdcr_forget,
     }
 
     async def internal(request: Request) -> Response:

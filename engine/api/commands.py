@@ -13,6 +13,7 @@ from typing import Any
 
 import yt.yson as yson
 
+from ..errors import ErrorCode, YtError
 from ..node import Cluster
 from .inline import always, inline_lookup, inline_write
 from .params import _bool, _int, _p, _path, _required_str, _rows, _str_list, _tx
@@ -257,3 +258,41 @@ def _advance_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     c.advance_consumer(_required_str(p, "consumer_path"), _required_str(p, "queue_path"), _p(p, "old_offset"),
                        _required_str(p, "new_offset"))
 
+
+
+# -- active-active replication, XDCR (docs/xdcr.md) ---------------------------------------------------
+
+def _timeout(p: dict[str, Any]) -> float:
+    value = _int(p, "timeout", 60_000)
+    if not 0 < value <= 3_600_000:
+        raise YtError(f"Invalid timeout {value}: expected milliseconds in (0, 3600000]",
+                      code=ErrorCode.INVALID_PARAMETER)
+    return value / 1000.0
+
+
+@_command("dr_pause", None, "structured", True)
+def _dr_pause(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_pause(_bool(p, "wait", True), _timeout(p))
+
+
+@_command("dr_resume", None, "structured", True)
+def _dr_resume(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_resume()
+
+
+@_command("dr_reset", None, "structured", True)
+def _dr_reset(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    cluster = _p(p, "cluster")
+    if cluster is not None and not isinstance(cluster, str):
+        raise YtError("Parameter \"cluster\" must be a cluster name", code=ErrorCode.INVALID_PARAMETER)
+    return c.dr_reset(cluster, _bool(p, "force"))
+
+
+@_command("dr_drop", None, "structured", True)
+def _dr_drop(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_drop(_timeout(p))
+
+
+@_command("dr_status", None, "structured", False)
+def _dr_status(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_status()

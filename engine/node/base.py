@@ -50,6 +50,7 @@ from ..tablets import (
     changes,
 )
 from ..tablets.changes import ChangeFeed
+from ..tablets.xdcr import VersionClock
 from ..timestamps import (
     ASYNC_LAST_COMMITTED_TIMESTAMP,
     COUNTER_BITS,
@@ -142,6 +143,12 @@ class NodeBase:
     peers: Peers
     replication: ReplicationManager
     change_feed: ChangeFeed
+    #: this cluster's XDCR id (``--cluster-id``, kept in the data directory), None without one
+    cluster_id: int | None
+    #: client writes refused (dr_pause, --paused); XDCR peers' changes still applied
+    xdcr_paused: bool
+    xdcr_clock: VersionClock
+    data_dir: Any
 
     def _make_table(self, node: Node) -> DynamicTable:
         attrs = node.attributes
@@ -172,6 +179,9 @@ class NodeBase:
             with self.storage.read() as conn:
                 table.change_seq = changes.next_seq(conn, node.id)
         table.on_change = self.change_feed.notify
+        table.xdcr_clock = self.xdcr_clock
+        if _flag(attrs.get("xdcr")) and table.sorted and not replicated:
+            table.xdcr_cluster_id = self.cluster_id
         return table
 
     def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:

@@ -36,6 +36,7 @@ from ..replication import (
 from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
 from ..tablets import MAX_LEASE_SECONDS, SnapshotLeases
 from ..tablets.changes import ChangeFeed
+from ..tablets.xdcr import VersionClock
 from ..timestamps import (
     COUNTER_BITS,
     ReservationFile,
@@ -51,10 +52,10 @@ from .base import (
     TABLE_TYPES,
     log,
 )
-from .rows import RowCommands
+from .xdcr import PeerState, XdcrCommands
 
 
-class Cluster(RowCommands):
+class Cluster(XdcrCommands):
     """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
 
     def __init__(self, name: str, storage: Storage, state_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> None:
@@ -76,6 +77,13 @@ class Cluster(RowCommands):
         self.snapshot_leases = SnapshotLeases()
         #: wakes change-stream pulls waiting for commits (node/streams.py)
         self.change_feed = ChangeFeed(config.max_waiting_pulls)
+        #: XDCR (node/xdcr.py): set by _load from the data directory and --cluster-id
+        self.cluster_id: int | None = None
+        self.xdcr_paused = config.start_paused
+        self.xdcr_clock = VersionClock()
+        self._xdcr_shippers: dict[str, threading.Thread] = {}
+        self._xdcr_peer_state: dict[str, PeerState] = {}
+        self._xdcr_stop = threading.Event()
         self.metrics.register_state(self.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
@@ -130,6 +138,7 @@ class Cluster(RowCommands):
                 self._new_node(conn, self.cypress.by_id[self.cypress.root.children["sys"].id], "clusters",
                                MAP_NODE, {})
             self.storage.set_meta(conn, "cluster_name", self.name)
+            self.cluster_id = self._check_cluster_id(conn)
         counts: dict[str, dict[int, list[int]]] = {}
         for t in tablets:
             counts.setdefault(t.table_id, {})[t.tablet_index] = [t.row_count, t.trimmed_row_count]
@@ -155,6 +164,21 @@ class Cluster(RowCommands):
         if held or aborted:
             log.info("recovered prepared transactions", extra={"in_doubt": held, "aborted": aborted})
 
+    def _check_cluster_id(self, conn: sa.Connection) -> int | None:
+        """The XDCR cluster id: the stored one, or ``--cluster-id`` stored at the first start; a
+        different ``--cluster-id`` than the stored one is refused (rows carry it: it cannot change)."""
+        stored = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.name == "cluster_id")).scalar()
+        wanted = self.config.cluster_id
+        if stored is not None and wanted is not None and int(stored) != wanted:
+            raise DataDirError(f"cluster {self.name} has XDCR cluster id {stored}: it cannot start with --cluster-id "
+                               f"{wanted} (every row of its XDCR tables carries the id; start it with "
+                               f"--cluster-id {stored}, or without the option)",
+                               attributes={"cluster_id": int(stored), "requested_cluster_id": wanted})
+        if stored is None and wanted is not None:
+            self.storage.set_meta(conn, "cluster_id", str(wanted))
+            return wanted
+        return None if stored is None else int(stored)
+
     def start_background(self) -> None:
         """Expire abandoned transactions and compact old versions, until ``close``."""
         period = self.config.background_period
@@ -175,9 +199,11 @@ class Cluster(RowCommands):
         self._background = threading.Thread(target=loop, name="engine-maintenance", daemon=True)
         self._background.start()
         self.replication.start()
+        self.start_xdcr()
 
     def close(self) -> None:
         self._stop.set()
+        self._xdcr_stop.set()
         self.replication.close()
         self.peers.close()
         if self._background is not None:

@@ -177,6 +177,8 @@ class CypressCommands(CypressReads):
         if upstream is not None and not isinstance(upstream, str):
             raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",
                           code=ErrorCode.INVALID_PARAMETER)
+        if _flag(attrs.get("xdcr")):
+            self._check_xdcr_table(schema, attrs, path, replicated)
         if replicated:
             if attrs.get("atomicity", "full") != "full":
                 raise YtError(f"Cannot create replicated table {path}: atomicity must be full",
@@ -186,6 +188,50 @@ class CypressCommands(CypressReads):
                               code=ErrorCode.INVALID_PARAMETER)
             validate_replicated_table_options(attrs.get("replicated_table_options"), path)
             validate_throttler(attrs.get("replication_throttler"), path)
+
+    def _check_xdcr_table(self, schema: TableSchema, attrs: dict[str, Any], path: str, replicated: bool) -> None:
+        """An XDCR table (seed 001's DR TABLE): sorted, written here, on a cluster with an id."""
+        if self.cluster_id is None:
+            raise YtError(f"Cannot make {path} an XDCR table: cluster {self.name} has no XDCR cluster id (start "
+                          "its engine with --cluster-id N, 0-127)", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": path})
+        if not schema.is_sorted or replicated or attrs.get("upstream_replica_id"):
+            raise YtError(f"Cannot make {path} an XDCR table: only a sorted table written on this cluster can be "
+                          "(conflicts are resolved by primary key; not a replicated or a replica table)",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
+        if attrs.get("atomicity", "full") != "full":
+            raise YtError(f"Cannot make {path} an XDCR table: its atomicity must be full",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
+
+    def _set_xdcr(self, conn: sa.Connection, node: Node, table: Any, value: Any) -> None:
+        """``set @xdcr %true`` makes a table an XDCR table, only while it is empty (seed 001)."""
+        wanted = _flag(value)
+        if wanted == (table.xdcr_cluster_id is not None):
+            return
+        if not wanted:
+            raise YtError(f"Cannot turn XDCR off for {node.path}: leave the group with dr_drop or dr_reset instead",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        self._check_xdcr_table(table.schema, {"atomicity": table.atomicity,
+                                              "upstream_replica_id": table.upstream_replica_id},
+                               node.path, table.replicated)
+        if not table.is_empty(conn):
+            raise YtError(f"Cannot make {node.path} an XDCR table: it holds rows (only an empty table can become "
+                          "one; load data on one cluster after the group is set up)", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": node.path})
+        before = table.xdcr_cluster_id
+        table.xdcr_cluster_id = self.cluster_id
+        on_rollback(conn, lambda: setattr(table, "xdcr_cluster_id", before))
+
+    def _create_system_table(self, conn: sa.Connection, name: str, schema: list[dict[str, Any]]) -> Node:
+        """A table under //sys the engine keeps itself (XDCR's conflict log), mounted; inside the
+        caller's write transaction."""
+        sys_node = self.cypress.root.children["sys"]
+        node = self._create_table(conn, sys_node, name, {"dynamic": True, "schema": schema},
+                                  f"//sys/{name}")
+        assert node.table is not None
+        node.table.state = TabletState.MOUNTED
+        self._save_table_state(conn, node)
+        return node
 
     def _create_table(self, conn: sa.Connection, parent: Node, name: str, attrs: dict[str, Any],
                       path: str, node_type: str = "table") -> Node:
@@ -497,6 +543,8 @@ class CypressCommands(CypressReads):
             previous = table.atomicity
             on_rollback(conn, lambda: setattr(table, "atomicity", previous))
             table.atomicity = value
+        if table is not None and name == "xdcr":
+            self._set_xdcr(conn, node, table, value)
         if table is not None and name in ("min_data_ttl", "change_retention") and (
                 len(attr_path) != 1 or isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise YtError(f"Attribute \"{name}\" of {node.path} must be a non-negative number of milliseconds",

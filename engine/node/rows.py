@@ -144,6 +144,10 @@ class RowCommands(StreamCommands):
     def _check_direct_write(self, table: DynamicTable, path: str) -> None:
         """A client's row write: refused on a read-only cluster and on replica tables."""
         sys_node = self.cypress.resolve(_SYS, missing_ok=True)
+        if self.xdcr_paused:
+            raise YtError(f"Cluster {self.name} is paused (dr_pause, or started with --paused): the write to {path} "
+                          "is refused; resume it with `reptables dr resume`", code=ErrorCode.READ_ONLY,
+                          attributes={"path": path, "cluster_name": self.name})
         if sys_node is not None and sys_node.attributes.get("read_only") is True:
             raise YtError(f"Cluster {self.name} is read-only (//sys/@read_only): the write to {path} is refused; "
                           "write on a writable cluster", code=ErrorCode.READ_ONLY,

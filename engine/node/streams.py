@@ -58,9 +58,10 @@ class StreamCommands(TabletCommands):
 
     # -- positions -----------------------------------------------------------------------------------
 
-    def stream_bound(self, table: DynamicTable) -> int:
-        """The newest timestamp up to which every change of ``table`` is applied on this cluster."""
-        bound = self.transactions.visible_bound(self.timestamps.generate())
+    def stream_bound(self, table: DynamicTable, fresh: int | None = None) -> int:
+        """The newest timestamp up to which every change of ``table`` is applied on this cluster
+        (at most ``fresh``, a timestamp just taken)."""
+        bound = self.transactions.visible_bound(self.timestamps.generate() if fresh is None else fresh)
         freshness = self.replication.replica_freshness(table)
         if freshness is not None:
             bound = min(bound, freshness)
@@ -135,7 +136,8 @@ class StreamCommands(TabletCommands):
         feed = self.change_feed
         while True:
             version = feed.version
-            bound = self.stream_bound(table)
+            fresh = self.timestamps.generate()
+            bound = self.stream_bound(table, fresh)
             with self.storage.read() as conn:
                 found = changes.read(table, conn, start, bound, limit)
             # a trim may have passed between the check and the read: never answer with a gap
@@ -145,6 +147,14 @@ class StreamCommands(TabletCommands):
             now = time.monotonic()
             if now >= deadline:
                 break
+            if self.transactions.visible_bound(fresh) < fresh:
+                # a commit is in flight (the one whose notice woke us, say): read again once it is
+                # applied instead of waiting for the next one
+                try:
+                    self.transactions.wait_visible(fresh, timeout=min(0.05, deadline - now))
+                except YtError:
+                    pass
+                continue
             until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
             if not feed.wait_after(version, until) and until == deadline:
                 break  # no slot to wait in: answer now
@@ -187,6 +197,10 @@ class StreamCommands(TabletCommands):
                 event["row"] = row
                 if change.kind == "upsert":
                     event["update"] = bool(change.payload.get("update", False))
+            origin = change.payload.get("o")
+            if isinstance(origin, list):
+                # an XDCR table's change: its version (the cluster that made it, and when)
+                event["origin_cluster_id"], event["origin_timestamp"] = origin[1], origin[0]
             nxt = found[i + 1] if i + 1 < len(found) else None
             event["commit_end"] = nxt is None or nxt.position[0] != change.position[0]
             events.append(event)
@@ -321,6 +335,10 @@ class StreamCommands(TabletCommands):
             hold = vital[0] - 1 if hold is None else min(hold, vital[0] - 1)
         return hold
 
+    def _log_hold(self, table: DynamicTable) -> Position | None:
+        """Changes others still need beyond the consumers (XDCR peers, ``node/xdcr.py``)."""
+        return None
+
     def trim_changes(self) -> int:
         """Drop logged changes older than each table's ``@change_retention`` that no vital consumer
         still needs (the background loop runs it)."""
@@ -335,6 +353,9 @@ class StreamCommands(TabletCommands):
                 up_to = changes.newest_before(conn, table.table_id, horizon)
             if up_to is None or up_to <= table.changes_trimmed:
                 continue
+            hold = self._log_hold(table)
+            if hold is not None and hold < up_to:
+                up_to = hold
             with self.storage.write() as conn:
                 vital = self._vital_offset(conn, table.table_id)
                 if vital is not None and vital < up_to:

@@ -215,6 +215,12 @@ class TabletCommands(CypressCommands):
         no lock held), and the change is checked again under the lock against the schema then."""
         table, table_path, node = self._table(path)
         new_schema = TableSchema.parse(raw_schema, table_path)
+        if table.xdcr_cluster_id is not None and not self.xdcr_paused:
+            # seed 001: schema changes are not replicated; every cluster changes its own while the
+            # group is paused and drained, so no change in flight meets another schema
+            raise YtError(f"Cannot alter the schema of XDCR table {table_path} while cluster {self.name} takes writes: "
+                          "pause and drain every cluster of the group first (`reptables dr pause`), change the schema "
+                          "on each, then resume", code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         with self.storage.read() as conn:
             empty = table.is_empty(conn)
         check_schema_update(table.schema, new_schema, table_path, empty=empty)

@@ -139,6 +139,42 @@ consumers_table = sa.Table(
     sa.Column("offset_seq", sa.BigInteger, nullable=False),
 )
 
+#: XDCR (docs/xdcr.md): the version of every row of an XDCR table - the cluster id and commit
+#: timestamp of its last change, a delete's too (a tombstone) - the row's "hidden columns", kept
+#: beside it and changed in the same SQL transaction
+xdcr_rows_table = sa.Table(
+    "_rt_xdcr_rows", SYSTEM_METADATA,
+    sa.Column("table_id", sa.String(64), primary_key=True),
+    sa.Column("row_key", sa.Text, primary_key=True),
+    sa.Column("cluster_id", sa.Integer, nullable=False),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
+    sa.Column("deleted", sa.Boolean, nullable=False),
+    #: the version the change was made on (None: on no row): a delete beats only changes not made
+    #: after it, which this tells (docs/xdcr.md)
+    sa.Column("parent_timestamp", sa.BigInteger, nullable=True),
+    sa.Column("parent_cluster_id", sa.Integer, nullable=True),
+)
+
+#: XDCR, the sending side: how far each peer has this cluster's changes of each XDCR table (a
+#: change-log position); saved when the peer acknowledged a batch
+xdcr_progress_table = sa.Table(
+    "_rt_xdcr_progress", SYSTEM_METADATA,
+    sa.Column("peer", sa.String(200), primary_key=True),
+    sa.Column("table_id", sa.String(64), primary_key=True),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+)
+
+#: XDCR, the receiving side: the last change-log position applied per (table, origin cluster),
+#: written in the SQL transaction that applies the batch: a retried batch is recognised
+xdcr_sink_table = sa.Table(
+    "_rt_xdcr_sink", SYSTEM_METADATA,
+    sa.Column("table_id", sa.String(64), primary_key=True),
+    sa.Column("origin_cluster_id", sa.Integer, primary_key=True),
+    sa.Column("timestamp", sa.BigInteger, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+)
+
 TS = "_rt_ts"
 DELETED = "_rt_deleted"
 LOCK_MASK = "_rt_lock_mask"

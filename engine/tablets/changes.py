@@ -166,17 +166,29 @@ def decode_payload(text: str) -> dict[str, Any]:
 
 
 def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
-           changes: Iterable[tuple[int, str, dict[str, Any] | None, list[Any] | None, int | None]]) -> int:
-    """Append ``(tablet, kind, row, key, row_index)`` changes of one commit to the table's log.
+           changes: Iterable[tuple[int, str, dict[str, Any] | None, list[Any] | None, int | None]],
+           extras: list[dict[str, Any]] | None = None) -> int:
+    """Append ``(tablet, kind, row, key, row_index)`` changes of one commit to the table's log
+    (``extras``: more fields of each change's payload, in the same order: XDCR's versions).
 
     Under the writer lock, inside the commit's SQL transaction; ``table.change_seq`` moves on
     (and back on rollback, by the caller's undo of the whole apply: see ``DynamicTable.apply``)."""
     doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
+    # a value read back from SQL (an update merged with the stored row, an XDCR before-image) has a
+    # boolean as the integer SQLite keeps: the log carries the column's own type
+    booleans = [c.name for c in table.schema.columns if c.type is ColumnType.BOOLEAN]
     seq = table.change_seq
     rows = []
     table_id = table.table_id
-    for tablet, kind, row, key, row_index in changes:
-        body: dict[str, Any] = {}
+    for i, (tablet, kind, row, key, row_index) in enumerate(changes):
+        body: dict[str, Any] = dict(extras[i]) if extras is not None else {}
+        if booleans:
+            for image in (row, body.get("b")):
+                if isinstance(image, dict):
+                    for name in booleans:
+                        value = image.get(name)
+                        if value is not None and type(value) is not bool:
+                            image[name] = bool(value)
         if row is not None:
             body["row"] = row
         if key is not None:
@@ -225,7 +237,9 @@ def read(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int
     c = changes_table.c
     base = sa.select(c.timestamp, c.seq, c.tablet_index, c.kind, c.payload).where(
         c.table_id == table.table_id, c.timestamp <= bound_ts)
-    stmt = base.where(sa.or_(c.timestamp > after[0],
+    # (the redundant ``timestamp >= after`` is the index's lower bound: SQLite cannot take one from the OR)
+    stmt = base.where(c.timestamp >= after[0],
+                      sa.or_(c.timestamp > after[0],
                              sa.and_(c.timestamp == after[0], c.seq > min(after[1], _SQL_SEQ_MAX)))) \
         .order_by(c.timestamp, c.seq).limit(limit)
     rows = list(conn.execute(stmt).all())

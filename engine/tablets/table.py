@@ -57,7 +57,7 @@ from ..storage import (
     tablets_table,
 )
 from ..timestamps import COUNTER_BITS
-from . import changes, queue
+from . import changes, queue, xdcr
 from .keys import key_sort_tuple
 from .queue import QueueEntry
 from .writes import RowWrite, WriteKind, masks_conflict
@@ -135,6 +135,12 @@ class DynamicTable:
     #: called after every commit that changed the table (wakes stream pulls waiting for changes);
     #: runs under Storage.write_lock and takes only a leaf lock
     on_change: Callable[[], None] | None = None
+    #: XDCR (docs/xdcr.md): this cluster's id when the table is an XDCR table (its rows are
+    #: versioned in ``_rt_xdcr_rows`` and its changes carry versions), else None. Changed only
+    #: under Storage.write_lock
+    xdcr_cluster_id: int | None = None
+    #: XDCR: the engine's clock of row versions (``xdcr.VersionClock``)
+    xdcr_clock: Any = None
     #: the engine's tunables this table uses: ``queue_tail_rows``, ``recent_commit_keys``,
     #: ``recent_commit_grace_seconds`` (the node passes its own; never changed after creation)
     config: EngineConfig = DEFAULT_CONFIG
@@ -402,11 +408,20 @@ class DynamicTable:
             logged.append((tuple(image[i] for i in key_positions), image))
         changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
         existed: set[tuple[Any, ...]] = set()
+        versioned = self.xdcr_cluster_id is not None
+        before: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         if changed:
             # the images this commit replaces become older versions (and tell the log which keys
-            # had a row: an update, not an insert)
-            for result in self._run_with_keys(conn, "move", data, self._move_statement, changed):
-                existed.update(map(tuple, result))
+            # had a row: an update, not an insert; an XDCR table's log also gets the whole image)
+            if versioned:
+                for result in self._run_with_keys(conn, "move_full", data, self._move_full_statement, changed):
+                    for image in result:
+                        key = tuple(image[i] for i in key_positions)
+                        existed.add(key)
+                        before[key] = tuple(image)
+            else:
+                for result in self._run_with_keys(conn, "move", data, self._move_statement, changed):
+                    existed.update(map(tuple, result))
         if deletes:
             for _ in self._run_with_keys(conn, "remove", data, lambda key_in: data.delete().where(key_in), deletes):
                 pass
@@ -414,12 +429,13 @@ class DynamicTable:
         self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS, LOCK_MASK])
         if logged:
             single = len(self.pivot_keys) == 1
+            extras = self._xdcr_versions(conn, keyed, logged, commit_ts, before, names) if versioned else None
             changes.record(self, conn, commit_ts, (
                 (0 if single else self.tablet_of_key(key),
                  "delete" if image is None else "update" if key in existed else "insert",
                  None if image is None else dict(zip(names, image, strict=True)),
                  list(key) if image is None else None, None)
-                for key, image in logged))
+                for key, image in logged), extras)
         if lock_rows:
             self._record_locks(conn, lock_rows)
             self.has_read_locks = True
@@ -479,6 +495,48 @@ class DynamicTable:
                         values[f"k{i}_{j}"] = value
                 params = tuple(values[n] for n in order) if order is not None else values
             yield conn.exec_driver_sql(sql, params)
+
+    def _xdcr_versions(self, conn: sa.Connection, keyed: dict[Any, RowWrite],
+                       logged: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]], commit_ts: int,
+                       before: dict[tuple[Any, ...], tuple[Any, ...]], names: list[str]) -> list[dict[str, Any]]:
+        """XDCR: the new version of every changed row (stored beside it, ``tablets/xdcr.py``) and
+        what the log carries to the peers: the change's version, the version it was made on
+        (``e``: [timestamp, cluster id, deleted], None on no row) and the image it replaced."""
+        own = self.xdcr_cluster_id
+        assert own is not None
+        keys = [key for key, _ in logged]
+        current = xdcr.read_versions(conn, self.table_id, keys)
+        versions: dict[tuple[Any, ...], xdcr.RowVersion] = {}
+        extras: list[dict[str, Any]] = []
+        for key, image in logged:
+            write = keyed.get(key)
+            origin = write.origin if write is not None else None
+            cur = current.get(key)
+            if origin is None:
+                version: xdcr.Version = (self.xdcr_clock.next(), own)
+                parent = None if cur is None else cur.version
+            else:
+                version, parent = origin, write.origin_parent if write is not None else None
+            deleted = image is None
+            stored = version
+            if deleted and cur is not None and cur.deleted:
+                stored = xdcr.newer(version, cur.version)  # a delete of a deleted row: the later tombstone
+            versions[key] = xdcr.RowVersion(stored, deleted, parent)
+            replaced = before.get(key)
+            extras.append({"o": list(version),
+                           "e": None if cur is None else [cur.version[0], cur.version[1], cur.deleted],
+                           "b": None if replaced is None else dict(zip(names, replaced, strict=False))})
+        xdcr.write_versions(conn, self.table_id, versions)
+        return extras
+
+    def _move_full_statement(self, key_in: sa.ColumnElement[bool]) -> sa.ClauseElement:
+        """The move of replaced images, returning each whole image (XDCR: the log carries it)."""
+        data, versions = self.sql.data, self.sql.versions
+        assert versions is not None
+        names = [c.name for c in self.schema.columns]
+        image = sa.select(*[data.c[n] for n in names], data.c[TS], sa.false(), data.c[LOCK_MASK]).where(key_in)
+        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image).returning(
+            *[versions.c[n] for n in names])
 
     def _move_statement(self, key_in: sa.ColumnElement[bool]) -> sa.ClauseElement:
         """INSERT INTO versions SELECT the current images of :keys (with their timestamps and masks)."""

@@ -36,6 +36,11 @@ class RowWrite:
     #: for LOCK: True for shared (read) locks, False for exclusive
     shared: bool = False
     strong: bool = False
+    #: XDCR: the (commit timestamp, cluster id) of the change on the cluster it came from, for a
+    #: change replicated by an XDCR peer (None: a change made here, versioned by its commit)
+    origin: tuple[int, int] | None = None
+    #: XDCR: the version such a change was made on at its origin (None: on no row)
+    origin_parent: tuple[int, int] | None = None
 
     def to_payload(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "row": self.row, "mask": self.mask, "update": self.update,

@@ -443,8 +443,10 @@ class TransactionManager:
         return self.participants.recover()
 
     def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
-                         tablet_index: int, check: Callable[[sa.Connection], tuple[int, int] | None],
-                         expected: int, record: Callable[[sa.Connection, int], None], end: int) -> dict[str, Any]:
+                         tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
+                         expected: Any, record: Callable[[sa.Connection, int], None], end: Any,
+                         prepare: Callable[[sa.Connection, int, int, list[RowWrite]], list[RowWrite]] | None = None,
+                         ) -> dict[str, Any]:
         """Apply a replicator batch exactly once (see ``ParticipantSide.apply_replicated``)."""
         return self.participants.apply_replicated(table, groups, preserve, tablet_index, check, expected, record,
-                                                  end)
+                                                  end, prepare)

@@ -266,9 +266,15 @@ class ParticipantSide:
     # -- replicator batches (replica side) ---------------------------------------------------------
 
     def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
-                         tablet_index: int, check: Callable[[sa.Connection], tuple[int, int] | None],
-                         expected: int, record: Callable[[sa.Connection, int], None], end: int) -> dict[str, Any]:
+                         tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
+                         expected: Any, record: Callable[[sa.Connection, int], None], end: Any,
+                         prepare: Callable[[sa.Connection, int, int, list[RowWrite]], list[RowWrite]] | None = None,
+                         ) -> dict[str, Any]:
         """Apply a replicator batch if the stored progress is ``expected``, and record ``end``.
+
+        ``prepare(conn, source_ts, commit_ts, writes)``, when given, turns each group's writes
+        into the ones to apply, under the writer lock just before they are (XDCR's conflict
+        resolution, which must see the rows as this commit will change them).
 
         Both happen in one SQL transaction: a batch is applied and acknowledged exactly once.
         With ``preserve`` the rows keep the meta-cluster's commit timestamps; without it each
@@ -290,6 +296,10 @@ class ParticipantSide:
                     else:
                         ts = self._inflight.begin_commit()
                     stamps.append(ts)
+                    if prepare is not None:
+                        writes = prepare(conn, source_ts, ts, writes)
+                        if not writes:
+                            continue
                     rows += table.apply(conn, writes, ts, tablet_index)
                     last_ts = ts
                 record(conn, last_ts)

@@ -367,3 +367,13 @@ def test_metrics_show_how_far_each_consumer_lags(client: Client, engine: EngineP
               and f'table="{path}"' in line]
     assert 'consumer="//consumers/metrics"' in line and 'vital="true"' in line
     assert float(line.rsplit(" ", 1)[1]) >= 1.0
+
+
+def test_change_rows_keep_their_column_types_after_a_partial_update(client: Client) -> None:
+    path = table(client, schema=[{"name": "k", "type": "int64", "sort_order": "ascending"},
+                                 {"name": "flag", "type": "boolean"}, {"name": "n", "type": "string"}])
+    start = client.generate_timestamp()
+    client.insert_rows(path, [{"k": 1, "flag": True, "n": "a"}])
+    client.insert_rows(path, [{"k": 1, "n": "b"}], update=True)
+    events, _ = drain(client, path, ts=start)
+    assert events[1]["row"] == {"k": 1, "flag": True, "n": "b"} and events[1]["row"]["flag"] is True

@@ -1,0 +1,584 @@
+"""Active-active replication across clusters (seed 001, XDCR): shipping, applying, conflicts, operations.
+
+Every cluster of an XDCR group takes writes. A change to an XDCR table is logged with its version
+(``tablets/xdcr.py``) in the table's change log (``tablets/changes.py``); one *shipper* per peer
+follows the log and sends this cluster's own changes (never the ones it received: nothing is
+echoed back) to the peer's ``/internal/v1/xdcr_apply``, in commit order. The peer applies a batch
+in one SQL transaction per origin commit, with the batch's last log position recorded in the
+same transaction (``_rt_xdcr_sink``), so a batch retried after a lost answer or a crash is
+applied once. Every action is resolved by the seed's rules against the row the peer has; every
+conflict is logged, as CSV under the data directory (``xdcr_conflicts/LOG_<date>.csv``) and as
+rows of the ordered table ``//sys/xdcr_conflicts``, written in the applying transaction.
+
+Configuration is live, in ``//sys``: ``@xdcr_connections`` (the peers, by their ``//sys/clusters``
+name) and ``@xdcr_conflict_retention``. A connection works once both sides list each other and
+the table's schema is identical on both; until then the shipper waits and says why
+(``dr_status``). The operations are seed 001's: ``dr_pause`` (client writes refused, returns once
+every change is delivered), ``dr_resume``, ``dr_reset`` (one peer with ``force``, or all),
+``dr_drop`` (drain, tell every peer to forget this cluster, leave). A cluster started with
+``--paused`` is a read-only standby that still applies what its peers send.
+
+Threads: the shipper threads hold no lock across a call to a peer; the receiving side runs in the
+request's worker thread under the storage writer (lock 1), like a replicator push.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..errors import ErrorCode, YtError
+from ..schema import TableSchema
+from ..storage import changes_table, on_commit, xdcr_progress_table, xdcr_sink_table
+from ..tablets import DynamicTable, RowWrite, WriteKind, changes, xdcr
+from ..tablets.changes import Position
+from ..timestamps import COUNTER_BITS
+from .rows import RowCommands
+
+log = logging.getLogger("reptables.engine.xdcr")
+
+CONFLICTS_PATH = "//sys/xdcr_conflicts"
+#: the seed's conflict log columns, in its order, then whether the losing write was local or replicated
+CONFLICT_COLUMNS = ["ROW_TYPE", "ACTION_TYPE", "CONFLICT_TYPE", "CONFLICTS_ON_PRIMARY_KEY", "DECISION", "CLUSTER_ID",
+                    "TIMESTAMP", "DIVERGENCE", "TABLE_NAME", "CURRENT_CLUSTER_ID", "CURRENT_TIMESTAMP", "TUPLE",
+                    "LOSING_WRITE"]
+CONFLICT_SCHEMA = [
+    {"name": "ROW_TYPE", "type": "string"}, {"name": "ACTION_TYPE", "type": "string"},
+    {"name": "CONFLICT_TYPE", "type": "string"}, {"name": "CONFLICTS_ON_PRIMARY_KEY", "type": "int64"},
+    {"name": "DECISION", "type": "string"}, {"name": "CLUSTER_ID", "type": "int64"},
+    {"name": "TIMESTAMP", "type": "uint64"}, {"name": "DIVERGENCE", "type": "string"},
+    {"name": "TABLE_NAME", "type": "string"}, {"name": "CURRENT_CLUSTER_ID", "type": "int64"},
+    {"name": "CURRENT_TIMESTAMP", "type": "uint64"}, {"name": "TUPLE", "type": "string"},
+    {"name": "LOSING_WRITE", "type": "string"},
+]
+DEFAULT_CONFLICT_RETENTION_MS = 7 * 24 * 3600 * 1000
+#: changes one batch carries to a peer
+BATCH_CHANGES = 2000
+_IDLE_WAIT = 0.2
+
+
+def _schema_signature(schema: TableSchema) -> list[dict[str, Any]]:
+    return [{"name": c.name, "type": c.type.value, "sort_order": "ascending" if c.is_key else None,
+             "required": bool(getattr(c, "required", False))} for c in schema.columns]
+
+
+class PeerState:
+    """What ``dr_status`` says of one peer (changed by its shipper thread; read as it stands)."""
+
+    def __init__(self) -> None:
+        self.state = "connecting"
+        self.last_error: str | None = None
+        self.conflicts = 0
+        self.delivered = 0
+
+
+class XdcrCommands(RowCommands):
+    """XDCR tables, their shipping to peers, the receiving side, and the dr_* operations."""
+
+    # set by Cluster.__init__ / _load
+    xdcr_paused: bool
+    _xdcr_shippers: dict[str, threading.Thread]
+    _xdcr_peer_state: dict[str, PeerState]
+    _xdcr_stop: threading.Event
+
+    # -- configuration -------------------------------------------------------------------------------
+
+    def _sys_attr(self, name: str, default: Any = None) -> Any:
+        node = self.cypress.root.children.get("sys")
+        return default if node is None else node.attributes.get(name, default)
+
+    def xdcr_connections(self) -> list[str]:
+        value = self._sys_attr("xdcr_connections", [])
+        return [str(v) for v in value] if isinstance(value, list) else []
+
+    def _xdcr_tables(self) -> list[tuple[DynamicTable, str]]:
+        return [(n.table, n.path) for n in list(self.cypress.by_id.values())
+                if n.table is not None and n.table.xdcr_cluster_id is not None]
+
+    def _own_id(self) -> int:
+        if self.cluster_id is None:
+            raise YtError(f"Cluster {self.name} has no XDCR cluster id: start its engine with --cluster-id N (0-127)",
+                          code=ErrorCode.INVALID_PARAMETER)
+        return self.cluster_id
+
+    # -- shipping ------------------------------------------------------------------------------------
+
+    def start_xdcr(self) -> None:
+        if self.cluster_id is not None:
+            # the conflict log is queryable from the start (empty until a conflict)
+            with self.storage.write() as conn:
+                self._conflicts_table(conn)
+
+        def supervise() -> None:
+            while not self._xdcr_stop.wait(0.5):
+                try:
+                    wanted = set(self.xdcr_connections()) if self.cluster_id is not None else set()
+                    for peer in wanted - set(self._xdcr_shippers):
+                        thread = threading.Thread(target=self._ship_loop, args=(peer,), name=f"xdcr-{peer}",
+                                                  daemon=True)
+                        self._xdcr_peer_state.setdefault(peer, PeerState())
+                        self._xdcr_shippers[peer] = thread
+                        thread.start()
+                    for peer, thread in list(self._xdcr_shippers.items()):
+                        if not thread.is_alive():
+                            del self._xdcr_shippers[peer]
+                    self._trim_conflicts()
+                except Exception:  # noqa: BLE001 - the supervisor must outlive any one failure
+                    log.exception("xdcr supervisor failed")
+
+        threading.Thread(target=supervise, name="xdcr-supervisor", daemon=True).start()
+
+    def _ship_loop(self, peer: str) -> None:
+        state = self._xdcr_peer_state.setdefault(peer, PeerState())
+        while not self._xdcr_stop.is_set() and peer in self.xdcr_connections():
+            version = self.change_feed.version
+            busy = False
+            for table, path in self._xdcr_tables():
+                try:
+                    busy |= self._ship_table(peer, table, path, state)
+                except YtError as exc:
+                    state.state, state.last_error = self._waiting_state(exc), exc.message
+                    log.warning("xdcr shipping waits", extra={"peer": peer, "path": path, "error": exc.message})
+                    self._xdcr_stop.wait(1.0)
+                except Exception as exc:  # noqa: BLE001 - recorded, retried
+                    state.state, state.last_error = "error", f"{type(exc).__name__}: {exc}"
+                    log.exception("xdcr shipping failed", extra={"peer": peer, "path": path})
+                    self._xdcr_stop.wait(1.0)
+            if not busy:
+                self.change_feed.wait_after(version, time.monotonic() + _IDLE_WAIT)
+        state.state = "reset" if peer not in self.xdcr_connections() else "stopped"
+
+    @staticmethod
+    def _waiting_state(exc: YtError) -> str:
+        if exc.code == ErrorCode.XDCR_SCHEMA_MISMATCH:
+            return "waiting_for_schema"
+        if exc.code == ErrorCode.XDCR_NOT_CONNECTED:
+            return "waiting_for_peer"
+        return "error"
+
+    def _progress(self, peer: str, table_id: str) -> Position:
+        c = xdcr_progress_table.c
+        with self.storage.read() as conn:
+            row = conn.execute(sa.select(c.timestamp, c.seq).where(c.peer == peer, c.table_id == table_id)).first()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def _save_progress(self, peer: str, table_id: str, position: Position) -> None:
+        c = xdcr_progress_table.c
+        with self.storage.write() as conn:
+            updated = conn.execute(xdcr_progress_table.update().where(c.peer == peer, c.table_id == table_id)
+                                   .values(timestamp=position[0], seq=position[1])).rowcount
+            if not updated:
+                conn.execute(xdcr_progress_table.insert().values(peer=peer, table_id=table_id, timestamp=position[0],
+                                                                 seq=position[1]))
+
+    def _ship_table(self, peer: str, table: DynamicTable, path: str, state: PeerState) -> bool:
+        """Send the next batch of this cluster's own changes of ``table`` to ``peer``; True if more wait."""
+        own = self._own_id()
+        position = self._progress(peer, table.table_id)
+        bound = self.stream_bound(table)
+        with self.storage.read() as conn:
+            found = changes.read(table, conn, position, bound, BATCH_CHANGES)
+        if not found:
+            if state.state in ("connecting", "error"):
+                state.state = "connected"
+            return False
+        end = found[-1].position
+        actions = [self._action(c) for c in found if (c.payload.get("o") or [0, own])[1] == own]
+        if actions:
+            body = {"path": path, "origin_cluster": self.name, "origin_cluster_id": own,
+                    "schema": _schema_signature(table.schema), "end": list(end), "actions": actions}
+            answer = self.peers.client(peer).call("xdcr_apply", raw_body=json.dumps(body).encode(),
+                                                  timeout=self.config.push_timeout)
+            stored = (int(answer["position"][0]), int(answer["position"][1]))
+            if stored < end:
+                raise YtError(f"XDCR peer {peer} answered position {stored} for a batch ending at {end}",
+                              code=ErrorCode.PROTOCOL_ERROR)
+            state.delivered += len(actions)
+        self._save_progress(peer, table.table_id, end)
+        state.state, state.last_error = "connected", None
+        return len(found) >= BATCH_CHANGES
+
+    @staticmethod
+    def _action(change: changes.Change) -> dict[str, Any]:
+        p = change.payload
+        return {"p": list(change.position), "k": change.kind, "key": p.get("key"), "row": p.get("row"),
+                "o": p.get("o"), "e": p.get("e"), "b": p.get("b")}
+
+    # -- receiving ------------------------------------------------------------------------------------
+
+    def handle_xdcr_apply(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        own = self._own_id()
+        origin = body.get("origin_cluster")
+        origin_id = body.get("origin_cluster_id")
+        if not isinstance(origin, str) or isinstance(origin_id, bool) or not isinstance(origin_id, int) \
+                or not 0 <= origin_id <= 127:
+            raise YtError("Malformed xdcr_apply: origin_cluster and origin_cluster_id (0-127) are required",
+                          code=ErrorCode.PROTOCOL_ERROR)
+        if caller is not None and caller != origin:
+            raise YtError(f"Cluster {caller} may not send XDCR changes in the name of {origin}",
+                          code=ErrorCode.AUTHORIZATION_ERROR, http_status=403)
+        if origin_id == own:
+            raise YtError(f"Cluster {origin} has XDCR cluster id {origin_id}, the id of cluster {self.name} too: "
+                          "every cluster of a group needs its own id", code=ErrorCode.XDCR_NOT_CONNECTED)
+        if origin not in self.xdcr_connections():
+            raise YtError(f"Cluster {self.name} is not connected to {origin} for XDCR: add it to "
+                          f"//sys/@xdcr_connections of {self.name}", code=ErrorCode.XDCR_NOT_CONNECTED)
+        table, path, _ = self._table(body.get("path"))
+        if table.xdcr_cluster_id is None:
+            raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table (create it with xdcr=%true, "
+                          "while empty)", code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
+        mine, theirs = _schema_signature(table.schema), body.get("schema")
+        if mine != theirs:
+            raise YtError(f"The schema of XDCR table {path} differs between cluster {origin} and cluster {self.name}: "
+                          f"{theirs} against {mine}; replication starts once they are identical",
+                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+        actions = body.get("actions")
+        end = body.get("end")
+        if not isinstance(actions, list) or not isinstance(end, list) or len(end) != 2:
+            raise YtError("Malformed xdcr_apply: actions and end are required", code=ErrorCode.PROTOCOL_ERROR)
+        end_position = (int(end[0]), int(end[1]))
+        groups: list[tuple[int, list[RowWrite]]] = []
+        meta: dict[int, dict[str, Any]] = {}
+        newest = 0
+        for action in actions:
+            o = action.get("o")
+            kind = action.get("k")
+            if not isinstance(o, list) or len(o) != 2 or kind not in xdcr.ACTION_TYPES:
+                raise YtError("Malformed xdcr_apply action", code=ErrorCode.PROTOCOL_ERROR)
+            row = action.get("row") if kind != "delete" else None
+            key_values = action.get("key")
+            if kind == "delete":
+                if not isinstance(key_values, list):
+                    raise YtError("Malformed xdcr_apply delete: key required", code=ErrorCode.PROTOCOL_ERROR)
+                write_row = dict(zip(table.schema.key_names, key_values, strict=False))
+                write = RowWrite(WriteKind.DELETE, write_row, 1)
+            else:
+                if not isinstance(row, dict):
+                    raise YtError("Malformed xdcr_apply write: row required", code=ErrorCode.PROTOCOL_ERROR)
+                write = RowWrite(WriteKind.WRITE, dict(row), table.schema.full_lock_mask)
+            write.origin = (int(o[0]), int(o[1]))
+            meta[id(write)] = action
+            newest = max(newest, write.origin[0])
+            if not groups or groups[-1][0] != write.origin[0] or any(
+                    table.key_of(w.row) == table.key_of(write.row) for w in groups[-1][1]):
+                groups.append((write.origin[0], []))
+            groups[-1][1].append(write)
+        if newest:
+            # later changes made here are newer than every change seen (versions follow causality)
+            self.xdcr_clock.observe(newest)
+        stored_box: dict[str, Position] = {}
+
+        def check(conn: sa.Connection) -> tuple[Any, Any] | None:
+            c = xdcr_sink_table.c
+            row = conn.execute(sa.select(c.timestamp, c.seq).where(
+                c.table_id == table.table_id, c.origin_cluster_id == origin_id)).first()
+            stored = (0, 0) if row is None else (int(row[0]), int(row[1]))
+            stored_box["stored"] = stored
+            # a batch at or below what is recorded is a retry: answered with the record
+            return (stored, 0) if stored >= end_position else None
+
+        def prepare(conn: sa.Connection, _source_ts: int, commit_ts: int, writes: list[RowWrite]) -> list[RowWrite]:
+            stored = stored_box.get("stored", (0, 0))
+            todo = [w for w in writes if tuple(meta[id(w)]["p"]) > stored]
+            return self._resolve_actions(conn, table, path, todo, meta, commit_ts, origin)
+
+        def record(conn: sa.Connection, _newest: int) -> None:
+            c = xdcr_sink_table.c
+            updated = conn.execute(xdcr_sink_table.update().where(
+                c.table_id == table.table_id, c.origin_cluster_id == origin_id).values(
+                timestamp=end_position[0], seq=end_position[1])).rowcount
+            if not updated:
+                conn.execute(xdcr_sink_table.insert().values(table_id=table.table_id, origin_cluster_id=origin_id,
+                                                             timestamp=end_position[0], seq=end_position[1]))
+
+        answer = self.transactions.apply_replicated(table, groups, False, 0, check=check, expected=None,
+                                                    record=record, end=end_position, prepare=prepare)
+        if not answer.get("applied", True):
+            stored = stored_box.get("stored", end_position)
+            return {"applied": False, "position": list(stored)}
+        return {"applied": True, "position": list(end_position)}
+
+    def _resolve_actions(self, conn: sa.Connection, table: DynamicTable, path: str, writes: list[RowWrite],
+                 meta: dict[int, dict[str, Any]], commit_ts: int, origin: str) -> list[RowWrite]:
+        """The seed's rules for each action, against the rows as they are now (under the writer);
+        conflicts go to the conflict log in this same transaction."""
+        own = self._own_id()
+        keys = [table.key_of(w.row) for w in writes]
+        current = xdcr.read_versions(conn, table.table_id, keys)
+        rows = dict(zip(keys, table.lookup(conn, keys, None), strict=True)) if keys else {}
+        accepted: list[RowWrite] = []
+        log_rows: list[dict[str, Any]] = []
+        for write, key in zip(writes, keys, strict=True):
+            action = meta[id(write)]
+            e = action.get("e")
+            expected = None if not isinstance(e, list) else xdcr.RowVersion((int(e[0]), int(e[1])), bool(e[2]))
+            assert write.origin is not None
+            resolution = xdcr.resolve(action["k"], write.origin, expected, current.get(key))
+            write.origin_parent = None if expected is None else expected.version
+            if resolution.accept:
+                accepted.append(write)
+            if resolution.is_conflict:
+                log_rows += self._conflict_rows(table, path, action, write, key, resolution, expected,
+                                                current.get(key), rows.get(key), own, commit_ts)
+        if log_rows:
+            self._log_conflicts(conn, log_rows, commit_ts, origin)
+        return accepted
+
+    def _conflict_rows(self, table: DynamicTable, path: str, action: dict[str, Any], write: RowWrite,
+                       key: tuple[Any, ...], resolution: xdcr.Resolution, expected: xdcr.RowVersion | None,
+                       current: xdcr.RowVersion | None, current_row: dict[str, Any] | None, own: int,
+                       commit_ts: int) -> list[dict[str, Any]]:
+        """The seed's rows of one conflict, in its order: EXT and EXP on a timestamp mismatch (or a
+        missing row), EXT on a constraint violation, NEW for an insert or update, DEL for a delete."""
+        kind = action["k"]
+        decision = "A" if resolution.accept else "R"
+        # the write that lost: the incoming one (replicated) if rejected, else the row's last change
+        if not resolution.accept:
+            losing = "replicated"
+        else:
+            losing = "local" if current is not None and current.version[1] == own else "replicated"
+        assert write.origin is not None
+
+        def row(row_type: str, conflict: str, cluster: int, ts: int, tuple_: Any) -> dict[str, Any]:
+            return {"ROW_TYPE": row_type, "ACTION_TYPE": xdcr.ACTION_TYPES[kind], "CONFLICT_TYPE": conflict,
+                    "CONFLICTS_ON_PRIMARY_KEY": int(resolution.on_primary_key), "DECISION": decision,
+                    "CLUSTER_ID": cluster, "TIMESTAMP": ts, "DIVERGENCE": "C", "TABLE_NAME": path,
+                    "CURRENT_CLUSTER_ID": own, "CURRENT_TIMESTAMP": commit_ts,
+                    "TUPLE": json.dumps(tuple_, sort_keys=True, default=str), "LOSING_WRITE": losing}
+
+        out = []
+        cur_version = current.version if current is not None else (0, 0)
+        existing = current_row if current_row is not None else dict(zip(table.schema.key_names, key, strict=False))
+        if resolution.conflict in ("MSMT", "MISS"):
+            out.append(row("EXT", resolution.conflict, cur_version[1], cur_version[0],
+                           None if current_row is None else current_row))
+            if expected is not None:
+                out.append(row("EXP", resolution.conflict, expected.version[1], expected.version[0], action.get("b")))
+        if resolution.conflict == "CNST":
+            out.append(row("EXT", "CNST", cur_version[1], cur_version[0], existing))
+        if kind == "delete":
+            out.append(row("DEL", "NONE", write.origin[1], write.origin[0],
+                           dict(zip(table.schema.key_names, action.get("key") or [], strict=False))))
+        else:
+            out.append(row("NEW", "NONE", write.origin[1], write.origin[0], action.get("row")))
+        return out
+
+    # -- the conflict log ------------------------------------------------------------------------------
+
+    def _conflicts_table(self, conn: sa.Connection) -> DynamicTable:
+        node = self.cypress.root.children.get("sys")
+        child = node.children.get("xdcr_conflicts") if node is not None else None
+        if child is None or child.table is None:
+            child = self._create_system_table(conn, "xdcr_conflicts", CONFLICT_SCHEMA)
+        assert child.table is not None
+        return child.table
+
+    def _log_conflicts(self, conn: sa.Connection, rows: list[dict[str, Any]], commit_ts: int, origin: str) -> None:
+        table = self._conflicts_table(conn)
+        table.apply(conn, [RowWrite(WriteKind.WRITE, r, 1) for r in rows], commit_ts, 0)
+        state = self._xdcr_peer_state.setdefault(origin, PeerState())
+        conflicts = sum(1 for r in rows if r["ROW_TYPE"] in ("NEW", "DEL"))
+
+        def publish() -> None:
+            state.conflicts += conflicts
+            self._write_csv(rows)
+
+        on_commit(conn, publish)
+
+    def _conflict_dir(self) -> Path | None:
+        return None if self.data_dir is None else self.data_dir.path / "xdcr_conflicts"
+
+    def _write_csv(self, rows: list[dict[str, Any]]) -> None:
+        directory = self._conflict_dir()
+        if directory is None:
+            return
+        directory.mkdir(mode=0o700, exist_ok=True)
+        path = directory / f"LOG_{datetime.now(UTC):%Y%m%d}.csv"
+        new = not path.exists()
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=CONFLICT_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+        with path.open("a", encoding="utf-8", newline="") as f:
+            f.write(buffer.getvalue())
+
+    def _trim_conflicts(self) -> None:
+        """Keep the conflict log within ``//sys/@xdcr_conflict_retention`` (ms): older rows of
+        ``//sys/xdcr_conflicts`` are trimmed and older CSV files removed."""
+        retention = int(self._sys_attr("xdcr_conflict_retention", DEFAULT_CONFLICT_RETENTION_MS))
+        horizon = self.timestamps.last - ((retention << COUNTER_BITS) // 1000)
+        node = self.cypress.root.children.get("sys")
+        child = node.children.get("xdcr_conflicts") if node is not None else None
+        if child is not None and child.table is not None:
+            table = child.table
+            data = table.sql.data
+            with self.storage.read() as conn:
+                last = conn.execute(sa.select(sa.func.max(data.c["_rt_row_index"])).where(
+                    data.c["_rt_tablet_index"] == 0, data.c["_rt_ts"] <= horizon)).scalar()
+            if last is not None:
+                with self.storage.write() as conn:
+                    table.trim_rows(conn, 0, int(last) + 1, CONFLICTS_PATH)
+        directory = self._conflict_dir()
+        if directory is not None and directory.exists():
+            cutoff = time.time() - retention / 1000.0
+            for file in directory.glob("LOG_*.csv"):
+                if file.stat().st_mtime < cutoff:
+                    file.unlink(missing_ok=True)
+
+    # -- holds on the change log ----------------------------------------------------------------------
+
+    def _log_hold(self, table: DynamicTable) -> Position | None:
+        """An XDCR table's changes stay until every connected peer has them."""
+        if table.xdcr_cluster_id is None:
+            return None
+        peers = self.xdcr_connections()
+        if not peers:
+            return None
+        return min(self._progress(peer, table.table_id) for peer in peers)
+
+    # -- operations ----------------------------------------------------------------------------------
+
+    def _newest_position(self, table: DynamicTable) -> Position:
+        c = changes_table.c
+        with self.storage.read() as conn:
+            row = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table.table_id)
+                               .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def _undelivered(self) -> list[str]:
+        """(peer: table) pairs whose peer misses some of this cluster's changes."""
+        missing = []
+        for table, path in self._xdcr_tables():
+            newest = self._newest_position(table)
+            for peer in self.xdcr_connections():
+                if self._progress(peer, table.table_id) < newest:
+                    missing.append(f"{peer}: {path}")
+        return missing
+
+    def dr_pause(self, wait: bool = True, timeout: float = 60.0) -> dict[str, Any]:
+        """Refuse client writes; with ``wait``, return once every change was delivered to every peer."""
+        self._set_paused(True)
+        if wait:
+            deadline = time.monotonic() + timeout
+            while True:
+                missing = self._undelivered()
+                if not missing:
+                    break
+                if time.monotonic() > deadline:
+                    raise YtError(f"Cluster {self.name} is paused but not drained after {timeout:g} s: "
+                                  f"{', '.join(missing[:5])} still miss changes (is the peer reachable? "
+                                  "see dr_status)", code=ErrorCode.TIMEOUT, attributes={"undelivered": missing[:100]})
+                time.sleep(0.05)
+        return self.dr_status()
+
+    def dr_resume(self) -> dict[str, Any]:
+        self._set_paused(False)
+        return self.dr_status()
+
+    def _set_paused(self, paused: bool) -> None:
+        self.xdcr_paused = paused
+        log.info("xdcr paused" if paused else "xdcr resumed", extra={"cluster": self.name})
+
+    def dr_reset(self, cluster: str | None = None, force: bool = False) -> dict[str, Any]:
+        """Stop replicating to ``cluster`` (``force`` required: its undelivered changes are dropped
+        and the group may diverge, seed 001), or to every peer (``cluster`` None)."""
+        peers = self.xdcr_connections()
+        if cluster is not None:
+            if cluster not in peers:
+                raise YtError(f"Cluster {self.name} has no XDCR connection to {cluster} (connections: {peers})",
+                              code=ErrorCode.RESOLVE_ERROR, attributes={"cluster_name": cluster})
+            if not force:
+                raise YtError(f"Resetting XDCR with the single cluster {cluster} drops the changes it has not "
+                              "received and the group may diverge: give --force to confirm (or reset all)",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"cluster_name": cluster})
+            self._forget(cluster)
+        else:
+            for peer in peers:
+                self._forget(peer)
+        return self.dr_status()
+
+    def _forget(self, peer: str, peer_id: int | None = None) -> None:
+        """Drop a peer: off the connections, its progress and (when its id is known) its sink records."""
+        with self.storage.write() as conn:
+            sys_node = self.cypress.root.children["sys"]
+            remaining = [p for p in self.xdcr_connections() if p != peer]
+            sys_node.attributes["xdcr_connections"] = remaining
+            self.cypress.save(conn, sys_node)
+            conn.execute(xdcr_progress_table.delete().where(xdcr_progress_table.c.peer == peer))
+            if peer_id is not None:
+                conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.origin_cluster_id == peer_id))
+        self._xdcr_peer_state.pop(peer, None)
+        log.info("xdcr connection reset", extra={"cluster": self.name, "peer": peer})
+
+    def dr_drop(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Leave the group: drain every change to every peer, tell each to forget this cluster, reset."""
+        own = self._own_id()
+        self.dr_pause(wait=True, timeout=timeout)
+        try:
+            for peer in self.xdcr_connections():
+                self.peers.client(peer).call("xdcr_forget", {"cluster": self.name, "cluster_id": own},
+                                             timeout=self.config.push_timeout)
+                self._forget(peer)
+        finally:
+            self._set_paused(False)
+        return self.dr_status()
+
+    def handle_xdcr_forget(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        name, cluster_id = body.get("cluster"), body.get("cluster_id")
+        if not isinstance(name, str) or not isinstance(cluster_id, int):
+            raise YtError("Malformed xdcr_forget: cluster and cluster_id required", code=ErrorCode.PROTOCOL_ERROR)
+        if caller is not None and caller != name:
+            raise YtError(f"Cluster {caller} may not drop cluster {name} from XDCR", code=ErrorCode.AUTHORIZATION_ERROR,
+                          http_status=403)
+        if name in self.xdcr_connections():
+            self._forget(name, cluster_id)
+        return {}
+
+    def dr_status(self) -> dict[str, Any]:
+        peers: dict[str, Any] = {}
+        now = time.time()
+        for peer in self.xdcr_connections():
+            state = self._xdcr_peer_state.get(peer) or PeerState()
+            queued_rows = queued_bytes = 0
+            oldest: int | None = None
+            for table, _ in self._xdcr_tables():
+                position = self._progress(peer, table.table_id)
+                c = changes_table.c
+                after = sa.or_(c.timestamp > position[0], sa.and_(c.timestamp == position[0], c.seq > position[1]))
+                with self.storage.read() as conn:
+                    count, size, first = conn.execute(sa.select(
+                        sa.func.count(), sa.func.coalesce(sa.func.sum(sa.func.length(c.payload)), 0),
+                        sa.func.min(c.timestamp)).where(c.table_id == table.table_id, after)).one()
+                queued_rows += int(count)
+                queued_bytes += int(size)
+                if first is not None:
+                    oldest = int(first) if oldest is None else min(oldest, int(first))
+            lag = 0.0 if oldest is None else max(0.0, now - (oldest >> COUNTER_BITS))
+            peers[peer] = {"state": "paused" if self.xdcr_paused and state.state == "connected" else state.state,
+                           "lag_seconds": round(lag, 3), "queued_rows": queued_rows, "queued_bytes": queued_bytes,
+                           "conflicts": state.conflicts, "delivered_changes": state.delivered,
+                           "last_error": state.last_error}
+        return {"cluster": self.name, "cluster_id": self.cluster_id, "paused": self.xdcr_paused,
+                "connections": self.xdcr_connections(), "tables": [path for _, path in self._xdcr_tables()],
+                "peers": peers}
+
+    # -- client writes -----------------------------------------------------------------------------------
+
+    def check_not_paused(self, path: str) -> None:
+        if self.xdcr_paused:
+            raise YtError(f"Cluster {self.name} is paused (dr_pause or --paused): the write to {path} is refused; "
+                          "resume it with `reptables dr resume`", code=ErrorCode.READ_ONLY,
+                          attributes={"path": path, "cluster_name": self.name})
+
+
+__all__ = ["CONFLICTS_PATH", "PeerState", "XdcrCommands"]

@@ -1,0 +1,416 @@
+"""Active-active replication between real engines (seed 001, docs/xdcr.md).
+
+Cluster ids; XDCR tables; changes flowing both ways exactly once and never echoed; the seed's two
+worked examples; the conflict log (CSV and ``//sys/xdcr_conflicts``, the seed's columns in its row
+order); concurrent writers on the same keys converging, with every rejected action in the log;
+pause, schema change and resume; reset and drop; a paused standby.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reptables.engine.errors import YtError
+from tests.harness import EngineProcess
+
+from .conftest import SCHEMA, XdcrGroup, wait_for
+
+_n = iter(range(1_000_000))
+
+
+def fresh_path() -> str:
+    return f"//tmp/users{next(_n)}"
+
+
+def disconnect(group: XdcrGroup) -> None:
+    for name in group.names:
+        group.client(name).set("//sys/@xdcr_connections", [])
+    time.sleep(0.7)  # the shippers notice and stop
+
+
+def conflicts(group: XdcrGroup, name: str, path: str) -> list[dict[str, Any]]:
+    return [r for r in group.client(name).select_rows(
+        "* from [//sys/xdcr_conflicts]", output_row_limit=1_000_000) if r["TABLE_NAME"] == path]
+
+
+def test_a_cluster_id_is_kept_and_cannot_change(tmp_path: Path) -> None:
+    engine = EngineProcess("solo", tmp_path / "solo", extra_args=["--cluster-id", "7"]).start()
+    try:
+        engine.stop()
+        engine.extra_args = ["--cluster-id", "8"]
+        with pytest.raises(RuntimeError, match="XDCR cluster id 7"):
+            engine.start()
+        engine.extra_args = []
+        engine.start()  # without the option: the stored id
+        from reptables.engine.client import Client
+
+        with Client(engine.url, engine.token) as c:
+            assert c.call("dr_status", {})["cluster_id"] == 7
+    finally:
+        engine.stop()
+
+
+def test_only_an_empty_sorted_table_becomes_an_xdcr_table(pair: XdcrGroup, tmp_path: Path) -> None:
+    a = pair.client("a")
+    path = fresh_path()
+    a.create("table", path, attributes={"dynamic": True, "schema": SCHEMA})
+    a.mount_table(path)
+    a.insert_rows(path, [{"id": 1, "name": "x", "password": "y"}])
+    with pytest.raises(YtError, match=f"Cannot make {path} an XDCR table: it holds rows"):
+        a.set(f"{path}/@xdcr", True)
+    with pytest.raises(YtError, match="only a sorted table"):
+        a.create("table", fresh_path(), attributes={"dynamic": True, "xdcr": True,
+                                                    "schema": [{"name": "m", "type": "string"}]})
+    empty = fresh_path()
+    a.create("table", empty, attributes={"dynamic": True, "schema": SCHEMA})
+    a.set(f"{empty}/@xdcr", True)
+    assert a.get(f"{empty}/@xdcr") is True
+    plain = EngineProcess("noid", tmp_path / "noid").start()
+    try:
+        from reptables.engine.client import Client
+
+        with Client(plain.url, plain.token) as c, pytest.raises(YtError, match="no XDCR cluster id"):
+            c.create("table", "//tmp/x", attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True})
+    finally:
+        plain.stop()
+
+
+def test_changes_flow_both_ways_once_and_are_never_echoed(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    a, b = pair.client("a"), pair.client("b")
+    # (commit timestamps are each cluster's own: a stream starts from its cluster's timestamp)
+    starts = {"a": a.generate_timestamp(), "b": b.generate_timestamp()}
+    a.insert_rows(path, [{"id": i, "name": f"a{i}", "password": "p"} for i in range(5)])
+    b.insert_rows(path, [{"id": 10 + i, "name": f"b{i}", "password": "p"} for i in range(5)])
+    a.delete_rows(path, [{"id": 0}])
+    wait_for(lambda: pair.converged(path) and len(pair.rows("a", path)) == 9, 20, "both clusters to converge")
+    # each cluster's stream: its own changes, then the peer's once (origin says whose), nothing echoed
+    for name, own, peer in (("a", 1, 2), ("b", 2, 1)):
+        events = pair.client(name).pull_changes(path, from_timestamp=starts[name], wait_timeout=0,
+                                                max_row_count=1000)["events"]
+        origins = [(e["origin_cluster_id"], e["origin_timestamp"], e["key"]["id"]) for e in events
+                   if e["kind"] != "heartbeat"]
+        assert len(origins) == len(set(origins)) == 11
+        assert sum(1 for o in origins if o[0] == own) == (6 if own == 1 else 5)
+        assert sum(1 for o in origins if o[0] == peer) == (5 if own == 1 else 6)
+    status = a.call("dr_status", {})
+    assert status["peers"]["b"]["state"] == "connected" and status["peers"]["b"]["queued_rows"] == 0
+
+
+def _seed_row(pair: XdcrGroup, path: str) -> None:
+    pair.client("a").insert_rows(path, [{"id": 12345, "name": "Joe Smith", "password": "abalone"}])
+    wait_for(lambda: pair.rows("b", path) == [{"id": 12345, "name": "Joe Smith", "password": "abalone"}], 20,
+             "the row on both clusters")
+
+
+def test_seed_example_name_and_password_updates_converge(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    _seed_row(pair, path)
+    disconnect(pair)
+    try:
+        # B changes the password first (earlier timestamp), A the name just after (later timestamp)
+        pair.client("b").insert_rows(path, [{"id": 12345, "name": "Joe Smith", "password": "flounder"}])
+        time.sleep(0.01)
+        pair.client("a").insert_rows(path, [{"id": 12345, "name": "Joseph Smith", "password": "abalone"}])
+    finally:
+        pair.connect()
+    final = [{"id": 12345, "name": "Joseph Smith", "password": "abalone"}]
+    wait_for(lambda: pair.rows("a", path) == final and pair.rows("b", path) == final, 20,
+             "the later update to win on both clusters")
+    wait_for(lambda: len(conflicts(pair, "a", path)) == len(conflicts(pair, "b", path)) == 3, 20,
+             "both clusters to log the conflict")
+    # B accepted A's update (timestamp mismatch, A's is later); A rejected B's
+    at_b, at_a = conflicts(pair, "b", path), conflicts(pair, "a", path)
+    assert [(r["ROW_TYPE"], r["ACTION_TYPE"], r["CONFLICT_TYPE"], r["DECISION"]) for r in at_b] == [
+        ("EXT", "U", "MSMT", "A"), ("EXP", "U", "MSMT", "A"), ("NEW", "U", "NONE", "A")]
+    assert [(r["ROW_TYPE"], r["ACTION_TYPE"], r["CONFLICT_TYPE"], r["DECISION"]) for r in at_a] == [
+        ("EXT", "U", "MSMT", "R"), ("EXP", "U", "MSMT", "R"), ("NEW", "U", "NONE", "R")]
+    ext_b, exp_b, new_b = at_b
+    assert ext_b["CLUSTER_ID"] == 2 and '"flounder"' in ext_b["TUPLE"]   # the row B had, B's own write
+    assert exp_b["CLUSTER_ID"] == 1 and '"abalone"' in exp_b["TUPLE"]    # what A's update expected
+    assert new_b["CLUSTER_ID"] == 1 and '"Joseph Smith"' in new_b["TUPLE"]
+    assert new_b["TIMESTAMP"] > ext_b["TIMESTAMP"]
+    assert ext_b["LOSING_WRITE"] == "local" and at_a[0]["LOSING_WRITE"] == "replicated"
+    assert {r["CURRENT_CLUSTER_ID"] for r in at_b} == {2} and {r["DIVERGENCE"] for r in at_a + at_b} == {"C"}
+
+
+def test_seed_example_delete_beats_a_later_update(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    _seed_row(pair, path)
+    disconnect(pair)
+    try:
+        pair.client("b").delete_rows(path, [{"id": 12345}])               # earlier
+        time.sleep(0.01)
+        pair.client("a").insert_rows(path, [{"id": 12345, "name": "Joseph Smith", "password": "abalone"}])
+    finally:
+        pair.connect()
+    wait_for(lambda: pair.rows("a", path) == [] and pair.rows("b", path) == [], 20, "the delete to win everywhere")
+    wait_for(lambda: len(conflicts(pair, "a", path)) == len(conflicts(pair, "b", path)) == 3, 20,
+             "both clusters to log the conflict")
+    at_b, at_a = conflicts(pair, "b", path), conflicts(pair, "a", path)
+    # B: A's update found no row (it was deleted): missing row, rejected
+    assert [(r["ROW_TYPE"], r["CONFLICT_TYPE"], r["DECISION"]) for r in at_b] == [
+        ("EXT", "MISS", "R"), ("EXP", "MISS", "R"), ("NEW", "NONE", "R")]
+    # A: B's delete met A's newer row: a timestamp mismatch, and DELETE wins
+    assert [(r["ROW_TYPE"], r["ACTION_TYPE"], r["CONFLICT_TYPE"], r["DECISION"]) for r in at_a] == [
+        ("EXT", "D", "MSMT", "A"), ("EXP", "D", "MSMT", "A"), ("DEL", "D", "NONE", "A")]
+    assert at_a[0]["LOSING_WRITE"] == "local"
+
+
+def test_conflicts_are_written_as_csv_under_the_data_directory(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    _seed_row(pair, path)
+    disconnect(pair)
+    try:
+        pair.client("b").insert_rows(path, [{"id": 12345, "name": "x", "password": "1"}])
+        time.sleep(0.01)
+        pair.client("a").insert_rows(path, [{"id": 12345, "name": "y", "password": "2"}])
+    finally:
+        pair.connect()
+    wait_for(lambda: len(conflicts(pair, "b", path)) == 3, 20, "the conflict at B")
+    files = sorted((pair.engines["b"].data_dir / "xdcr_conflicts").glob("LOG_*.csv"))
+    assert files
+    with files[-1].open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["TABLE_NAME"] == path]
+    assert list(rows[0]) == ["ROW_TYPE", "ACTION_TYPE", "CONFLICT_TYPE", "CONFLICTS_ON_PRIMARY_KEY", "DECISION",
+                             "CLUSTER_ID", "TIMESTAMP", "DIVERGENCE", "TABLE_NAME", "CURRENT_CLUSTER_ID",
+                             "CURRENT_TIMESTAMP", "TUPLE", "LOSING_WRITE"]
+    assert [r["ROW_TYPE"] for r in rows] == ["EXT", "EXP", "NEW"]
+
+
+def _writer(group: XdcrGroup, name: str, path: str, keys: range, stop: threading.Event, seen: list[int]) -> None:
+    client = group.client(name)
+    i = 0
+    while not stop.is_set():
+        key = keys[i % len(keys)]
+        if i % 11 == 5:
+            client.delete_rows(path, [{"id": key}])
+        else:
+            client.insert_rows(path, [{"id": key, "name": f"{name}{i}", "password": str(i)},
+                                      {"id": 1000 + key + 100 * ord(name), "name": name, "password": str(i)}])
+        seen.append(i)
+        i += 1
+
+
+def _concurrent_run(group: XdcrGroup, path: str, seconds: float) -> int:
+    stop = threading.Event()
+    counts: dict[str, list[int]] = {n: [] for n in group.names}
+    threads = [threading.Thread(target=_writer, args=(group, n, path, range(20), stop, counts[n]))
+               for n in group.names]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(len(c) for c in counts.values())
+
+
+def _starts(group: XdcrGroup) -> dict[str, int]:
+    """Each cluster's current timestamp (commit timestamps are per cluster)."""
+    return {name: group.client(name).generate_timestamp() for name in group.names}
+
+
+def _accounted(group: XdcrGroup, path: str, starts: dict[str, int]) -> None:
+    """Every action a cluster received was applied (its stream shows it) or rejected in its log."""
+    versions: dict[str, set[tuple[int, int]]] = {}
+    applied: dict[str, set[tuple[int, int]]] = {}
+    for name in group.names:
+        client = group.client(name)
+        events: list[dict[str, Any]] = []
+        answer = client.pull_changes(path, from_timestamp=starts[name], wait_timeout=0, max_row_count=100_000)
+        while [e for e in answer["events"] if e["kind"] != "heartbeat"]:
+            events += [e for e in answer["events"] if e["kind"] != "heartbeat"]
+            answer = client.pull_changes(path, from_event_token=answer["event_token"], wait_timeout=0,
+                                         max_row_count=100_000)
+        own = group.names.index(name) + 1
+        versions[name] = {(e["origin_cluster_id"], e["origin_timestamp"]) for e in events
+                          if e["origin_cluster_id"] == own}
+        applied[name] = {(e["origin_cluster_id"], e["origin_timestamp"]) for e in events
+                         if e["origin_cluster_id"] != own}
+    for name in group.names:
+        rejected = {(r["CLUSTER_ID"], r["TIMESTAMP"]) for r in conflicts(group, name, path)
+                    if r["ROW_TYPE"] in ("NEW", "DEL") and r["DECISION"] == "R"}
+        for other in group.names:
+            if other == name:
+                continue
+            missing = versions[other] - applied[name] - rejected
+            assert not missing, f"{len(missing)} actions of {other} neither applied at {name} nor in its conflict log"
+
+
+def test_two_clusters_writing_the_same_keys_converge(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    starts = _starts(pair)
+    written = _concurrent_run(pair, path, 4.0)
+    assert written > 50
+    wait_for(lambda: pair.converged(path), 60, "the two clusters to converge")
+    _accounted(pair, path, starts)
+    assert conflicts(pair, "a", path) or conflicts(pair, "b", path), "same keys written on both: conflicts expected"
+
+
+def test_three_clusters_writing_the_same_keys_converge(tmp_path: Path) -> None:
+    group = XdcrGroup(tmp_path, names=("a", "b", "c")).start()
+    try:
+        group.connect()
+        path = group.table(fresh_path())
+        starts = _starts(group)
+        _concurrent_run(group, path, 4.0)
+        wait_for(lambda: group.converged(path), 60, "the three clusters to converge")
+        _accounted(group, path, starts)
+        # dr_drop: c leaves; a and b forget it and go on together
+        status = group.client("c").call("dr_drop", {})
+        assert status["connections"] == []
+        wait_for(lambda: "c" not in group.client("a").call("dr_status", {})["connections"], 10, "a to forget c")
+        assert "c" not in group.client("b").call("dr_status", {})["connections"]
+        group.client("c").insert_rows(path, [{"id": 999, "name": "c only", "password": "-"}])
+        group.client("a").insert_rows(path, [{"id": 998, "name": "a", "password": "-"}])
+        wait_for(lambda: any(r["id"] == 998 for r in group.rows("b", path)), 20, "a's change to reach b")
+        time.sleep(1.0)
+        assert all(r["id"] != 999 for r in group.rows("a", path) + group.rows("b", path))
+    finally:
+        group.stop()
+
+
+def test_a_peer_down_for_a_while_catches_up(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    b_engine = pair.engines["b"]
+    pair.clients.pop("b").close()
+    b_engine.stop()
+    try:
+        for i in range(40):
+            pair.client("a").insert_rows(path, [{"id": i, "name": "while b was down", "password": str(i)}])
+        time.sleep(20)  # the issue's outage: the shipper keeps trying, the log keeps every change
+        status = pair.client("a").call("dr_status", {})["peers"]["b"]
+        assert status["queued_rows"] >= 40 and status["last_error"]
+    finally:
+        b_engine.start()
+    wait_for(lambda: len(pair.rows("b", path)) == 40 and pair.converged(path), 30, "b to catch up")
+
+
+def test_sigkill_under_load_loses_and_duplicates_nothing(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    starts = _starts(pair)
+    stop = threading.Event()
+    acknowledged: list[int] = []
+
+    def write_b() -> None:
+        client = pair.client("b")
+        i = 0
+        while not stop.is_set():
+            try:
+                client.insert_rows(path, [{"id": 10_000 + i, "name": "b", "password": str(i)}])
+                acknowledged.append(10_000 + i)
+            except Exception:  # noqa: BLE001 - a write may fail while its peer is down, never while b is up
+                pass
+            i += 1
+
+    thread = threading.Thread(target=write_b)
+    thread.start()
+    for i in range(30):
+        pair.client("a").insert_rows(path, [{"id": i, "name": "a", "password": str(i)}])
+    pair.restart("a", kill=True)  # a SIGKILL while b ships to it and a ships to b
+    for i in range(30, 60):
+        pair.client("a").insert_rows(path, [{"id": i, "name": "a", "password": str(i)}])
+    stop.set()
+    thread.join()
+    expected = set(range(60)) | set(acknowledged)
+    wait_for(lambda: {r["id"] for r in pair.rows("a", path)} == expected and pair.converged(path), 60,
+             "both clusters to hold every acknowledged row")
+    _accounted(pair, path, starts)
+    events = pair.client("a").pull_changes(path, from_timestamp=starts["a"], wait_timeout=0,
+                                           max_row_count=100_000)["events"]
+    received = [(e["origin_cluster_id"], e["origin_timestamp"], e["key"]["id"]) for e in events
+                if e["kind"] != "heartbeat" and e["origin_cluster_id"] == 2]
+    assert len(received) == len(set(received)) == len(acknowledged)  # each of b's changes applied once
+
+
+def test_pause_change_the_schema_and_resume(pair: XdcrGroup) -> None:
+    path = pair.table(fresh_path())
+    a, b = pair.client("a"), pair.client("b")
+    a.insert_rows(path, [{"id": 1, "name": "before", "password": "p"}])
+    wider = [*SCHEMA, {"name": "email", "type": "string"}]
+    with pytest.raises(YtError, match="pause and drain every cluster"):
+        a.call("alter_table", {"path": path, "schema": wider})
+    for client in (a, b):
+        status = client.call("dr_pause", {})
+        assert status["paused"] is True
+    assert pair.rows("b", path) == [{"id": 1, "name": "before", "password": "p"}]  # drained before it returned
+    with pytest.raises(YtError) as refused:
+        a.insert_rows(path, [{"id": 2, "name": "x", "password": "y"}])
+    assert refused.value.code == 605 and "paused" in str(refused.value)
+    for client in (a, b):
+        client.call("alter_table", {"path": path, "schema": wider})
+        client.call("dr_resume", {})
+    a.insert_rows(path, [{"id": 2, "name": "after", "password": "p", "email": "e@x"}])
+    wait_for(lambda: pair.rows("b", path)[-1].get("email") == "e@x", 20, "the new column to replicate")
+
+
+def test_a_schema_mismatch_waits_and_says_why(pair: XdcrGroup) -> None:
+    path = fresh_path()
+    pair.client("a").create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True})
+    pair.client("a").mount_table(path)
+    other = [*SCHEMA, {"name": "extra", "type": "int64"}]
+    pair.client("b").create("table", path, attributes={"dynamic": True, "schema": other, "xdcr": True})
+    pair.client("b").mount_table(path)
+    pair.client("a").insert_rows(path, [{"id": 1, "name": "n", "password": "p"}])
+    wait_for(lambda: pair.client("a").call("dr_status", {})["peers"]["b"]["state"] == "waiting_for_schema", 20,
+             "the shipper to wait for the schema")
+    assert "differs" in pair.client("a").call("dr_status", {})["peers"]["b"]["last_error"]
+
+
+def test_reset_of_one_peer_needs_force(pair: XdcrGroup) -> None:
+    with pytest.raises(YtError, match="give --force"):
+        pair.client("a").call("dr_reset", {"cluster": "b"})
+    with pytest.raises(YtError, match="no XDCR connection to nowhere"):
+        pair.client("a").call("dr_reset", {"cluster": "nowhere", "force": True})
+    status = pair.client("a").call("dr_reset", {"cluster": "b", "force": True})
+    assert status["connections"] == []
+    pair.connect()  # (the module's other tests use the pair)
+
+
+def test_a_cluster_started_paused_is_a_read_only_standby(tmp_path: Path) -> None:
+    group = XdcrGroup(tmp_path, names=("a", "s"))
+    group.start()
+    try:
+        engine = group.engines["s"]
+        group.clients.pop("s").close()
+        engine.stop()
+        engine.extra_args = [*engine.extra_args, "--paused"]
+        engine.start()
+        group.connect()
+        path = group.table(fresh_path())
+        with pytest.raises(YtError, match="paused"):
+            group.client("s").insert_rows(path, [{"id": 1, "name": "n", "password": "p"}])
+        group.client("a").insert_rows(path, [{"id": 1, "name": "from a", "password": "p"}])
+        wait_for(lambda: group.rows("s", path) == [{"id": 1, "name": "from a", "password": "p"}], 20,
+                 "the standby to apply a's change")
+    finally:
+        group.stop()
+
+
+def test_reptables_dr_commands(pair: XdcrGroup) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    engine = pair.engines["a"]
+    env = {**os.environ, "YT_PROXY": engine.url, "YT_TOKEN": engine.token or ""}
+
+    def dr(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reptables.operator.cli", "dr", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    status = json.loads(dr("status").stdout)
+    assert status["cluster_id"] == 1 and "b" in status["peers"]
+    paused = dr("pause")
+    assert paused.returncode == 0 and json.loads(paused.stdout)["paused"] is True
+    assert json.loads(dr("resume").stdout)["paused"] is False
+    refused = dr("reset", "--cluster", "b")
+    assert refused.returncode == 1 and "--force" in refused.stderr
