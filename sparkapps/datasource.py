@@ -15,6 +15,7 @@ from pyspark.sql.types import StructType
 
 from reptables.engine.errors import YtError
 
+from .changes_source import ReptablesChangesDataSource
 from .options import SourceOptions
 from .reader import ReptablesReader
 from .schema_mapping import spark_schema
@@ -49,5 +50,7 @@ class ReptablesDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("reptables")`` known to ``spark`` (per session, as Spark registers Python data sources)."""
+    """Make ``format("reptables")`` and ``format("reptables-changes")`` (its change stream, changes_source.py)
+    known to ``spark`` (per session, as Spark registers Python data sources)."""
     spark.dataSource.register(ReptablesDataSource)
+    spark.dataSource.register(ReptablesChangesDataSource)

@@ -4,7 +4,8 @@ Spark takes ~10 s to start, so the session is session-scoped: ``local[2,2]`` (tw
 is tried a second time, as a cluster would, which the retry test relies on), small memory, no UI,
 bound to loopback. Its Python workers run this interpreter (``PYSPARK_PYTHON``), so they import the
 installed ``reptables.sparkapps`` and pyarrow. Engines are real processes (tests/harness.py), started
-per module.
+per module. PostgreSQL (the mirror's target) is ONE real PostgreSQL 15 server per run, started and
+stopped with the helpers of benchmarks/pg_logical.py.
 """
 
 from __future__ import annotations
@@ -80,3 +81,21 @@ def write(df: DataFrame, engine: EngineProcess, path: str, mode: str = "append",
     for name, value in options.items():
         writer = writer.option(name, str(value))
     writer.save()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """ONE PostgreSQL 15 server for the run: ``initdb`` (trust auth) into a fresh directory under /tmp, ``pg_ctl
+    start`` on a free port with ``listen_addresses=127.0.0.1``, stopped at the end by ``pg_ctl stop``, which
+    signals the pid in its ``postmaster.pid`` (benchmarks/pg_logical.py's helpers: as root, the server runs as
+    the ``postgres`` OS user). Yields the server: ``.conninfo`` is its DSN, ``.connect()`` a psycopg connection."""
+    from benchmarks.pg_logical import PgUnavailableError, _Run
+
+    try:
+        run = _Run(None)
+    except PgUnavailableError as exc:
+        pytest.fail(f"the mirror tests need PostgreSQL 15: {exc}")
+    try:
+        yield run.server("mirror", {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
+    finally:
+        run.close()
