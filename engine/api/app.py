@@ -43,8 +43,17 @@ from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
 from .body import read_body
-from .commands import _BODY_BYTES, COMMANDS, Command, WithParameters
-from .formats import Format, Limit, dump_rows, dump_structured, load_rows, load_structured, parse_format
+from .commands import _BODY_BYTES, COMMANDS, Command, Plain, WithParameters
+from .formats import (
+    Format,
+    Limit,
+    dump_plain_structured,
+    dump_rows,
+    dump_structured,
+    load_rows,
+    load_structured,
+    parse_format,
+)
 from .inline import inline_internal
 from .params import _bool, _decode_header_value, _encode_header_value, _header_format, _query_value
 
@@ -289,7 +298,14 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         fmt = parse_format(params.get("output_format") or request.headers.get("x-yt-output-format"),
                            default="json" if cmd.output_type == "structured" and header_format == "json"
                            else "yson")
-        if cmd.output_type == "tabular":
+        if isinstance(result, Plain):
+            plain = result.value
+            big = len(plain) > 256 * 1024 if isinstance(plain, bytes) else \
+                isinstance(plain, dict) and len(plain.get("events", ())) > 1000
+            # (one orjson call: microseconds a change; a big answer off the event loop)
+            content = await run_in_threadpool(dump_plain_structured, plain, fmt) if big \
+                else dump_plain_structured(plain, fmt)
+        elif cmd.output_type == "tabular":
             limit = _output_limit(cmd)
             content = await run_in_threadpool(dump_rows, result, fmt, limit) if len(result) > 100 \
                 else dump_rows(result, fmt, limit)

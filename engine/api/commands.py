@@ -38,6 +38,14 @@ class Command:
 
 
 @dataclass(frozen=True)
+class Plain:
+    """A structured result known to hold only JSON's own types (no YSON attributes): encoded by
+    the fast path (``formats.dump_plain_structured``)."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
 class WithParameters:
     """A command's result and its response parameters (the ``X-YT-Response-Parameters`` header)."""
 
@@ -227,8 +235,8 @@ def _select_rows(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 
 @_command("pull_changes", None, "structured", False)
 def _pull_changes(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return c.pull_changes(_path(p), _p(p, "from_event_token"), _int(p, "from_timestamp"), _int(p, "max_row_count"),
-                          _int(p, "wait_timeout"))
+    return Plain(c.pull_changes(_path(p), _p(p, "from_event_token"), _int(p, "from_timestamp"),
+                                _int(p, "max_row_count"), _int(p, "wait_timeout"), raw=True))
 
 
 @_command("register_queue_consumer", None, None, True)
@@ -249,8 +257,8 @@ def _list_queue_consumer_registrations(c: Cluster, p: dict[str, Any], _: Any) ->
 
 @_command("pull_consumer", None, "structured", False)
 def _pull_consumer(c: Cluster, p: dict[str, Any], _: Any) -> Any:
-    return c.pull_consumer(_required_str(p, "consumer_path"), _required_str(p, "queue_path"),
-                           _int(p, "max_row_count"), _int(p, "wait_timeout"))
+    return Plain(c.pull_consumer(_required_str(p, "consumer_path"), _required_str(p, "queue_path"),
+                                 _int(p, "max_row_count"), _int(p, "wait_timeout")))
 
 
 @_command("advance_consumer", None, None, True)

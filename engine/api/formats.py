@@ -363,6 +363,41 @@ def load_structured(data: bytes, fmt: Format) -> Any:
                       code=ErrorCode.PROTOCOL_ERROR) from None
 
 
+#: keys of change events that the JSON form of YSON writes with a doubled "$"
+_DOLLAR_KEYS = (b'"$tablet_index":', b'"$row_index":')
+
+
+def dump_plain_structured(value: Any, fmt: Format) -> bytes:
+    """``dump_structured`` of a value known to hold no YSON types or attributes (a change stream's
+    answer): one orjson call when the format is JSON and the text is ASCII (or ``encode_utf8`` is
+    off), which is what makes streaming cheap; the general path otherwise. ``value`` may be the
+    JSON form of YSON already (bytes: "$"-keys doubled), sent as it is when the format allows."""
+    if isinstance(value, bytes):
+        if fmt.name == "json" and (value.isascii() or not fmt.encode_utf8):
+            return value
+        value = _unescape_dollars(orjson.loads(value))
+        return dump_structured(value, fmt)
+    if fmt.name == "json":
+        try:
+            out = orjson.dumps(value)
+        except TypeError:
+            out = b""
+        # (orjson writes a NaN or an infinite double as null: an answer with a null takes the general path)
+        if out and b"null" not in out and (out.isascii() or not fmt.encode_utf8):
+            for key in _DOLLAR_KEYS:
+                out = out.replace(key, b'"$' + key[1:])
+            return out
+    return dump_structured(value, fmt)
+
+
+def _unescape_dollars(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {(k[1:] if k.startswith("$$") else k): _unescape_dollars(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unescape_dollars(v) for v in value]
+    return value
+
+
 def dump_structured(value: Any, fmt: Format) -> bytes:
     if fmt.name == "yson":
         return yson.dumps(value, yson_format=fmt.attributes.get("format", "text"))

@@ -123,14 +123,16 @@ class StreamCommands(TabletCommands):
     # -- pulling -------------------------------------------------------------------------------------
 
     def pull_changes(self, path: Any, from_event_token: Any = None, from_timestamp: Any = None,
-                     max_row_count: Any = None, wait_timeout: Any = None) -> dict[str, Any]:
+                     max_row_count: Any = None, wait_timeout: Any = None, raw: bool = False) -> dict[str, Any] | bytes:
+        """One answer of the stream (see the module docstring). With ``raw`` the answer may come as
+        its JSON text already (the HTTP layer's fast path, ``changes.read_json``)."""
         table, table_path, _ = self._table(path)
         limit, wait_ms = self._limits(max_row_count, wait_timeout, self.config.max_pull_rows)
         start = self._start(table, table_path, from_event_token, from_timestamp)
-        return self._pull(table, table_path, start, limit, wait_ms)
+        return self._pull(table, table_path, start, limit, wait_ms, raw)
 
     def _pull(self, table: DynamicTable, table_path: str, start: Position, limit: int,
-              wait_ms: int) -> dict[str, Any]:
+              wait_ms: int, raw: bool = False) -> dict[str, Any] | bytes:
         self._check_kept(table, table_path, start)
         deadline = time.monotonic() + wait_ms / 1000.0
         feed = self.change_feed
@@ -138,10 +140,21 @@ class StreamCommands(TabletCommands):
             version = feed.version
             fresh = self.timestamps.generate()
             bound = self.stream_bound(table, fresh)
+            texts: list[tuple[int, str]] = []
+            found: list[changes.Change] = []
             with self.storage.read() as conn:
-                found = changes.read(table, conn, start, bound, limit)
+                if raw and changes.can_read_json(table, conn):
+                    try:
+                        texts = changes.read_json(table, conn, start, bound, limit, table_path)
+                    except sa.exc.OperationalError:
+                        # a payload SQLite's JSON cannot read (a NaN or an infinite double): build in Python
+                        found = changes.read(table, conn, start, bound, limit)
+                else:
+                    found = changes.read(table, conn, start, bound, limit)
             # a trim may have passed between the check and the read: never answer with a gap
             self._check_kept(table, table_path, start)
+            if texts:
+                return self._answer_json(table, texts, bound, limited=len(texts) >= limit)
             if found:
                 return self._answer(table, table_path, found, bound, limited=len(found) >= limit)
             now = time.monotonic()
@@ -158,6 +171,9 @@ class StreamCommands(TabletCommands):
             until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
             if not feed.wait_after(version, until) and until == deadline:
                 break  # no slot to wait in: answer now
+            if feed.version != version and self.config.pull_linger > 0:
+                # woken by a commit: let the next few join it in one answer
+                time.sleep(min(self.config.pull_linger, max(0.0, deadline - time.monotonic())))
         position = max(start, heartbeat_position(bound))
         token = encode_token(position, table.table_id)
         return {"events": [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
@@ -174,6 +190,20 @@ class StreamCommands(TabletCommands):
             ts = max(bound, found[-1].position[0])
             token = encode_token((ts, HEARTBEAT_SEQ), table.table_id)
         return {"events": events, "event_token": token, "timestamp": ts}
+
+    @staticmethod
+    def _answer_json(table: DynamicTable, texts: list[tuple[int, str]], bound: int, limited: bool) -> bytes:
+        """The answer of ``_answer`` as JSON text, from events SQLite built (``changes.read_json``)."""
+        last = len(texts) - 1
+        events = ",".join(f'{text},"commit_end":{"true" if i == last or texts[i + 1][0] != ts else "false"}}}'
+                          for i, (ts, text) in enumerate(texts))
+        if limited:
+            ts = texts[-1][0]
+            token = texts[-1][1][len('{"event_token":"'):].split('"', 1)[0]
+        else:
+            ts = max(bound, texts[-1][0])
+            token = encode_token((ts, HEARTBEAT_SEQ), table.table_id)
+        return f'{{"events":[{events}],"event_token":"{token}","timestamp":{ts}}}'.encode()
 
     def _events(self, table: DynamicTable, table_path: str, found: list[changes.Change]) -> list[dict[str, Any]]:
         keys = table.schema.key_names
@@ -272,7 +302,9 @@ class StreamCommands(TabletCommands):
             row = self._consumer_row(conn, table, consumer)
         if row is None:
             raise self._no_consumer(consumer, table_path)
-        return self._pull(table, table_path, (int(row[1]), _unsigned(row[2])), limit, wait_ms)
+        answer = self._pull(table, table_path, (int(row[1]), _unsigned(row[2])), limit, wait_ms)
+        assert isinstance(answer, dict)  # (not raw)
+        return answer
 
     def advance_consumer(self, consumer_path: Any, queue_path: Any, old_offset: Any, new_offset: Any) -> None:
         table, table_path, _ = self._table(queue_path)
