@@ -377,3 +377,21 @@ def test_change_rows_keep_their_column_types_after_a_partial_update(client: Clie
     client.insert_rows(path, [{"k": 1, "n": "b"}], update=True)
     events, _ = drain(client, path, ts=start)
     assert events[1]["row"] == {"k": 1, "flag": True, "n": "b"} and events[1]["row"]["flag"] is True
+
+
+@pytest.mark.asyncio
+async def test_the_async_client_streams_too(engine: EngineProcess) -> None:
+    from reptables.engine.client import AsyncClient
+
+    async with AsyncClient(engine.url, engine.token) as client:
+        path = f"//tmp/async{next(_counter)}"
+        await client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA})
+        await client.mount_table(path)
+        start = await client.generate_timestamp()
+        await client.insert_rows(path, [{"k": i, "v": "a", "n": i} for i in range(3)])
+        stream = client.stream_changes(path, from_timestamp=start, wait_timeout=200)
+        assert [(await anext(stream))["key"]["k"] for _ in range(3)] == [0, 1, 2]
+        await client.delete_rows(path, [{"k": 1}])
+        event = await anext(stream)
+        assert event["kind"] == "delete" and event["key"] == {"k": 1}
+        await stream.aclose()
