@@ -21,6 +21,7 @@ COPY pyproject.toml README.md ./
 COPY engine/ engine/
 COPY operator/ operator/
 COPY sparkapps/ sparkapps/
+COPY cache/ cache/
 RUN python -m venv /opt/reptables \
  && /opt/reptables/bin/pip install --upgrade pip \
  && /opt/reptables/bin/pip install /src \

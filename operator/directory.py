@@ -7,6 +7,7 @@ cluster X lists exactly
 
 * the replica clusters of the ReplicatedTables whose ``cluster`` is X, and
 * the meta-clusters of the TableReplicas whose ``cluster`` is X,
+* the other members of the XdcrGroup X replicates in (``reconcile_xdcr.xdcr_peers``),
 
 (X itself only when a table on X has a replica on X), each with its URL and the peer credential for
 X calling it (``reptables.engine.credentials``: good for that ordered pair's cluster-to-cluster
@@ -32,7 +33,7 @@ from .world import Directory, World
 
 
 def needed_clusters(name: str, world: World) -> set[str]:
-    """The clusters the engine of TableCluster ``name`` calls, per the ReplicatedTables and TableReplicas."""
+    """The clusters the engine of TableCluster ``name`` calls, per ReplicatedTables, TableReplicas, XdcrGroups."""
     meta_of = {(t.namespace, t.name): t.spec.cluster for t in world.of_kind("ReplicatedTable")}
     needed: set[str] = set()
     for replica in world.of_kind("TableReplica"):
@@ -43,7 +44,10 @@ def needed_clusters(name: str, world: World) -> set[str]:
             needed.add(replica.spec.cluster)
         if replica.spec.cluster == name:
             needed.add(meta)
-    return needed
+    # imported here: reconcile_xdcr writes directories through this module
+    from .reconcile_xdcr import xdcr_peers
+
+    return needed | xdcr_peers(name, world)
 
 
 def desired_directory(name: str, world: World) -> Directory:

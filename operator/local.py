@@ -1,8 +1,9 @@
 """The local runner behind ``reptables up DIR``: the whole product on one machine, no Kubernetes.
 
 It reads the same manifests ``kubectl apply`` takes (Secrets, TableClusters, ReplicatedTables,
-TableReplicas, TableCollocations), starts one engine per TableCluster on the loopback port of its
-``endpoint`` (a child process in its own process group, token from the Secret), and runs the same
+TableReplicas, TableCollocations, XdcrGroups), starts one engine per TableCluster on the loopback
+port of its ``endpoint`` (a child process in its own process group, token from the Secret, XDCR
+cluster id from ``clusterId``), and runs the same
 reconcile core and tracker the operator runs — status is written back into the in-memory objects
 instead of the API server. Then it shows replication working with the official YTsaurus client:
 rows written to each replicated table through ``yt.wrapper`` appear on every replica.
@@ -76,8 +77,14 @@ Key = tuple[str, str | None, str]
 def _key_of(doc: dict[str, Any], namespace: str) -> Key:
     meta = doc.get("metadata") or {}
     kind = str(doc.get("kind"))
-    ns = None if kind == "TableCluster" else (meta.get("namespace") or namespace)
+    ns = None if _cluster_scoped(kind) else (meta.get("namespace") or namespace)
     return (kind, ns, str(meta.get("name")))
+
+
+def _cluster_scoped(kind: str) -> bool:
+    """TableCluster and XdcrGroup have no namespace (a manifest's namespace is ignored, as kubectl does)."""
+    model = models.KINDS.get(kind)
+    return model is not None and model.info.scope is models.Scope.CLUSTER
 
 
 def _now() -> str:
@@ -144,7 +151,9 @@ class LocalRunner:
         if kind not in ORDER:
             raise ValueError(f"{kind} {meta.get('name')}: the local runner manages {', '.join(ORDER)} and Secrets")
         models.parse_resource(doc)  # a clear error naming the resource and field, before anything starts
-        if kind != "TableCluster":
+        if _cluster_scoped(kind):
+            meta.pop("namespace", None)
+        else:
             meta.setdefault("namespace", self.namespace)
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("generation", 1)
@@ -167,7 +176,9 @@ class LocalRunner:
         if url.hostname not in LOOPBACK or url.port is None:
             raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
                                f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
-        self.processes[name] = LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token).start()
+        # the XDCR cluster id (docs/xdcr.md): stored in the data directory at the first start
+        self.processes[name] = LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token,
+                                           extra_args=["--cluster-id", str(ref.cluster_id)]).start()
         print(f"engine {name} serving {ref.endpoint} (data in {self.data_dir / name})")
 
     def record(self, type_: str, kind: str, namespace: str | None, name: str, reason: str, message: str) -> None:
@@ -434,6 +445,37 @@ class LocalRunner:
                 print(f"  replica {replica.name} on {replica.spec.cluster} ({mode}): {count} rows")
             if keys:
                 self._show_lookup(client, table, {k.name: 0 for k in keys})
+        for group in self.registry.of_kind("XdcrGroup"):
+            self._demo_xdcr(group, rows)
+
+    def _demo_xdcr(self, group: Resource, rows: int) -> None:
+        """Active-active: each member writes its own rows to every XDCR table; every member gets them all."""
+        import yt.wrapper as yt
+
+        members = list(group.spec.members)
+        if group.spec.paused or not members:
+            print(f"XdcrGroup {group.name} is paused: client writes are refused, nothing written")
+            return
+        clients = {m: yt.YtClient(proxy=self.engines.ref(m).endpoint, token=self.engines.ref(m).token)
+                   for m in members}
+        per_member = max(1, rows // len(members))
+        for table in group.spec.tables:
+            for index, (member, client) in enumerate(clients.items()):
+                batch = [_demo_row(table.table_schema, index * per_member + i) for i in range(per_member)]
+                client.insert_rows(table.path, batch)
+                print(f"wrote {per_member} rows to {member}:{table.path} with yt.wrapper")
+            total = per_member * len(members)
+            query = f"sum(1) as n from [{table.path}] group by 1"
+            for member, client in clients.items():
+                count = 0
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    found = list(client.select_rows(query))
+                    count = found[0]["n"] if found else 0
+                    if count >= total:
+                        break
+                    time.sleep(0.2)
+                print(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows")
 
     def _show_lookup(self, client: Any, table: Resource, key: dict[str, Any]) -> None:
         """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
@@ -486,6 +528,10 @@ def _status_summary(res: Resource) -> str:
                 f"lag={status.get('lagSeconds', '-')}s{phase}")
     if res.kind == "TableCluster":
         return f"version={status.get('version', '-')} latency={status.get('latencyMs', '-')}ms"
+    if res.kind == "XdcrGroup":
+        connected = sum(1 for p in status.get("pairs", []) if p.get("state") in ("connected", "paused"))
+        return (f"pairs={connected}/{len(status.get('pairs', []))} connected paused={status.get('paused', '-')} "
+                f"conflicts={status.get('conflicts', '-')}")
     return f"id={status.get('collocationId', '-')}"
 
 

@@ -31,7 +31,7 @@ The tricky parts:
 * **Durations** are Kubernetes-style strings (``90s``, ``10m``, ``1h30m``, ``500ms``) in manifests
   and :class:`~datetime.timedelta` in Python; they render back canonically (``90s`` -> ``1m30s``).
 Layout: one module per kind (``models_table_cluster``, ``models_replicated_table``,
-``models_table_replica``, ``models_table_collocation``) on top of ``models_common`` (conventions,
+``models_table_replica``, ``models_table_collocation``, ``models_xdcr_group``) on top of ``models_common`` (conventions,
 field types, conditions). This module re-exports every name, adds the union of the kinds and
 :func:`parse_resource`, and is what callers import: ``from reptables.operator.models import ...``.
 They are sibling modules rather than a ``models/`` package because pyproject.toml lists the
@@ -106,6 +106,7 @@ from .models_table_replica import (
     TableReplicaStatus,
     TabletsSummary,
 )
+from .models_xdcr_group import XdcrGroup, XdcrGroupSpec, XdcrGroupStatus, XdcrPair, XdcrReset, XdcrTable
 
 __all__ = [
     # the API group and its conventions
@@ -122,12 +123,13 @@ __all__ = [
     "TableReplica", "TableReplicaSpec", "TableReplicaStatus", "Atomicity", "Bootstrap", "BootstrapPhase",
     "BootstrapStatus", "ReplicaError", "TabletsSummary",
     "TableCollocation", "TableCollocationSpec", "TableCollocationStatus",
+    "XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrPair", "XdcrReset", "XdcrTable",
     # all kinds, and parsing
     "Resource", "RESOURCES", "KINDS", "PLURALS", "R", "InvalidResourceError", "parse_resource",
 ]
 
-Resource = TableCluster | ReplicatedTable | TableReplica | TableCollocation
-RESOURCES: tuple[type[Resource], ...] = (TableCluster, ReplicatedTable, TableReplica, TableCollocation)
+Resource = TableCluster | ReplicatedTable | TableReplica | TableCollocation | XdcrGroup
+RESOURCES: tuple[type[Resource], ...] = (TableCluster, ReplicatedTable, TableReplica, TableCollocation, XdcrGroup)
 KINDS: dict[str, type[Resource]] = {cls.__name__: cls for cls in RESOURCES}
 PLURALS: dict[str, str] = {kind: cls.info.plural for kind, cls in KINDS.items()}
 
@@ -159,7 +161,7 @@ def _problem(error: Mapping[str, Any]) -> str:
     return f"{path}: {message}" if path else message
 
 
-R = TypeVar("R", TableCluster, ReplicatedTable, TableReplica, TableCollocation)
+R = TypeVar("R", TableCluster, ReplicatedTable, TableReplica, TableCollocation, XdcrGroup)
 
 
 @overload

@@ -7,8 +7,9 @@ is wired once and the local runner never has to import the handlers (nor the fra
 them.
 
 ``ORDER`` is the dependency order of the kinds: clusters before the tables on them, tables before
-their replicas and collocations. A front end that reconciles everything in one pass (the local
-runner) follows it, so one pass goes as far as it can.
+their replicas and collocations; XDCR groups last (they need only their clusters, whose
+directories the TableCluster pass has just written). A front end that reconciles everything in one
+pass (the local runner) follows it, so one pass goes as far as it can.
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ from .reconcile_clusters import finalize_table_cluster, reconcile_table_cluster
 from .reconcile_collocations import finalize_table_collocation, reconcile_table_collocation
 from .reconcile_replicas import finalize_table_replica, reconcile_table_replica
 from .reconcile_tables import finalize_replicated_table, reconcile_replicated_table
+from .reconcile_xdcr import finalize_xdcr_group, reconcile_xdcr_group
 from .world import Outcome, Resource, World
 
 Reconciler = Callable[[Resource, World], Outcome]
 """Desired state (the resource) plus observed state (the world) -> actions taken and a status."""
 
-ORDER: tuple[str, ...] = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation")
+ORDER: tuple[str, ...] = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation", "XdcrGroup")
 
 RECONCILERS: Mapping[str, Reconciler] = MappingProxyType({
     "TableCluster": reconcile_table_cluster,
     "ReplicatedTable": reconcile_replicated_table,
     "TableReplica": reconcile_table_replica,
     "TableCollocation": reconcile_table_collocation,
+    "XdcrGroup": reconcile_xdcr_group,
 })
 """Kind -> the function that brings the engines in line with a resource and reports its status."""
 
@@ -42,6 +45,7 @@ FINALIZERS: Mapping[str, Reconciler] = MappingProxyType({
     "ReplicatedTable": finalize_replicated_table,
     "TableReplica": finalize_table_replica,
     "TableCollocation": finalize_table_collocation,
+    "XdcrGroup": finalize_xdcr_group,
 })
 """Kind -> the function that runs when a resource is deleted (``Outcome.finished``: the finalizer may go)."""
 

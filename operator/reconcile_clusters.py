@@ -99,6 +99,9 @@ def cluster_references(res: Resource, world: World) -> list[str]:
         for other in world.of_kind(kind):
             if other.spec.cluster == res.name and not other.deleting:
                 users.append(other.display)
+    for group in world.of_kind("XdcrGroup"):
+        if res.name in group.spec.clusters and not group.deleting:
+            users.append(group.display)
     return users
 
 

@@ -68,6 +68,7 @@ needs_helm = pytest.mark.skipif(HELM is None and helm_python is None, reason=(
 
 READ = ("get", "list", "watch")
 NAMESPACED_KINDS = ("replicatedtables", "tablereplicas", "tablecollocations")
+CLUSTER_KINDS = ("tableclusters", "xdcrgroups")
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 # bootstrap.spark.enabled: the SparkApplication launcher creates, polls and deletes an app per bootstrap
 # attempt in the TableReplica's namespace, and creates its "<app>-credentials" Secret (owned by the app)
@@ -80,8 +81,8 @@ def expected_rbac(all_namespaces: bool, peering: bool, spark: bool = True) -> tu
 
     ``spark``: bootstrap.spark.enabled (on by default), the launcher's rules wherever the namespaced
     custom resources are granted."""
-    cluster = {("reptables.io", "tableclusters", v) for v in (*READ, "patch")}
-    cluster |= {("reptables.io", "tableclusters/status", "patch"), ("", "events", "create")}
+    cluster = {("reptables.io", kind, v) for kind in CLUSTER_KINDS for v in (*READ, "patch")}
+    cluster |= {("reptables.io", f"{kind}/status", "patch") for kind in CLUSTER_KINDS} | {("", "events", "create")}
     cluster |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in READ}
     namespaced = {("reptables.io", kind, v) for kind in NAMESPACED_KINDS for v in (*READ, "patch")}
     namespaced |= {("reptables.io", f"{kind}/status", "patch") for kind in NAMESPACED_KINDS}
@@ -260,7 +261,7 @@ def test_chart_crds_are_the_generated_crds() -> None:
     crds = {p.name: p.read_bytes() for p in (ROOT / "crds").iterdir()}
     assert chart_crds == crds
     kinds = {yaml.safe_load(text)["spec"]["names"]["kind"] for text in crds.values()}
-    assert kinds == {"TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation"}
+    assert kinds == {"TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation", "XdcrGroup"}
 
 
 def test_kopf_peering_crds_match_what_kopf_expects() -> None:
@@ -385,6 +386,10 @@ def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None,
                                  "deletionPolicy": "Delete"}})
             api.create({"apiVersion": API, "kind": "TableCollocation", "metadata": {"name": "c", "namespace": app_ns},
                         "spec": {"tables": ["t"]}})
+            # the scenario's engines run without --cluster-id: the group is refused (ClusterIdMissing), which
+            # still takes the finalizer and a status patch, like any group
+            api.create({"apiVersion": API, "kind": "XdcrGroup", "metadata": {"name": "g"},
+                        "spec": {"clusters": ["primary", "remote-0"]}})
             objects = [("tableclusters", "primary", None), ("tableclusters", "remote-0", None),
                        ("replicatedtables", "t", app_ns), ("tablereplicas", "t-r0", app_ns),
                        ("tablecollocations", "c", app_ns)]
@@ -400,7 +405,10 @@ def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None,
                 time.sleep(0.25)
             api.wait_for(lambda: (api.get("replicatedtables", "t", app_ns).get("status") or {}).get("tracker"),
                          timeout=30, message="the tracker's verdict in status")
-            for kind, name, ns in [objects[4], objects[3], objects[2], objects[0], objects[1]]:
+            api.wait_for(lambda: (api.get("xdcrgroups", "g").get("status") or {}).get("conditions"),
+                         timeout=30, message="the XdcrGroup's conditions")
+            group = ("xdcrgroups", "g", None)
+            for kind, name, ns in [group, objects[4], objects[3], objects[2], objects[0], objects[1]]:
                 api.delete(kind, name, ns)
                 # generous: a failed refresh timer of the object (kopf's 60 s backoff) delays its deletion
                 api.wait_for_deletion(kind, name, ns, timeout=150)
@@ -521,7 +529,8 @@ def test_helm_template_defaults(tmp_path: Path) -> None:
                      "Role", "RoleBinding", "Service", "ServiceAccount"]
     crds = {d["metadata"]["name"] for d in by_kind(docs, "CustomResourceDefinition")}
     assert crds == {"tableclusters.reptables.io", "replicatedtables.reptables.io", "tablereplicas.reptables.io",
-                    "tablecollocations.reptables.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+                    "tablecollocations.reptables.io", "xdcrgroups.reptables.io", "clusterkopfpeerings.kopf.dev",
+                    "kopfpeerings.kopf.dev"}
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     pod = deployment["spec"]["template"]["spec"]
@@ -671,7 +680,9 @@ def test_helm_engines(tmp_path: Path) -> None:
         assert sts["spec"]["template"]["metadata"]["labels"].items() >= service["spec"]["selector"].items()
         pod = sts["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}", "--data-dir=/data",
+        # the engine's XDCR id is its TableCluster's clusterId (docs/xdcr.md)
+        assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}",
+                                     f"--cluster-id={engine['clusterId']}", "--data-dir=/data",
                                      "--port=9012", "--host=0.0.0.0", "--metrics-port=9013"]
         assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}

@@ -139,6 +139,7 @@ class XdcrCommands(RowCommands):
 
     def _ship_loop(self, peer: str) -> None:
         state = self._xdcr_peer_state.setdefault(peer, PeerState())
+        state.state, state.last_error = "connecting", None  # (a connection set again starts afresh)
         while not self._xdcr_stop.is_set() and peer in self.xdcr_connections():
             version = self.change_feed.version
             busy = False
@@ -188,8 +189,8 @@ class XdcrCommands(RowCommands):
         with self.storage.read() as conn:
             found = changes.read(table, conn, position, bound, BATCH_CHANGES)
         if not found:
-            if state.state in ("connecting", "error"):
-                state.state = "connected"
+            if state.last_error is None:
+                state.state = "connected"  # nothing to send, and the last send (if any) went through
             return False
         end = found[-1].position
         actions = [self._action(c) for c in found if (c.payload.get("o") or [0, own])[1] == own]
@@ -247,6 +248,7 @@ class XdcrCommands(RowCommands):
             raise YtError("Malformed xdcr_apply: actions and end are required", code=ErrorCode.PROTOCOL_ERROR)
         end_position = (int(end[0]), int(end[1]))
         groups: list[tuple[int, list[RowWrite]]] = []
+        group_keys: set[tuple[Any, ...]] = set()
         meta: dict[int, dict[str, Any]] = {}
         newest = 0
         for action in actions:
@@ -268,10 +270,14 @@ class XdcrCommands(RowCommands):
             write.origin = (int(o[0]), int(o[1]))
             meta[id(write)] = action
             newest = max(newest, write.origin[0])
-            if not groups or groups[-1][0] != write.origin[0] or any(
-                    table.key_of(w.row) == table.key_of(write.row) for w in groups[-1][1]):
+            # one local commit for a run of changes to distinct keys (each keeps its own version):
+            # a key changed twice starts the next commit, so the later change sees the earlier
+            key = table.key_of(write.row)
+            if not groups or key in group_keys:
                 groups.append((write.origin[0], []))
+                group_keys = set()
             groups[-1][1].append(write)
+            group_keys.add(key)
         if newest:
             # later changes made here are newer than every change seen (versions follow causality)
             self.xdcr_clock.observe(newest)
@@ -314,9 +320,8 @@ class XdcrCommands(RowCommands):
         own = self._own_id()
         keys = [table.key_of(w.row) for w in writes]
         current = xdcr.read_versions(conn, table.table_id, keys)
-        rows = dict(zip(keys, table.lookup(conn, keys, None), strict=True)) if keys else {}
         accepted: list[RowWrite] = []
-        log_rows: list[dict[str, Any]] = []
+        conflicted: list[tuple[RowWrite, tuple[Any, ...], xdcr.Resolution, xdcr.RowVersion | None]] = []
         for write, key in zip(writes, keys, strict=True):
             action = meta[id(write)]
             e = action.get("e")
@@ -327,7 +332,14 @@ class XdcrCommands(RowCommands):
             if resolution.accept:
                 accepted.append(write)
             if resolution.is_conflict:
-                log_rows += self._conflict_rows(table, path, action, write, key, resolution, expected,
+                conflicted.append((write, key, resolution, expected))
+        log_rows: list[dict[str, Any]] = []
+        if conflicted:
+            # the rows as they are here, for the log (read only when there is a conflict)
+            rows = dict(zip([k for _, k, _, _ in conflicted],
+                            table.lookup(conn, [k for _, k, _, _ in conflicted], None), strict=True))
+            for write, key, resolution, expected in conflicted:
+                log_rows += self._conflict_rows(table, path, meta[id(write)], write, key, resolution, expected,
                                                 current.get(key), rows.get(key), own, commit_ts)
         if log_rows:
             self._log_conflicts(conn, log_rows, commit_ts, origin)

@@ -24,6 +24,7 @@ from .sql import (
     read_locks_table,
     replica_progress_table,
     replica_sink_table,
+    system_upsert,
     tablets_table,
     xdcr_progress_table,
     xdcr_rows_table,
@@ -34,6 +35,6 @@ __all__ = [
     "DELETED", "DataDir", "FastStatement", "KIND", "LOCK_MASK", "PAYLOAD", "ROW_INDEX", "Storage", "TABLET_INDEX",
     "TS", "UserTables", "changes_table", "commits_table", "consumers_table", "meta_table", "new_database_id",
     "nodes_table", "on_commit", "on_rollback", "open_data_dir", "prepared_table", "read_locks_table",
-    "replica_progress_table", "replica_sink_table", "tablets_table", "xdcr_progress_table", "xdcr_rows_table",
-    "xdcr_sink_table",
+    "replica_progress_table", "replica_sink_table", "system_upsert", "tablets_table", "xdcr_progress_table",
+    "xdcr_rows_table", "xdcr_sink_table",
 ]

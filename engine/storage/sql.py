@@ -394,6 +394,18 @@ class UserTables:
         self.metadata.drop_all(conn)
 
 
+_SYSTEM_UPSERTS: dict[tuple[str, str], BulkStatement] = {}
+
+
+def system_upsert(table: sa.Table, conn: sa.Connection) -> BulkStatement:
+    """INSERT ... ON CONFLICT DO UPDATE of a system table, compiled once per dialect (hot paths)."""
+    key = (table.name, conn.dialect.name)
+    stmt = _SYSTEM_UPSERTS.get(key)
+    if stmt is None:
+        stmt = _SYSTEM_UPSERTS[key] = BulkStatement(_upsert(table, conn.dialect), conn.dialect)
+    return stmt
+
+
 def _upsert(table: sa.Table, dialect: sa.Dialect) -> sa.ClauseElement:
     """INSERT ... ON CONFLICT (primary key) DO UPDATE: valid SQL for SQLite and PostgreSQL alike."""
     keys = [c.name for c in table.primary_key.columns]

@@ -33,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import yson_util
-from ..storage import xdcr_rows_table
+from ..storage import system_upsert, xdcr_rows_table
 
 #: (timestamp, cluster id): ordered by timestamp, then cluster id
 Version = tuple[int, int]
@@ -75,36 +75,38 @@ def key_text(key: Iterable[Any]) -> str:
     return yson_util.dumps_text(list(key))
 
 
+_READ = sa.select(xdcr_rows_table.c.row_key, xdcr_rows_table.c.timestamp, xdcr_rows_table.c.cluster_id,
+                  xdcr_rows_table.c.deleted, xdcr_rows_table.c.parent_timestamp,
+                  xdcr_rows_table.c.parent_cluster_id).where(
+    xdcr_rows_table.c.table_id == sa.bindparam("table_id"),
+    xdcr_rows_table.c.row_key.in_(sa.bindparam("keys", expanding=True)))
+_COLUMNS = ["table_id", "row_key", "cluster_id", "timestamp", "deleted", "parent_timestamp", "parent_cluster_id"]
+
+
 def read_versions(conn: sa.Connection, table_id: str, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowVersion]:
-    """The stored versions of ``keys`` (absent: the key never had a row here)."""
+    """The stored versions of ``keys`` (absent: the key never had a row here). One statement per
+    500 keys, compiled once (an expanding IN list)."""
     out: dict[tuple[Any, ...], RowVersion] = {}
     if not keys:
         return out
-    c = xdcr_rows_table.c
     by_text = {key_text(k): k for k in keys}
     texts = list(by_text)
     for i in range(0, len(texts), 500):
-        for row in conn.execute(sa.select(c.row_key, c.timestamp, c.cluster_id, c.deleted, c.parent_timestamp,
-                                          c.parent_cluster_id).where(
-                c.table_id == table_id, c.row_key.in_(texts[i:i + 500]))):
+        for row in conn.execute(_READ, {"table_id": table_id, "keys": texts[i:i + 500]}):
             parent = None if row[4] is None else (int(row[4]), int(row[5]))
             out[by_text[row[0]]] = RowVersion((int(row[1]), int(row[2])), bool(row[3]), parent)
     return out
 
 
 def write_versions(conn: sa.Connection, table_id: str, versions: dict[tuple[Any, ...], RowVersion]) -> None:
-    """Store the new version of each changed row (inside the commit's SQL transaction)."""
+    """Store the new version of each changed row (inside the commit's SQL transaction): one upsert,
+    compiled once, run on plain tuples."""
     if not versions:
         return
-    c = xdcr_rows_table.c
-    texts = {key_text(k): v for k, v in versions.items()}
-    items = list(texts)
-    for i in range(0, len(items), 500):
-        conn.execute(xdcr_rows_table.delete().where(c.table_id == table_id, c.row_key.in_(items[i:i + 500])))
-    conn.execute(xdcr_rows_table.insert(), [
-        {"table_id": table_id, "row_key": text, "timestamp": v.version[0], "cluster_id": v.version[1],
-         "deleted": v.deleted, "parent_timestamp": None if v.parent is None else v.parent[0],
-         "parent_cluster_id": None if v.parent is None else v.parent[1]} for text, v in texts.items()])
+    rows = [(table_id, key_text(k), v.version[1], v.version[0], v.deleted,
+             None if v.parent is None else v.parent[0], None if v.parent is None else v.parent[1])
+            for k, v in versions.items()]
+    system_upsert(xdcr_rows_table, conn).run(conn, rows, _COLUMNS)
 
 
 def drop_versions(conn: sa.Connection, table_id: str) -> None:

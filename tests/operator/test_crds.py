@@ -438,7 +438,7 @@ def test_crd_defaults_are_the_model_defaults(manifest: dict[str, Any]) -> None:
     (collocation(tables=["orders", "orders"]), "spec.tables: duplicate entries: orders"),
     (collocation(preferredSyncReplicaClusters=["Remote_0"]), "spec.preferredSyncReplicaClusters[0]: String should"),
     ({**cluster(), "kind": "TableClusters"}, "kind: must be one of TableCluster, ReplicatedTable, TableReplica, "
-                                             "TableCollocation (got 'TableClusters')"),
+                                             "TableCollocation, XdcrGroup (got 'TableClusters')"),
     ({**cluster(), "apiVersion": "reptables.io/v1"},
      "apiVersion: must be reptables.io/v1alpha1 (got 'reptables.io/v1')"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 60 else "")
@@ -506,7 +506,10 @@ def doc_manifests() -> list[dict[str, Any]]:
 
 
 def test_every_example_parses_and_every_kind_has_one() -> None:
-    resources = [parse_resource(doc) for doc in example_documents() if doc["apiVersion"] == API_VERSION]
+    # the XdcrGroup example is a set of its own (examples/xdcr/, `reptables up examples/xdcr`)
+    documents = example_documents() + [doc for path in sorted((ROOT / "examples").glob("*/*.yaml"))
+                                       for doc in yaml.safe_load_all(path.read_text()) if doc]
+    resources = [parse_resource(doc) for doc in documents if doc["apiVersion"] == API_VERSION]
     assert {type(r).__name__ for r in resources} == set(KINDS)
 
 
