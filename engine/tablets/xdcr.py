@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
-from .. import yson_util
 from ..storage import system_upsert, xdcr_rows_table
 
 #: (timestamp, cluster id): ordered by timestamp, then cluster id
@@ -72,7 +72,8 @@ class RowVersion:
 
 
 def key_text(key: Iterable[Any]) -> str:
-    return yson_util.dumps_text(list(key))
+    """A row key as the text that identifies it in ``_rt_xdcr_rows`` (JSON: keys are scalars)."""
+    return orjson.dumps(list(key)).decode()
 
 
 _READ = sa.select(xdcr_rows_table.c.row_key, xdcr_rows_table.c.timestamp, xdcr_rows_table.c.cluster_id,
