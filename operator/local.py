@@ -407,96 +407,11 @@ class LocalRunner:
                       f"({ready.get('reason', '')}: {ready.get('message', '')})")
 
     def demo(self, rows: int = 1000) -> None:
-        """Write rows to every replicated table with the official client; show every replica gets them."""
-        import yt.wrapper as yt
+        """Write rows to every table with the official client and show every copy gets them
+        (``local_demo.py``)."""
+        from .local_demo import demo
 
-        for table in self.registry.of_kind("ReplicatedTable"):
-            ref = self.engines.ref(table.spec.cluster)
-            client = yt.YtClient(proxy=ref.endpoint, token=ref.token)
-            keys = [c for c in table.spec.table_schema if c.sort_order is not None]
-            batch = [_demo_row(table.spec.table_schema, i) for i in range(rows)]
-            for attempt in range(100):
-                try:
-                    client.insert_rows(table.spec.path, batch, require_sync_replica=False)
-                    break
-                except yt.YtError as exc:
-                    if attempt == 99:
-                        raise
-                    print(f"  waiting to write {table.spec.path}: {str(exc).splitlines()[0]}")
-                    self.reconcile_all()
-                    time.sleep(0.2)
-            print(f"wrote {rows} rows to {table.spec.cluster}:{table.spec.path} with yt.wrapper")
-            for replica in self.registry.of_kind("TableReplica"):
-                if replica.spec.table != table.name or not replica.spec.enabled:
-                    continue
-                rref = self.engines.ref(replica.spec.cluster)
-                rclient = yt.YtClient(proxy=rref.endpoint, token=rref.token)
-                query = f"sum(1) as n from [{replica.spec.replica_path}] group by 1"
-                count = 0
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
-                    found = list(rclient.select_rows(query))
-                    count = found[0]["n"] if found else 0
-                    if count >= rows:
-                        break
-                    self.reconcile_all()
-                    time.sleep(0.2)
-                mode = self.engines.client(table.spec.cluster).get(f"#{replica.status.get('replicaId')}/@mode")
-                print(f"  replica {replica.name} on {replica.spec.cluster} ({mode}): {count} rows")
-            if keys:
-                self._show_lookup(client, table, {k.name: 0 for k in keys})
-        for group in self.registry.of_kind("XdcrGroup"):
-            self._demo_xdcr(group, rows)
-
-    def _demo_xdcr(self, group: Resource, rows: int) -> None:
-        """Active-active: each member writes its own rows to every XDCR table; every member gets them all."""
-        import yt.wrapper as yt
-
-        members = list(group.spec.members)
-        if group.spec.paused or not members:
-            print(f"XdcrGroup {group.name} is paused: client writes are refused, nothing written")
-            return
-        clients = {m: yt.YtClient(proxy=self.engines.ref(m).endpoint, token=self.engines.ref(m).token)
-                   for m in members}
-        per_member = max(1, rows // len(members))
-        for table in group.spec.tables:
-            for index, (member, client) in enumerate(clients.items()):
-                batch = [_demo_row(table.table_schema, index * per_member + i) for i in range(per_member)]
-                client.insert_rows(table.path, batch)
-                print(f"wrote {per_member} rows to {member}:{table.path} with yt.wrapper")
-            total = per_member * len(members)
-            query = f"sum(1) as n from [{table.path}] group by 1"
-            for member, client in clients.items():
-                count = 0
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
-                    found = list(client.select_rows(query))
-                    count = found[0]["n"] if found else 0
-                    if count >= total:
-                        break
-                    time.sleep(0.2)
-                print(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows")
-
-    def _show_lookup(self, client: Any, table: Resource, key: dict[str, Any]) -> None:
-        """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
-        # the official client retries "no in-sync replicas" for minutes by itself; here the runner
-        # must keep reconciling (the tracker promotes the sync replica), so it asks once per pass
-        import yt.common as yt_errors
-
-        client.config["dynamic_table_retries"]["enable"] = False
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                found = list(client.lookup_rows(table.spec.path, [key]))
-                print(f"  lookup {key} on {table.spec.path} (served by the sync replica): {found}")
-                return
-            except yt_errors.YtError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                inner = exc.inner_errors[0].get("message") if exc.inner_errors else exc.message
-                print(f"  waiting for an in-sync replica (the tracker picks one): {inner}")
-                self.reconcile_all()
-                time.sleep(0.5)
+        demo(self, rows)
 
     def stop(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -533,15 +448,6 @@ def _status_summary(res: Resource) -> str:
         return (f"pairs={connected}/{len(status.get('pairs', []))} connected paused={status.get('paused', '-')} "
                 f"conflicts={status.get('conflicts', '-')}")
     return f"id={status.get('collocationId', '-')}"
-
-
-def _demo_row(schema: list[Any], i: int) -> dict[str, Any]:
-    row: dict[str, Any] = {}
-    for col in schema:
-        value: Any = {"int64": i, "uint64": i, "double": i * 1.5, "boolean": i % 2 == 0,
-                      "string": f"{col.name}-{i}", "any": {"i": i}}[col.type.value]
-        row[col.name] = value
-    return row
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -507,9 +507,12 @@ def test_helm_tls_on(tmp_path):
     command = typer.main.get_command(app).commands["engine"].commands["serve"]
     for name, (pod, container) in _engine_containers(docs).items():
         args = container["args"]
-        assert args == ["engine", "serve", f"--cluster-name={name.removeprefix('rt-reptables-')}", "--data-dir=/data",
-                        "--port=9012", "--host=0.0.0.0", "--metrics-port=9013", f"--tls-cert-file={TLS_DIR}/tls.crt",
-                        f"--tls-key-file={TLS_DIR}/tls.key", f"--tls-ca-file={TLS_DIR}/ca.crt"]
+        cluster = name.removeprefix('rt-reptables-')
+        cluster_id = next(e["clusterId"] for e in TLS_VALUES["engines"] if e["name"] == cluster)
+        assert args == ["engine", "serve", f"--cluster-name={cluster}", f"--cluster-id={cluster_id}",
+                        "--data-dir=/data", "--port=9012", "--host=0.0.0.0", "--metrics-port=9013",
+                        f"--tls-cert-file={TLS_DIR}/tls.crt", f"--tls-key-file={TLS_DIR}/tls.key",
+                        f"--tls-ca-file={TLS_DIR}/ca.crt"]
         params = command.make_context("serve", list(args[2:])).params  # the CLI accepts them
         assert params["tls_cert_file"] == Path(f"{TLS_DIR}/tls.crt")
         assert params["tls_key_file"] == Path(f"{TLS_DIR}/tls.key")

@@ -156,7 +156,8 @@ def test_startup_builds_the_runtime_and_timers_from_the_settings() -> None:
         assert runtime.registry.policy.namespaces == {"ops"} and runtime.registry.policy.require_label
         assert kopf_settings.watching.label_selectors["v1", "secrets"] == "reptables.io/credentials=true"
         timers = list(kopf.get_default_registry()._spawning.get_all_handlers())
-        assert sorted(t.interval for t in timers) == [0.5, 3.0, 3.0, 3.0, 3.0], timers
+        # the tracker, and the status refresh of each of the five kinds
+        assert sorted(t.interval for t in timers) == [0.5, 3.0, 3.0, 3.0, 3.0, 3.0], timers
         handlers.configure(settings=kopf.OperatorSettings(), memo=memo)  # a retried startup adds nothing
         assert memo[handlers.RUNTIME_KEY] is runtime
         assert len(kopf.get_default_registry()._spawning.get_all_handlers()) == len(timers)
