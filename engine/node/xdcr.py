@@ -278,6 +278,10 @@ class XdcrCommands(RowCommands):
                 group_keys = set()
             groups[-1][1].append(write)
             group_keys.add(key)
+        # everything a peer sends is input: its rows are checked against this table's schema as a
+        # client's would be (types, keys, row weight), before anything is applied
+        self.replication.check_peer_writes(table, path, [w for _, group in groups for w in group],
+                                           f"XDCR changes of cluster {origin}")
         if newest:
             # later changes made here are newer than every change seen (versions follow causality)
             self.xdcr_clock.observe(newest)

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from ..config import DEFAULT_CONFIG, EngineConfig
 from ..metrics import StateSamples
 from ..peers import Peers
-from ..tablets import DynamicTable
+from ..tablets import DynamicTable, RowWrite
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
 from .bootstrap import bootstrap_progress, handle_bootstrap_write
 from .host import ReplicationHost
@@ -122,6 +122,10 @@ class ReplicationManager:
         trim_queues(self.host, self.registry, self.config)
 
     # -- the replica side (/internal/v1) -----------------------------------------------------------
+
+    def check_peer_writes(self, table: DynamicTable, path: str, writes: list[RowWrite], what: str) -> None:
+        """Rows a peer sends, checked as a client's (``ReplicaSink.check_writes``; XDCR uses it too)."""
+        self.sink.check_writes(table, path, writes, what)
 
     def table_info(self, path: str, caller: str | None) -> dict[str, Any]:
         return self.sink.table_info(path, caller)

@@ -417,3 +417,27 @@ def test_reptables_dr_commands(pair: XdcrGroup) -> None:
     assert json.loads(dr("resume").stdout)["paused"] is False
     refused = dr("reset", "--cluster", "b")
     assert refused.returncode == 1 and "--force" in refused.stderr
+
+
+def test_a_peer_sending_a_bad_row_is_refused_and_nothing_is_applied(pair: XdcrGroup) -> None:
+    import httpx
+
+    from reptables.engine.credentials import peer_credential
+
+    path = pair.table(fresh_path())
+    engine = pair.engines["a"]
+    body = {"path": path, "origin_cluster": "b", "origin_cluster_id": 2,
+            "schema": [{"name": "id", "type": "int64", "sort_order": "ascending", "required": False},
+                       {"name": "name", "type": "string", "sort_order": None, "required": False},
+                       {"name": "password", "type": "string", "sort_order": None, "required": False}],
+            "end": [1, 1],
+            "actions": [{"p": [1, 0], "k": "insert", "key": None, "row": {"id": 1, "name": "ok", "password": "p"},
+                         "o": [1, 2], "e": None, "b": None},
+                        {"p": [1, 1], "k": "insert", "key": None, "row": {"id": "not a number", "name": "x"},
+                         "o": [2, 2], "e": None, "b": None}]}
+    answer = httpx.post(f"{engine.url}/internal/v1/xdcr_apply", json=body, timeout=10,
+                        headers={"Authorization": f"OAuth {peer_credential(engine.token, 'b')}"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["code"] == 307 and error["attributes"] == {"column": "id", "path": path}, answer.text
+    assert pair.rows("a", path) == []  # the valid row of the batch was not applied either
