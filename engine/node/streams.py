@@ -169,8 +169,10 @@ class StreamCommands(TabletCommands):
                     pass
                 continue
             until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
-            if not feed.wait_after(version, until) and until == deadline:
-                break  # no slot to wait in: answer now
+            if not feed.wait_after(version, until):
+                if until == deadline:
+                    break  # no slot to wait in: answer now
+                time.sleep(max(0.0, min(_REPLICA_POLL, until - time.monotonic())))  # (a replica: poll)
             if feed.version != version and self.config.pull_linger > 0:
                 # woken by a commit: let the next few join it in one answer
                 time.sleep(min(self.config.pull_linger, max(0.0, deadline - time.monotonic())))

@@ -154,8 +154,8 @@ class XdcrCommands(RowCommands):
                     state.state, state.last_error = "error", f"{type(exc).__name__}: {exc}"
                     log.exception("xdcr shipping failed", extra={"peer": peer, "path": path})
                     self._xdcr_stop.wait(1.0)
-            if not busy:
-                self.change_feed.wait_after(version, time.monotonic() + _IDLE_WAIT)
+            if not busy and not self.change_feed.wait_after(version, time.monotonic() + _IDLE_WAIT):
+                self._xdcr_stop.wait(_IDLE_WAIT)  # no slot to wait for a commit in: poll
         state.state = "reset" if peer not in self.xdcr_connections() else "stopped"
 
     @staticmethod

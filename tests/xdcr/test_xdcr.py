@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from reptables.engine.errors import YtError
+from reptables.engine.errors import LockConflict, YtError
 from tests.harness import EngineProcess
 
 from .conftest import SCHEMA, XdcrGroup, wait_for
@@ -189,11 +189,14 @@ def _writer(group: XdcrGroup, name: str, path: str, keys: range, stop: threading
     i = 0
     while not stop.is_set():
         key = keys[i % len(keys)]
-        if i % 11 == 5:
-            client.delete_rows(path, [{"id": key}])
-        else:
-            client.insert_rows(path, [{"id": key, "name": f"{name}{i}", "password": str(i)},
-                                      {"id": 1000 + key + 100 * ord(name), "name": name, "password": str(i)}])
+        try:
+            if i % 11 == 5:
+                client.delete_rows(path, [{"id": key}])
+            else:
+                client.insert_rows(path, [{"id": key, "name": f"{name}{i}", "password": str(i)},
+                                          {"id": 1000 + key + 100 * ord(name), "name": name, "password": str(i)}])
+        except LockConflict:
+            continue  # a peer's change to the key was applied meanwhile (1700): retried, as a client does
         seen.append(i)
         i += 1
 
