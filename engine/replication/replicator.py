@@ -240,8 +240,10 @@ class Replicator:
                            "preserve_timestamps": True, "entries": [], "barrier_timestamp": barrier,
                            "tablet_count": table.tablet_count}).encode()
         try:
-            # network: no lock held
-            self.peers.client(replica.cluster_name).call("push", raw_body=body, timeout=self.config.push_timeout)
+            # network: no lock held; short, so that a slow replica cluster never holds up the
+            # replicator's loop (its transitions, its next batch) for a heartbeat
+            self.peers.client(replica.cluster_name).call("push", raw_body=body,
+                                                         timeout=min(self.config.push_timeout, 2.0))
         except YtError as exc:
             log.debug("replica heartbeat failed", extra={"replica_id": replica.id, "error": exc.message})
 
