@@ -6,8 +6,7 @@ peer credentials, and sets ``//sys/@xdcr_connections`` the way an operator does 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
-from reptables.engine.errors import YtError
 from tests.harness import EngineProcess
 
 SCHEMA = [{"name": "id", "type": "int64", "sort_order": "ascending"}, {"name": "name", "type": "string"},
@@ -78,20 +76,6 @@ class XdcrGroup:
             client.close()
         for engine in self.engines.values():
             engine.stop()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except YtError as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f" (last error: {last})" if last else ""))
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ import pytest
 
 from reptables.engine.errors import LockConflict, YtError
 from tests.harness import EngineProcess
+from tests.replication.conftest import wait_for
 
-from .conftest import SCHEMA, XdcrGroup, wait_for
+from .conftest import SCHEMA, XdcrGroup
 
 _n = iter(range(1_000_000))
 
