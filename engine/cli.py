@@ -120,16 +120,20 @@ def serve(
     # runs several full passes per batch (tens of ms); the engine creates few reference cycles
     gc.set_threshold(100_000, 50, 100)
     # the one place that reads the environment: the process' settings, handed down as one object
-    config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
-                                   bootstrap_pin_ttl=bootstrap_pin_ttl,
-                                   max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
-                                   max_output_bytes=max_output_bytes,
-                                   query_timeout=query_timeout, header_timeout=header_timeout,
-                                   max_connections=max_connections,
-                                   tls_cert_file=str(tls_cert_file) if tls_cert_file else None,
-                                   tls_key_file=str(tls_key_file) if tls_key_file else None,
-                                   peer_ca_file=str(tls_ca_file) if tls_ca_file else None,
-                                   cluster_id=cluster_id, start_paused=paused)
+    try:
+        config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
+                                       bootstrap_pin_ttl=bootstrap_pin_ttl,
+                                       max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
+                                       max_output_bytes=max_output_bytes,
+                                       query_timeout=query_timeout, header_timeout=header_timeout,
+                                       max_connections=max_connections,
+                                       tls_cert_file=str(tls_cert_file) if tls_cert_file else None,
+                                       tls_key_file=str(tls_key_file) if tls_key_file else None,
+                                       peer_ca_file=str(tls_ca_file) if tls_ca_file else None,
+                                       cluster_id=cluster_id, start_paused=paused)
+    except ValueError as exc:  # a malformed REPTABLES_* setting: named, no traceback
+        print(exc, file=sys.stderr)
+        raise typer.Exit(2) from None
     problem = _transport_problem(config, port, metrics_port)
     if problem is not None:
         print(problem, file=sys.stderr)

@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from .faults import parse_delays
+
 MiB = 1024 * 1024
 
 
@@ -140,6 +142,8 @@ class EngineConfig:
     # -- fault tests -----------------------------------------------------------------------------------
     #: named crash points at which the process SIGKILLs itself (``REPTABLES_CRASH_AT``)
     crash_points: frozenset[str] = field(default_factory=frozenset)
+    #: named points at which the thread reaching them sleeps, in seconds (``REPTABLES_DELAY_AT``)
+    delay_points: Mapping[str, float] = field(default_factory=dict)
 
     def with_changes(self, **changes: object) -> EngineConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -149,7 +153,8 @@ class EngineConfig:
         """The settings of ``reptables engine serve``: defaults, the environment, then options."""
         env = os.environ if environ is None else environ
         points = frozenset(p for p in env.get("REPTABLES_CRASH_AT", "").split(",") if p)
-        return cls(crash_points=points).with_changes(**overrides)
+        delays = parse_delays(env.get("REPTABLES_DELAY_AT", ""))
+        return cls(crash_points=points, delay_points=delays).with_changes(**overrides)
 
 
 DEFAULT_CONFIG = EngineConfig()

@@ -62,7 +62,7 @@ class Cluster(XdcrCommands):
         self.name = name
         self.config = config
         self.metrics = EngineMetrics()
-        self.faults = Faults(config.crash_points)
+        self.faults = Faults(config.crash_points, config.delay_points)
         self.storage = storage
         self.cypress = Cypress()
         reservation = ReservationFile(state_dir / "timestamp.reservation")

@@ -222,8 +222,14 @@ class Replicator:
         if time.time() - (progress.timestamp >> COUNTER_BITS) < 1.0:
             return
         barrier = self.host.timestamps.generate()
+        self.host.transactions.faults.delay_point("replicator_barrier")  # (fault tests: widen the race)
         self.host.transactions.wait_visible(barrier)  # no replication lock held while waiting
         end = queue_end(table, tablet)
+        if self.replica.progress_of(tablet).row_index < end:
+            # a commit landed since the caller looked: the replica lacks its rows, so neither the
+            # barrier nor a heartbeat claiming row ``end`` may go out (a sink with no record yet
+            # would take that claim and then skip the rows as already applied); the next pass pushes
+            return
         self.replica.advance_timestamp(tablet, barrier, end)
         self.heartbeat(table, tablet, end, barrier)
 

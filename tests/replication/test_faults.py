@@ -22,12 +22,14 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+from tests.harness import EngineProcess
 from tests.replication.conftest import ClusterSet, wait_for
 
 ORDERED_SCHEMA = [{"name": "k", "type": "int64"}, {"name": "batch", "type": "int64"}, {"name": "v", "type": "string"}]
@@ -405,3 +407,32 @@ def test_write_with_sync_replica_down_fails_fast_and_applies_nothing(clusters: C
     assert _flushed(clusters, sync) == before + 1
     assert _sorted_contents(clusters, SYNC_CLUSTER) == {1: "before", 2: "after"}
     wait_for(lambda: _sorted_contents(clusters, ASYNC_CLUSTER) == {1: "before", 2: "after"}, 15, "async replica")
+
+
+def test_a_commit_landing_while_the_replicator_takes_its_first_barrier_still_reaches_the_replica(
+        clusters: ClusterSet) -> None:
+    """A new replica's sink has no record yet: a heartbeat claiming a row it lacks would be taken
+    as progress, and the row then skipped as already applied (a row lost without an error)."""
+    meta = clusters.engines[META]
+    meta.stop()
+    # the replicator sleeps 1.5 s inside each barrier it takes: the commit below lands in that window
+    meta.env = {"REPTABLES_DELAY_AT": "replicator_barrier:1.5"}
+    meta.start()
+    path = clusters.replicated_table(TABLE)
+    replica_id = clusters.replica(path, ASYNC_CLUSTER, REPLICA, enable=False)
+    time.sleep(1.1)  # (a barrier is taken only for progress older than a second)
+    clusters.alter(replica_id, wait=False, enabled=True)
+    time.sleep(0.3)  # the replicator found the queue empty and sleeps in its barrier
+    clusters.meta.insert_rows(path, [{"k": 1, "v": "during"}], require_sync_replica=False)
+    wait_for(lambda: clusters.rows(ASYNC_CLUSTER, REPLICA) == [{"k": 1, "v": "during"}], 20,
+             "the row committed during the barrier")
+    clusters.meta.insert_rows(path, [{"k": 2, "v": "after"}], require_sync_replica=False)
+    wait_for(lambda: sorted(clusters.rows(ASYNC_CLUSTER, REPLICA), key=lambda r: r["k"]) ==
+             [{"k": 1, "v": "during"}, {"k": 2, "v": "after"}], 20, "the next row")
+    assert clusters.meta.get(f"#{replica_id}/@state") == "enabled"
+
+
+def test_a_malformed_delay_setting_is_refused_at_start(tmp_path: Path) -> None:
+    engine = EngineProcess("bad", tmp_path / "bad", env={"REPTABLES_DELAY_AT": "replicator_barrier"})
+    with pytest.raises(RuntimeError, match="REPTABLES_DELAY_AT"):
+        engine.start()
