@@ -40,7 +40,10 @@ SWITCH_REASON = "ReplicaModeChanged"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 REQUEST_TIMEOUT = (5.0, 30.0)
 PLURALS = {"TableCluster": "tableclusters", "ReplicatedTable": "replicatedtables", "TableReplica": "tablereplicas",
-           "TableCollocation": "tablecollocations"}
+           "TableCollocation": "tablecollocations", "XdcrGroup": "xdcrgroups"}
+CLUSTER_SCOPED = frozenset({"TableCluster", "XdcrGroup"})
+#: kinds the view can do without: a warning (not a failure) when RBAC hides them or their CRD is not installed
+OPTIONAL_KINDS = frozenset({"XdcrGroup"})
 
 app = typer.Typer(name="kubectl-reptables", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -149,16 +152,23 @@ class Kube:
         self.api_client.close()
 
     def list_objects(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Every reptables object the view needs: TableClusters, and the namespaced kinds in scope."""
+        """Every reptables object the view needs: the cluster-scoped kinds, and the namespaced kinds in scope."""
         namespace = namespace or self.namespace
         objects: list[dict[str, Any]] = []
         for kind, plural in PLURALS.items():
-            if kind == "TableCluster" or self.all_namespaces:
-                answer = self.custom.list_cluster_custom_object(GROUP, VERSION, plural,
-                                                                _request_timeout=REQUEST_TIMEOUT)
-            else:
-                answer = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural,
-                                                                   _request_timeout=REQUEST_TIMEOUT)
+            try:
+                if kind in CLUSTER_SCOPED or self.all_namespaces:
+                    answer = self.custom.list_cluster_custom_object(GROUP, VERSION, plural,
+                                                                    _request_timeout=REQUEST_TIMEOUT)
+                else:
+                    answer = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural,
+                                                                       _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as exc:
+                if kind in OPTIONAL_KINDS and exc.status in (403, 404):  # RBAC, or an install older than the kind
+                    typer.echo(f"warning: cannot list {plural}.{GROUP} ({_message(exc)}): {kind}s are not shown",
+                               err=True)
+                    continue
+                raise
             for item in _as_dict(answer).get("items") or []:
                 item.setdefault("kind", kind)  # list items may omit it
                 objects.append(item)

@@ -1,12 +1,13 @@
 """The status view shared by ``kubectl reptables`` and the local runner's ``reptables status``.
 
 Both faces show the same thing — the CloudNativePG ``kubectl cnpg status`` idea: a summary per
-replicated table and a per-replica table with mode, state, lag and bootstrap progress — so the view
-is built here once, from Kubernetes-shaped dicts (what the API server returns for the four reptables
-kinds, and core v1 Events), and nothing here talks to Kubernetes or an engine. :func:`build_view`
-turns the objects into a plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read
-the same facts the text shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap`
-print it with rich. Everything is sorted so that the output is deterministic.
+replicated table and a per-replica table with mode, state, lag and bootstrap progress; per XDCR group
+the same shape, a summary and a row per ordered peer pair — so the view is built here once, from
+Kubernetes-shaped dicts (what the API server returns for the reptables kinds, and core v1 Events),
+and nothing here talks to Kubernetes or an engine. :func:`build_view` turns the objects into a
+plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read the same facts the text
+shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap` print it with rich.
+Everything is sorted so that the output is deterministic.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.text import Text
 
 __all__ = ["KINDS", "MAX_SWITCHES", "build_view", "find_replica", "render", "render_bootstrap", "render_tracker"]
 
-KINDS = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation")
+KINDS = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation", "XdcrGroup")
 MAX_SWITCHES = 50
 """At most this many tracker switches are kept in the view (the newest)."""
 _SWITCH_REASON = "ReplicaModeChanged"
@@ -158,6 +159,32 @@ def _collocation(obj: Mapping[str, Any]) -> dict[str, Any]:
             "ready": _ready(conditions), "conditions": conditions}
 
 
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _pair(pair: Mapping[str, Any]) -> dict[str, Any]:
+    """One ordered pair of an XdcrGroup's ``status.pairs``, as the reconciler writes it."""
+    return {"from": pair.get("from"), "to": pair.get("to"), "state": pair.get("state"),
+            "lagSeconds": pair.get("lagSeconds"), "queuedRows": pair.get("queuedRows"),
+            "conflicts": pair.get("conflicts"), "paused": _bool(pair.get("paused")),
+            "lastError": pair.get("lastError")}
+
+
+def _xdcr_group(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An XdcrGroup (cluster-scoped: no namespace): members, tables, pause, Ready and every ordered pair."""
+    spec, status = _section(obj, "spec"), _section(obj, "status")
+    conditions = _conditions(status)
+    pairs = [_pair(p) for p in status.get("pairs") or [] if isinstance(p, Mapping)]
+    return {"name": _meta(obj).get("name"), "clusters": sorted(spec.get("clusters") or []),
+            "tables": sorted(str(t.get("path")) for t in spec.get("tables") or [] if isinstance(t, Mapping)),
+            "tablesOnEveryCluster": sorted(status.get("tables") or []),
+            "specPaused": bool(spec.get("paused", False)), "paused": _bool(status.get("paused")),
+            "reset": _section(spec, "reset").get("cluster"), "conflicts": status.get("conflicts"),
+            "ready": _ready(conditions), "conditions": conditions,
+            "pairs": sorted(pairs, key=lambda p: (str(p["from"]), str(p["to"])))}
+
+
 def _event_time(event: Mapping[str, Any]) -> str:
     return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
                or _meta(event).get("creationTimestamp") or "")
@@ -203,10 +230,11 @@ def _select(tables: list[Mapping[str, Any]], wanted: str) -> Mapping[str, Any]:
 
 def build_view(objects: list[dict[str, Any]], events: list[dict[str, Any]] | None = None,
                table: str | None = None) -> dict[str, Any]:
-    """A JSON-able view of reptables objects (kinds other than the four are ignored) and tracker events.
+    """A JSON-able view of reptables objects (other kinds are ignored) and tracker events.
 
     ``table`` keeps one ReplicatedTable (``"namespace/name"`` or ``"name"``), its replicas, the clusters
-    they use, its collocations and its switches; an unknown table is a :class:`ValueError` naming it.
+    they use, its collocations and its switches (no XdcrGroup: its tables are not ReplicatedTables);
+    an unknown table is a :class:`ValueError` naming it.
     """
     by_kind: dict[str, list[Mapping[str, Any]]] = {kind: [] for kind in KINDS}
     for obj in objects:
@@ -232,6 +260,7 @@ def build_view(objects: list[dict[str, Any]], events: list[dict[str, Any]] | Non
                                                              any(s["table"] == n for _, n in known))]
     clusters = [_cluster(c) for c in sorted(by_kind["TableCluster"], key=key)]
     collocations = [_collocation(c) for c in sorted(by_kind["TableCollocation"], key=key)]
+    groups = [_xdcr_group(g) for g in sorted(by_kind["XdcrGroup"], key=key)] if table is None else []
     orphans: list[dict[str, Any]] = []
     if table is None:
         all_tables = {(_meta(t).get("namespace"), str(_meta(t)["name"])) for t in tables}
@@ -242,7 +271,7 @@ def build_view(objects: list[dict[str, Any]], events: list[dict[str, Any]] | Non
         used = {t["cluster"] for t in table_views} | {r["cluster"] for t in table_views for r in t["replicas"]}
         clusters = [c for c in clusters if c["name"] in used]
         collocations = [c for c in collocations if any((c["namespace"], n) in known for n in c["tables"])]
-    return {"tables": table_views, "clusters": clusters, "collocations": collocations,
+    return {"tables": table_views, "xdcrGroups": groups, "clusters": clusters, "collocations": collocations,
             "trackerSwitches": switches, "orphanReplicas": orphans}
 
 
@@ -271,7 +300,13 @@ def _status_style(status: Any) -> str:
 
 
 def _lag(value: Any) -> str:
+    if isinstance(value, float):  # XDCR pairs: fractions of a second, one decimal is plenty
+        return f"{value:.1f}".removesuffix(".0") + "s"
     return "-" if value is None else f"{value}s"
+
+
+def _yes_no(value: bool | None) -> Text:
+    return Text("-" if value is None else "yes" if value else "no", style="yellow" if value else "")
 
 
 def _progress(boot: Mapping[str, Any] | None) -> str:
@@ -328,9 +363,47 @@ def _replica_table(table: Mapping[str, Any]) -> Table:
     return grid
 
 
+def _group_summary(group: Mapping[str, Any]) -> Text:
+    line = Text()
+    line.append(f"XdcrGroup {group['name']}", style="bold")
+    line.append(f"  clusters: {', '.join(group['clusters']) or '-'}  tables: {', '.join(group['tables']) or '-'}  ")
+    line.append(f"Ready={group['ready']}", style=_status_style(group["ready"]))
+    line.append(f"  conflicts: {_dash(group['conflicts'])}")
+    if group["paused"] or group["specPaused"]:  # the status lags the spec until every member did it
+        state = "resuming" if not group["specPaused"] else "paused" if group["paused"] else "pausing"
+        line.append(f"  {state}", style="yellow")
+    if group["reset"]:
+        line.append(f"  reset: {group['reset']}", style="yellow")
+    return line
+
+
+def _pair_table(group: Mapping[str, Any]) -> Table:
+    grid = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in ("From", "To", "State", "Lag", "Queued rows", "Conflicts", "Paused", "Last error"):
+        grid.add_column(column, no_wrap=column != "Last error", overflow="fold")
+    for pair in group["pairs"]:
+        grid.add_row(_dash(pair["from"]), _dash(pair["to"]), _dash(pair["state"]), _lag(pair["lagSeconds"]),
+                     _dash(pair["queuedRows"]), _dash(pair["conflicts"]),
+                     _yes_no(pair["paused"]), _dash(pair["lastError"]))
+    return grid
+
+
+def _render_group(group: Mapping[str, Any], console: Console) -> None:
+    """An XdcrGroup like a table: summary, Ready when not True (Degraded says the same), a row per pair."""
+    console.print(_group_summary(group))
+    for line in _problems(c for c in group["conditions"] if c["type"] == "Ready"):
+        console.print(line)
+    if group["pairs"]:
+        console.print(_pair_table(group))
+    else:
+        console.print("  no pairs reported yet")
+    console.print()
+
+
 def render(view: Mapping[str, Any], console: Console) -> None:
-    """The human view: per table a summary line, its problems, tracker decision and replica table; then clusters."""
-    if not view.get("tables") and not view.get("clusters"):
+    """The human view: per table a summary line, its problems, tracker decision and replica table; then per
+    XdcrGroup its summary and pairs; then clusters and collocations."""
+    if not view.get("tables") and not view.get("clusters") and not view.get("xdcrGroups"):
         console.print("No reptables objects found.")
     for table in view.get("tables", []):
         console.print(_summary(table))
@@ -359,6 +432,8 @@ def render(view: Mapping[str, Any], console: Console) -> None:
                     detail += f", last error: {boot['lastError']}"
                 console.print(detail, highlight=False)
         console.print()
+    for group in view.get("xdcrGroups", []):
+        _render_group(group, console)
     if view.get("clusters"):
         grid = Table(title="TableClusters", title_justify="left", show_edge=False, pad_edge=False, box=None,
                      header_style="bold")

@@ -75,6 +75,36 @@ def switch_event(name: str, namespace: str, table_name: str, message: str, when:
             "firstTimestamp": when, "lastTimestamp": when, "count": 1}
 
 
+def xdcr_group(name: str, clusters: list[str], paused: bool = False) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "XdcrGroup", "metadata": {"name": name},
+            "spec": {"clusters": clusters, "paused": paused, "tables": [{"path": "//home/users", "schema": [
+                {"name": "id", "type": "int64", "sortOrder": "ascending"}, {"name": "name", "type": "string"}]}]}}
+
+
+def xdcr_pair(sender: str, receiver: str, state: str, **fields: Any) -> dict[str, Any]:
+    """One entry of status.pairs as reconcile_xdcr._report writes it (absent keys: the engine did not answer)."""
+    return {"from": sender, "to": receiver, "state": state, **fields}
+
+
+# "users": both members answer, every pair connected; "west": remote-2 is down while a pause is applied
+USERS_READY = "2 pairs of 2 clusters connected (1 XDCR table)"
+WEST_DOWN = ("XdcrGroup west: remote-2: connection refused; primary -> remote-2: waiting_for_peer "
+             "(remote-2 is unreachable); remote-2 -> primary: unknown (remote-2 did not answer: connection refused)")
+XDCR_STATUSES = {
+    "users": {"observedGeneration": 1, "tables": ["//home/users"], "paused": False, "conflicts": 3, "pairs": [
+        xdcr_pair("remote-0", "remote-1", "connected", lagSeconds=0.4, queuedRows=2, paused=False, conflicts=3),
+        xdcr_pair("remote-1", "remote-0", "connected", lagSeconds=0.0, queuedRows=0, paused=False, conflicts=0)],
+        "conditions": [condition("Ready", "True", "Connected", USERS_READY),
+                       condition("Degraded", "False", "AllPairsConnected", USERS_READY)]},
+    "west": {"observedGeneration": 1, "tables": [], "paused": False, "conflicts": 1, "pairs": [
+        xdcr_pair("primary", "remote-2", "waiting_for_peer", lagSeconds=12.5, queuedRows=40, paused=True,
+                  lastError="remote-2 is unreachable"),
+        xdcr_pair("remote-2", "primary", "unknown", lastError="remote-2 did not answer: connection refused",
+                  conflicts=1)],
+        "conditions": [condition("Ready", "False", "ClusterUnreachable", WEST_DOWN),
+                       condition("Degraded", "True", "ClusterUnreachable", WEST_DOWN)]}}
+
+
 BOOTSTRAP = {"phase": "Copying", "snapshotTimestamp": 1879048192000, "sourceReplicaId": "1-2-3-a", "attempts": 2,
              "rowsCopied": 12345, "jobRef": "orders-remote-2-bootstrap-2", "lastError": "executor lost",
              "nextAttemptTime": None}
@@ -128,6 +158,11 @@ def populate(api: K8sApi) -> None:
     api.create(table("events", "audit", tracker=False))
     api.create(table("scratch", "lab"))
     api.create(replica("scratch-remote-1", "lab", "scratch", "remote-1"))
+    # XDCR groups (cluster-scoped), with the status the operator writes
+    api.create(xdcr_group("users", ["remote-0", "remote-1"]))
+    api.create(xdcr_group("west", ["primary", "remote-2"], paused=True))
+    for name, status in XDCR_STATUSES.items():
+        api.patch_status("xdcrgroups", name, status)
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +219,70 @@ def test_status_shows_each_table_with_its_replicas_lag_and_bootstrap(kubeconfig:
                                                          "3", "no", "0.1.0"]
     assert "remote-2: connection refused" in clusters
     assert "token" not in out  # Secret references are not shown, let alone Secrets
+
+
+def section(text: str, start: str, end: str) -> str:
+    return text.split(start, 1)[1].split(end, 1)[0]
+
+
+def test_status_shows_each_xdcr_group_with_its_pairs_lag_and_conflicts(kubeconfig: Path) -> None:
+    out = ok(kubeconfig, "status")
+    assert out.index("ReplicatedTable shop/orders") < out.index("XdcrGroup users") < out.index("XdcrGroup west") \
+        < out.index("TableClusters")
+    # cluster-scoped: the name alone, like a TableCluster
+    assert "XdcrGroup users  clusters: remote-0, remote-1  tables: //home/users  Ready=True  conflicts: 3\n" in out
+    users = section(out, "XdcrGroup users", "XdcrGroup west")
+    assert line_of(users, "From").split() == ["From", "To", "State", "Lag", "Queued", "rows", "Conflicts", "Paused",
+                                              "Last", "error"]
+    assert line_of(users, "remote-0").split() == ["remote-0", "remote-1", "connected", "0.4s", "2", "3", "no", "-"]
+    assert line_of(users, "remote-1").split() == ["remote-1", "remote-0", "connected", "0s", "0", "0", "no", "-"]
+    assert "!" not in users  # Ready=True, and Degraded=False is not a problem
+    west = section(out, "XdcrGroup west", "TableClusters")
+    assert west.startswith("  clusters: primary, remote-2  tables: //home/users  Ready=False  conflicts: 1  pausing\n")
+    assert f"! Ready=False ClusterUnreachable: {WEST_DOWN}" in " ".join(west.split())  # long: may wrap
+    assert "Degraded" not in west  # it repeats Ready's message
+    assert line_of(west, "primary").split() == ["primary", "remote-2", "waiting_for_peer", "12.5s", "40", "-", "yes",
+                                                "remote-2", "is", "unreachable"]
+    assert line_of(west, "remote-2").split()[:7] == ["remote-2", "primary", "unknown", "-", "-", "1", "-"]
+    assert "remote-2 did not answer: connection refused" in line_of(west, "remote-2")
+
+
+def test_status_json_lists_xdcr_groups_as_the_operator_reports_them(kubeconfig: Path) -> None:
+    view = json.loads(ok(kubeconfig, "status", "-o", "json"))
+    users, west = view["xdcrGroups"]
+    assert "namespace" not in users
+    assert {k: users[k] for k in ("name", "clusters", "tables", "tablesOnEveryCluster", "paused", "specPaused",
+                                  "conflicts", "ready", "reset")} == {
+        "name": "users", "clusters": ["remote-0", "remote-1"], "tables": ["//home/users"],
+        "tablesOnEveryCluster": ["//home/users"], "paused": False, "specPaused": False, "conflicts": 3,
+        "ready": "True", "reset": None}
+    assert users["pairs"][0] == {"from": "remote-0", "to": "remote-1", "state": "connected", "lagSeconds": 0.4,
+                                 "queuedRows": 2, "conflicts": 3, "paused": False, "lastError": None}
+    assert [c["type"] for c in users["conditions"]] == ["Ready", "Degraded"]
+    assert west["ready"] == "False" and west["specPaused"] is True and west["paused"] is False
+    assert [(p["from"], p["to"], p["lagSeconds"], p["conflicts"]) for p in west["pairs"]] == [
+        ("primary", "remote-2", 12.5, None), ("remote-2", "primary", None, 1)]
+    # cluster-scoped: the same groups whatever the namespace; none for one ReplicatedTable
+    other = json.loads(ok(kubeconfig, "status", "-n", "audit", "-o", "json"))
+    assert other["xdcrGroups"] == view["xdcrGroups"]
+    assert json.loads(ok(kubeconfig, "status", "orders", "-o", "json"))["xdcrGroups"] == []
+
+
+def test_status_without_the_xdcr_group_crd_warns_and_shows_the_rest(tmp_path: Path) -> None:
+    """An install older than XdcrGroup (its CRD absent): the status view still works, with a warning."""
+    crds = Path(__file__).resolve().parents[2] / "crds"
+    older = [f for f in sorted(crds.glob("*.yaml")) if "xdcrgroups" not in f.name]
+    with K8sApi(crd_dirs=[], crd_files=older, namespaces=("shop",)) as api:
+        obj, status = cluster("primary", 0)
+        api.create(obj)
+        api.patch_status("tableclusters", "primary", status)
+        api.create(table("orders", "shop"))
+        result = run(api.kubeconfig(tmp_path / "kubeconfig", namespace="shop"), "status", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert [t["name"] for t in view["tables"]] == ["orders"] and view["xdcrGroups"] == []
+    assert result.stderr.startswith("warning: cannot list xdcrgroups.reptables.io (")
+    assert result.stderr.rstrip().endswith("XdcrGroups are not shown")
 
 
 def test_status_json_and_yaml_carry_the_same_view(kubeconfig: Path) -> None:
@@ -369,7 +468,8 @@ def _objects() -> list[dict[str, Any]]:
     r0["status"] = replica_status("id-0", "sync", "enabled", 0, tablets={"count": 1, "rowsBehind": 5})
     stray = replica("stray", "shop", "invoices", "remote-1")
     other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "shop"}}
-    return [other, r0, orders, stray, table("orders", "staging"), cluster("remote-0", 1)[0]]
+    east = {**xdcr_group("east", ["remote-1", "remote-0"]), "spec": {"clusters": ["remote-1", "remote-0"]}}
+    return [other, r0, orders, stray, table("orders", "staging"), cluster("remote-0", 1)[0], east]
 
 
 def test_build_view_merges_replica_objects_with_the_table_summary() -> None:
@@ -382,6 +482,15 @@ def test_build_view_merges_replica_objects_with_the_table_summary() -> None:
     assert view["orphanReplicas"] == [{"namespace": "shop", "name": "stray", "table": "invoices"}]
     assert json.loads(json.dumps(view)) == view
     assert statusview.build_view(list(reversed(_objects()))) == view  # deterministic
+    assert [g["name"] for g in view["xdcrGroups"]] == ["east"]
+
+
+def test_render_a_new_xdcr_group_before_its_first_status() -> None:
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    statusview.render(statusview.build_view([_objects()[-1]]), console)
+    text = console.export_text()
+    assert "XdcrGroup east  clusters: remote-0, remote-1  tables: -  Ready=Unknown  conflicts: -\n" in text
+    assert "no pairs reported yet" in text and "No reptables objects found" not in text
 
 
 def test_build_view_filters_one_table_and_refuses_unknown_or_ambiguous_names() -> None:
