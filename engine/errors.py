@@ -57,6 +57,8 @@ class ErrorCode(IntEnum):
     XDCR_SCHEMA_MISMATCH = 1770
     #: reptables: an XDCR connection is not configured on both sides (replication waits)
     XDCR_NOT_CONNECTED = 1771
+    #: reptables: an XDCR peer needs a snapshot before changes (it joins, or misses trimmed changes)
+    XDCR_NEEDS_SNAPSHOT = 1772
     NO_SUCH_TRANSACTION = 11000
     INVALID_TRANSACTION_STATE = 11003
     INVALID_TRANSACTION_ATOMICITY = 11004

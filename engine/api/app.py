@@ -351,6 +351,10 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),
         "xdcr_apply": cluster.handle_xdcr_apply,
         "xdcr_forget": cluster.handle_xdcr_forget,
+        "xdcr_snapshot": cluster.handle_xdcr_snapshot,
+        "xdcr_snapshot_read": cluster.handle_xdcr_snapshot_read,
+        "xdcr_snapshot_release": cluster.handle_xdcr_snapshot_release,
+        "xdcr_identity": cluster.handle_xdcr_identity,
     }
 
     async def internal(request: Request) -> Response:

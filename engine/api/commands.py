@@ -13,6 +13,7 @@ from typing import Any
 
 import yt.yson as yson
 
+from .. import yson_util
 from ..errors import ErrorCode, YtError
 from ..node import Cluster
 from .inline import always, inline_lookup, inline_write
@@ -299,6 +300,29 @@ def _dr_reset(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 @_command("dr_drop", None, "structured", True)
 def _dr_drop(c: Cluster, p: dict[str, Any], _: Any) -> Any:
     return c.dr_drop(_timeout(p))
+
+
+@_command("dr_join_begin", None, "structured", True)
+def _dr_join_begin(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    source = _p(p, "source")
+    if source is not None and not isinstance(source, str):
+        raise YtError("Parameter \"source\" must be a cluster name", code=ErrorCode.INVALID_PARAMETER)
+    return c.dr_join_begin(_path(p), source, _int(p, "page_rows", 5000), _bool(p, "restart"))
+
+
+@_command("dr_join_read", None, "structured", False)
+def _dr_join_read(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_join_read(_path(p), _int(p, "page"))
+
+
+@_command("dr_join_write", "structured", "structured", True)
+def _dr_join_write(c: Cluster, p: dict[str, Any], body: Any) -> Any:
+    return c.dr_join_write(_path(p), _int(p, "page"), yson_util.to_python(body))
+
+
+@_command("dr_join_finish", None, "structured", True)
+def _dr_join_finish(c: Cluster, p: dict[str, Any], _: Any) -> Any:
+    return c.dr_join_finish(_path(p))
 
 
 @_command("dr_status", None, "structured", False)

@@ -74,6 +74,10 @@ DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 #: a table's node attribute holding ``DynamicTable.changes_trimmed`` (change streams)
 CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
+#: an XDCR table's node attribute while it joins its group from a snapshot (node/xdcr_join.py)
+JOIN_ATTRIBUTE = "_rt_xdcr_join"
+#: the origins whose first batch after such a join may have to rewind to the snapshot's position
+REWIND_ATTRIBUTE = "_rt_xdcr_rewind"
 #: the default ``change_retention`` of sorted and ordered tables (ms): changes are streamed from this far back
 DEFAULT_CHANGE_RETENTION_MS = 60 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much

@@ -52,10 +52,11 @@ from .base import (
     TABLE_TYPES,
     log,
 )
-from .xdcr import PeerState, XdcrCommands
+from .xdcr import PeerState
+from .xdcr_join import XdcrJoinCommands
 
 
-class Cluster(XdcrCommands):
+class Cluster(XdcrJoinCommands):
     """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
 
     def __init__(self, name: str, storage: Storage, state_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> None:
@@ -83,6 +84,7 @@ class Cluster(XdcrCommands):
         self.xdcr_clock = VersionClock()
         self._xdcr_shippers: dict[str, threading.Thread] = {}
         self._xdcr_peer_state: dict[str, PeerState] = {}
+        self._xdcr_advanced: dict[tuple[str, str], float] = {}
         self._xdcr_stop = threading.Event()
         self.metrics.register_state(self.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends

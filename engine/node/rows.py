@@ -32,6 +32,7 @@ from ..transactions import (
 )
 from .base import (
     DEFAULT_OUTPUT_ROW_LIMIT,
+    JOIN_ATTRIBUTE,
     _is_storage_outage,
     _retarget_query,
 )
@@ -152,6 +153,12 @@ class RowCommands(StreamCommands):
             raise YtError(f"Cluster {self.name} is read-only (//sys/@read_only): the write to {path} is refused; "
                           "write on a writable cluster", code=ErrorCode.READ_ONLY,
                           attributes={"path": path, "cluster_name": self.name})
+        node = self.cypress.by_id.get(table.table_id)
+        joining = node.attributes.get(JOIN_ATTRIBUTE) if node is not None else None
+        if isinstance(joining, dict):
+            raise YtError(f"XDCR table {path} of cluster {self.name} is joining its group from a snapshot of cluster "
+                          f"{joining.get('source')}: writes are refused until the join is finished (dr_status)",
+                          code=ErrorCode.READ_ONLY, attributes={"path": path, "cluster_name": self.name})
         if table.upstream_replica_id:
             raise YtError(f"Table {path} is a replica table (upstream_replica_id {table.upstream_replica_id}): "
                           "direct writes are refused; write to its replicated table on the meta-cluster",

@@ -38,10 +38,11 @@ import sqlalchemy as sa
 
 from ..errors import ErrorCode, YtError
 from ..schema import TableSchema
-from ..storage import changes_table, on_commit, xdcr_progress_table, xdcr_sink_table
+from ..storage import changes_table, on_commit, on_rollback, xdcr_progress_table, xdcr_sink_table
 from ..tablets import DynamicTable, RowWrite, WriteKind, changes, xdcr
 from ..tablets.changes import Position
 from ..timestamps import COUNTER_BITS
+from .base import JOIN_ATTRIBUTE, REWIND_ATTRIBUTE
 from .rows import RowCommands
 
 log = logging.getLogger("reptables.engine.xdcr")
@@ -64,9 +65,12 @@ DEFAULT_CONFLICT_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: changes one batch carries to a peer
 BATCH_CHANGES = 2000
 _IDLE_WAIT = 0.2
+#: at most this often (seconds) a peer's record of this cluster's log position is moved past changes
+#: this cluster only received (an empty batch)
+_ADVANCE_INTERVAL = 0.5
 
 
-def _schema_signature(schema: TableSchema) -> list[dict[str, Any]]:
+def schema_signature(schema: TableSchema) -> list[dict[str, Any]]:
     return [{"name": c.name, "type": c.type.value, "sort_order": "ascending" if c.is_key else None,
              "required": bool(getattr(c, "required", False))} for c in schema.columns]
 
@@ -88,6 +92,8 @@ class XdcrCommands(RowCommands):
     xdcr_paused: bool
     _xdcr_shippers: dict[str, threading.Thread]
     _xdcr_peer_state: dict[str, PeerState]
+    #: (peer, table id) -> monotonic time of the last batch sent (shipper threads, one key each)
+    _xdcr_advanced: dict[tuple[str, str], float]
     _xdcr_stop: threading.Event
 
     # -- configuration -------------------------------------------------------------------------------
@@ -131,29 +137,38 @@ class XdcrCommands(RowCommands):
                     for peer, thread in list(self._xdcr_shippers.items()):
                         if not thread.is_alive():
                             del self._xdcr_shippers[peer]
-                    self._trim_conflicts()
+                    self._xdcr_maintenance()
                 except Exception:  # noqa: BLE001 - the supervisor must outlive any one failure
                     log.exception("xdcr supervisor failed")
 
         threading.Thread(target=supervise, name="xdcr-supervisor", daemon=True).start()
+
+    def _xdcr_maintenance(self) -> None:
+        """The supervisor's periodic work (the conflict log's retention; more in subclasses)."""
+        self._trim_conflicts()
 
     def _ship_loop(self, peer: str) -> None:
         state = self._xdcr_peer_state.setdefault(peer, PeerState())
         state.state, state.last_error = "connecting", None  # (a connection set again starts afresh)
         while not self._xdcr_stop.is_set() and peer in self.xdcr_connections():
             version = self.change_feed.version
-            busy = False
+            busy = failed = False
             for table, path in self._xdcr_tables():
                 try:
                     busy |= self._ship_table(peer, table, path, state)
                 except YtError as exc:
+                    failed = True
                     state.state, state.last_error = self._waiting_state(exc), exc.message
                     log.warning("xdcr shipping waits", extra={"peer": peer, "path": path, "error": exc.message})
                     self._xdcr_stop.wait(1.0)
                 except Exception as exc:  # noqa: BLE001 - recorded, retried
+                    failed = True
                     state.state, state.last_error = "error", f"{type(exc).__name__}: {exc}"
                     log.exception("xdcr shipping failed", extra={"peer": peer, "path": path})
                     self._xdcr_stop.wait(1.0)
+            if not failed:
+                # every table shipped (or had nothing to ship) in this pass
+                state.state, state.last_error = "connected", None
             if not busy and not self.change_feed.wait_after(version, time.monotonic() + _IDLE_WAIT):
                 self._xdcr_stop.wait(_IDLE_WAIT)  # no slot to wait for a commit in: poll
         state.state = "reset" if peer not in self.xdcr_connections() else "stopped"
@@ -164,6 +179,8 @@ class XdcrCommands(RowCommands):
             return "waiting_for_schema"
         if exc.code == ErrorCode.XDCR_NOT_CONNECTED:
             return "waiting_for_peer"
+        if exc.code == ErrorCode.XDCR_NEEDS_SNAPSHOT:
+            return "waiting_for_snapshot"
         return "error"
 
     def _progress(self, peer: str, table_id: str) -> Position:
@@ -185,28 +202,60 @@ class XdcrCommands(RowCommands):
         """Send the next batch of this cluster's own changes of ``table`` to ``peer``; True if more wait."""
         own = self._own_id()
         position = self._progress(peer, table.table_id)
+        if position < table.changes_trimmed:
+            position = self._probe(peer, table, path, position)
         bound = self.stream_bound(table)
         with self.storage.read() as conn:
             found = changes.read(table, conn, position, bound, BATCH_CHANGES)
         if not found:
-            if state.last_error is None:
-                state.state = "connected"  # nothing to send, and the last send (if any) went through
             return False
         end = found[-1].position
         actions = [self._action(c) for c in found if (c.payload.get("o") or [0, own])[1] == own]
-        if actions:
-            body = {"path": path, "origin_cluster": self.name, "origin_cluster_id": own,
-                    "schema": _schema_signature(table.schema), "end": list(end), "actions": actions}
-            answer = self.peers.client(peer).call("xdcr_apply", raw_body=json.dumps(body).encode(),
-                                                  timeout=self.config.push_timeout)
-            stored = (int(answer["position"][0]), int(answer["position"][1]))
-            if stored < end:
-                raise YtError(f"XDCR peer {peer} answered position {stored} for a batch ending at {end}",
-                              code=ErrorCode.PROTOCOL_ERROR)
-            state.delivered += len(actions)
+        key = (peer, table.table_id)
+        if not actions and len(found) < BATCH_CHANGES and \
+                time.monotonic() - self._xdcr_advanced.get(key, 0.0) < _ADVANCE_INTERVAL:
+            # only changes received from peers, at the tail of the log: the peer's record of this
+            # cluster's position moves on with the next own change, or in a moment (the progress
+            # saved here never runs ahead of what the peer recorded: the log is trimmed up to that
+            # progress, and a cluster joining from a snapshot starts from the peer's record)
+            return False
+        self._xdcr_advanced[key] = time.monotonic()
+        stored = self._send(peer, table, path, position, end, actions)
+        if stored < position:
+            # the peer joined from a snapshot after this cluster had shipped to its table (which
+            # the join cleared): ship again from the snapshot's position (a probe first if the
+            # log no longer holds it)
+            log.info("xdcr peer rewound", extra={"peer": peer, "path": path, "position": list(stored)})
+            self._save_progress(peer, table.table_id, stored)
+            return True
+        if stored < end:
+            raise YtError(f"XDCR peer {peer} answered position {stored} for a batch ending at {end}",
+                          code=ErrorCode.PROTOCOL_ERROR)
+        state.delivered += len(actions)
         self._save_progress(peer, table.table_id, end)
-        state.state, state.last_error = "connected", None
         return len(found) >= BATCH_CHANGES
+
+    def _send(self, peer: str, table: DynamicTable, path: str, start: Position, end: Position,
+              actions: list[dict[str, Any]]) -> Position:
+        """One ``xdcr_apply`` of the changes after ``start`` up to ``end``: the position the peer holds."""
+        body = {"path": path, "origin_cluster": self.name, "origin_cluster_id": self._own_id(),
+                "schema": schema_signature(table.schema), "start": list(start), "end": list(end), "actions": actions}
+        answer = self.peers.client(peer).call("xdcr_apply", raw_body=json.dumps(body).encode(),
+                                              timeout=self.config.push_timeout)
+        return int(answer["position"][0]), int(answer["position"][1])
+
+    def _probe(self, peer: str, table: DynamicTable, path: str, position: Position) -> Position:
+        """The log was trimmed after ``position``: ask the peer what it holds. Enough (it joined from
+        a snapshot, or had it all), shipping goes on from there; else it needs a snapshot."""
+        stored = self._send(peer, table, path, position, position, [])
+        if stored < table.changes_trimmed:
+            raise YtError(f"Cluster {peer} misses changes of {path} that cluster {self.name} no longer keeps "
+                          f"(its change log is trimmed up to {list(table.changes_trimmed)}, the peer holds "
+                          f"{list(stored)}): join {peer} to the group from a snapshot "
+                          f"(`reptables dr join --path {path}` against {peer})",
+                          code=ErrorCode.XDCR_NEEDS_SNAPSHOT, attributes={"path": path, "cluster_name": peer})
+        self._save_progress(peer, table.table_id, stored)
+        return stored
 
     @staticmethod
     def _action(change: changes.Change) -> dict[str, Any]:
@@ -233,11 +282,16 @@ class XdcrCommands(RowCommands):
         if origin not in self.xdcr_connections():
             raise YtError(f"Cluster {self.name} is not connected to {origin} for XDCR: add it to "
                           f"//sys/@xdcr_connections of {self.name}", code=ErrorCode.XDCR_NOT_CONNECTED)
-        table, path, _ = self._table(body.get("path"))
+        table, path, node = self._table(body.get("path"))
         if table.xdcr_cluster_id is None:
             raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table (create it with xdcr=%true, "
                           "while empty)", code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
-        mine, theirs = _schema_signature(table.schema), body.get("schema")
+        joining = node.attributes.get(JOIN_ATTRIBUTE)
+        if isinstance(joining, dict):
+            raise YtError(f"Table {path} of cluster {self.name} is joining the group from a snapshot of cluster "
+                          f"{joining.get('source')}: changes wait until the join is finished",
+                          code=ErrorCode.XDCR_NEEDS_SNAPSHOT, attributes={"path": path})
+        mine, theirs = schema_signature(table.schema), body.get("schema")
         if mine != theirs:
             raise YtError(f"The schema of XDCR table {path} differs between cluster {origin} and cluster {self.name}: "
                           f"{theirs} against {mine}; replication starts once they are identical",
@@ -247,6 +301,8 @@ class XdcrCommands(RowCommands):
         if not isinstance(actions, list) or not isinstance(end, list) or len(end) != 2:
             raise YtError("Malformed xdcr_apply: actions and end are required", code=ErrorCode.PROTOCOL_ERROR)
         end_position = (int(end[0]), int(end[1]))
+        start = body.get("start")
+        start_position = (int(start[0]), int(start[1])) if isinstance(start, list) and len(start) == 2 else None
         groups: list[tuple[int, list[RowWrite]]] = []
         group_keys: set[tuple[Any, ...]] = set()
         meta: dict[int, dict[str, Any]] = {}
@@ -293,6 +349,20 @@ class XdcrCommands(RowCommands):
                 c.table_id == table.table_id, c.origin_cluster_id == origin_id)).first()
             stored = (0, 0) if row is None else (int(row[0]), int(row[1]))
             stored_box["stored"] = stored
+            pending = node.attributes.get(REWIND_ATTRIBUTE) or []
+            if origin_id in pending:
+                # the first batch from this origin since this cluster joined from a snapshot: one
+                # that starts past the snapshot's position (the sender shipped to the table before
+                # the join cleared it) is answered with the position, and the sender rewinds to it
+                if start_position is not None and stored < start_position:
+                    return (stored, 0)
+                remaining = [o for o in pending if o != origin_id]
+                if remaining:
+                    node.attributes[REWIND_ATTRIBUTE] = remaining
+                else:
+                    node.attributes.pop(REWIND_ATTRIBUTE, None)
+                self.cypress.save(conn, node)
+                on_rollback(conn, lambda: node.attributes.__setitem__(REWIND_ATTRIBUTE, pending))
             # a batch at or below what is recorded is a retry: answered with the record
             return (stored, 0) if stored >= end_position else None
 
@@ -597,4 +667,4 @@ class XdcrCommands(RowCommands):
                           attributes={"path": path, "cluster_name": self.name})
 
 
-__all__ = ["CONFLICTS_PATH", "PeerState", "XdcrCommands"]
+__all__ = ["CONFLICTS_PATH", "JOIN_ATTRIBUTE", "PeerState", "XdcrCommands", "schema_signature"]

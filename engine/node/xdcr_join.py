@@ -1,0 +1,424 @@
+"""A cluster joins an XDCR group that holds data: a snapshot from a donor, then the change logs.
+
+Seed 001: a new cluster first receives a snapshot of the group's tables from one member (the
+*donor*; ``preferred_source`` picks it among three or more), then every member's changes made
+after it. A change log alone cannot do it once the log was trimmed (``@change_retention``), and the
+rows' versions must come along, or the conflict rules would judge the joiner's rows as unversioned.
+
+The snapshot is a cut, taken in **one SQL read transaction** on the donor: the table's rows, their
+versions and tombstones (``_rt_xdcr_rows``), the donor's change-log position and what it holds of
+every other member (``_rt_xdcr_sink``). Rows, versions, the log and the sink records are written in
+the same SQL transaction as each change, so the cut is consistent without timestamps: after it,
+the donor ships its changes after its position, and every other member its changes after what the
+donor held of it. The donor writes the cut to pages under its data directory
+(``xdcr_snapshots/<id>``) and serves them by number, so a copy can read them in parallel and a
+retried copy reads the same cut again.
+
+The joiner drives the copy (``dr_join_*``, the Spark job ``sparkapps/xdcr_join.py`` or
+``reptables dr join``):
+
+1. ``dr_join_begin``: the table must never have been written on this cluster; what peers already
+   shipped to it is cleared; the table is marked *joining* (client writes and peers' changes to it
+   are refused meanwhile, so a peer waits, ``waiting_for_snapshot``) and the donor takes the cut.
+   Run again, it resumes the same cut.
+2. ``dr_join_read`` / ``dr_join_write`` per page: the rows with their versions, written in one SQL
+   transaction per page with the page's number, so a page is loaded exactly once.
+3. ``dr_join_finish``: once every page is loaded, the sink records become the cut's positions and
+   the mark is removed, in one SQL transaction. Each peer's next batch then starts where the cut
+   left it (a peer ahead of that point is told to rewind, ``node/xdcr.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from ..errors import ErrorCode, YtError
+from ..schema import ColumnType
+from ..storage import changes_table, on_rollback, xdcr_rows_table, xdcr_sink_table
+from ..tablets import DynamicTable, RowWrite, WriteKind, xdcr
+from .base import JOIN_ATTRIBUTE, REWIND_ATTRIBUTE
+from .xdcr import XdcrCommands, log, schema_signature
+
+#: rows (and tombstones) per snapshot page
+PAGE_ROWS = 5000
+#: the version of the joiner's own clean-up deletes: no member's cluster id, so never shipped (the
+#: versions they leave are dropped in the same transaction)
+HOUSEKEEPING = (0, -1)
+#: a snapshot no joiner asked for in this long is removed from the donor
+SNAPSHOT_TTL = 3600.0
+
+
+class XdcrJoinCommands(XdcrCommands):
+    """Both sides of a join: the donor's snapshot pages and the joiner's ``dr_join_*`` commands."""
+
+    # -- the donor --------------------------------------------------------------------------------------
+
+    def _snapshot_root(self) -> Path:
+        root = getattr(self, "_xdcr_snapshot_dir", None)
+        if root is None:
+            if self.data_dir is not None:
+                root = self.data_dir.path / "xdcr_snapshots"
+            else:
+                root = Path(tempfile.mkdtemp(prefix="reptables-xdcr-snapshots-"))
+            root.mkdir(mode=0o700, exist_ok=True)
+            self._xdcr_snapshot_dir = root
+        assert isinstance(root, Path)
+        return root
+
+    def handle_xdcr_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """Take a cut of an XDCR table for a joining member (``caller``, which must be connected)."""
+        own = self._own_id()
+        if caller is not None and caller not in self.xdcr_connections():
+            raise YtError(f"Cluster {caller} is not connected to {self.name} for XDCR: add it to "
+                          f"//sys/@xdcr_connections of {self.name} before it joins", code=ErrorCode.XDCR_NOT_CONNECTED)
+        table, path, _ = self._table(body.get("path"))
+        if table.xdcr_cluster_id is None:
+            raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table",
+                          code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
+        mine, theirs = schema_signature(table.schema), body.get("schema")
+        if mine != theirs:
+            raise YtError(f"The schema of XDCR table {path} differs between cluster {caller} and cluster {self.name}: "
+                          f"{theirs} against {mine}; a join starts once they are identical",
+                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+        page_rows = body.get("page_rows", PAGE_ROWS)
+        if isinstance(page_rows, bool) or not isinstance(page_rows, int) or not 1 <= page_rows <= 100_000:
+            raise YtError(f"Invalid page_rows {page_rows!r} for a snapshot of {path}: expected 1 to 100000",
+                          code=ErrorCode.INVALID_PARAMETER)
+        snapshot_id = uuid.uuid4().hex
+        directory = self._snapshot_root() / snapshot_id
+        directory.mkdir(mode=0o700)
+        try:
+            summary = self._write_cut(table, directory, own, page_rows)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        meta = {"snapshot_id": snapshot_id, "path": path, "donor": self.name, "donor_cluster_id": own, **summary}
+        (directory / "meta.json").write_text(json.dumps(meta))
+        log.info("xdcr snapshot taken", extra={"path": path, "for": caller, "rows": summary["rows"],
+                                               "pages": summary["pages"]})
+        return meta
+
+    def _write_cut(self, table: DynamicTable, directory: Path, own: int, page_rows: int) -> dict[str, Any]:
+        """Rows, versions and positions of ``table`` in one SQL read transaction, as numbered pages."""
+        booleans = [c.name for c in table.schema.columns if c.type is ColumnType.BOOLEAN]
+        v = xdcr_rows_table.c
+        pages = rows = tombstones = 0
+        with self.storage.read() as conn:
+            c = changes_table.c
+            # the read transaction's snapshot starts with its first statement; under the storage
+            # writer, so that no trim of the log falls between it and the trimmed position read
+            # with it (a log trimmed to nothing still has a position: where it was trimmed)
+            with self.storage.write_lock:
+                newest = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table.table_id)
+                                      .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
+                trimmed = table.changes_trimmed
+            s = xdcr_sink_table.c
+            positions = {str(r[0]): [int(r[1]), int(r[2])] for r in conn.execute(
+                sa.select(s.origin_cluster_id, s.timestamp, s.seq).where(s.table_id == table.table_id))}
+            logged = (0, 0) if newest is None else (int(newest[0]), int(newest[1]))
+            positions[str(own)] = list(max(logged, trimmed))
+            result = conn.execute(sa.select(v.row_key, v.timestamp, v.cluster_id, v.deleted, v.parent_timestamp,
+                                            v.parent_cluster_id).where(v.table_id == table.table_id)
+                                  .order_by(v.row_key))
+            while True:
+                chunk = result.fetchmany(page_rows)
+                if not chunk:
+                    break
+                keys = [tuple(orjson.loads(r[0])) for r in chunk]
+                live = [k for k, r in zip(keys, chunk, strict=True) if not r[3]]
+                images = dict(zip(live, table.lookup(conn, live, None), strict=True)) if live else {}
+                entries = []
+                for key, r in zip(keys, chunk, strict=True):
+                    image = None if r[3] else images.get(key)
+                    if image is not None:
+                        for name in booleans:
+                            if image.get(name) is not None:
+                                image[name] = bool(image[name])
+                    entries.append({"key": list(key), "row": image, "v": [int(r[1]), int(r[2])], "d": bool(r[3]),
+                                    "p": None if r[4] is None else [int(r[4]), int(r[5])]})
+                    rows += image is not None
+                    tombstones += image is None
+                (directory / f"{pages}.json").write_text(json.dumps(entries))
+                pages += 1
+        return {"pages": pages, "rows": rows, "tombstones": tombstones, "positions": positions}
+
+    def _snapshot_dir(self, snapshot_id: Any) -> Path:
+        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum():
+            raise YtError("Malformed snapshot_id", code=ErrorCode.PROTOCOL_ERROR)
+        directory = self._snapshot_root() / snapshot_id
+        if not (directory / "meta.json").exists():
+            raise YtError(f"XDCR snapshot {snapshot_id} is not on cluster {self.name} (expired after "
+                          f"{SNAPSHOT_TTL:g} s unused, or released): begin the join again with restart",
+                          code=ErrorCode.RESOLVE_ERROR, attributes={"snapshot_id": snapshot_id})
+        return directory
+
+    def handle_xdcr_snapshot_read(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        directory = self._snapshot_dir(body.get("snapshot_id"))
+        page = body.get("page")
+        meta = json.loads((directory / "meta.json").read_text())
+        if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < int(meta["pages"]):
+            raise YtError(f"XDCR snapshot {meta['snapshot_id']} has pages 0 to {int(meta['pages']) - 1}, not {page!r}",
+                          code=ErrorCode.INVALID_PARAMETER)
+        (directory / "meta.json").touch()  # in use: not expired
+        return {"page": page, "entries": json.loads((directory / f"{page}.json").read_text())}
+
+    def handle_xdcr_snapshot_release(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        snapshot_id = body.get("snapshot_id")
+        if isinstance(snapshot_id, str) and snapshot_id.isalnum():
+            shutil.rmtree(self._snapshot_root() / snapshot_id, ignore_errors=True)
+        return {}
+
+    def expire_snapshots(self) -> None:
+        """Remove the snapshots nobody read for ``SNAPSHOT_TTL`` (a joiner that gave up)."""
+        root = getattr(self, "_xdcr_snapshot_dir", None)
+        if root is None and self.data_dir is not None:
+            root = self.data_dir.path / "xdcr_snapshots"
+        if root is None or not root.exists():
+            return
+        cutoff = time.time() - SNAPSHOT_TTL
+        for directory in root.iterdir():
+            meta = directory / "meta.json"
+            # (one still being written has no meta.json yet: its directory is new)
+            used = meta.stat().st_mtime if meta.exists() else directory.stat().st_mtime
+            if used < cutoff:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    # -- the joiner -------------------------------------------------------------------------------------
+
+    def _join_state(self, path: Any) -> tuple[DynamicTable, str, Any, dict[str, Any] | None]:
+        table, table_path, node = self._table(path)
+        if table.xdcr_cluster_id is None:
+            raise YtError(f"Table {table_path} of cluster {self.name} is not an XDCR table (create it with "
+                          "xdcr=%true, while empty)", code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        state = node.attributes.get(JOIN_ATTRIBUTE)
+        return table, table_path, node, state if isinstance(state, dict) else None
+
+    def _donor(self, source: Any) -> str:
+        """The donor: ``source``, else ``//sys/@xdcr_preferred_source`` (a cluster name or id), else
+        the first connection."""
+        connections = self.xdcr_connections()
+        preferred = source if source is not None else self._sys_attr("xdcr_preferred_source")
+        if preferred is None:
+            if not connections:
+                raise YtError(f"Cluster {self.name} has no XDCR connections: set //sys/@xdcr_connections before "
+                              "joining", code=ErrorCode.XDCR_NOT_CONNECTED)
+            return connections[0]
+        if isinstance(preferred, int) and not isinstance(preferred, bool):
+            # the seed names the preferred source by its cluster id: ask each connection its id
+            for peer in connections:
+                try:
+                    if self.peers.client(peer).call("xdcr_identity", {}, timeout=10.0).get("cluster_id") == preferred:
+                        return peer
+                except YtError:
+                    continue
+            raise YtError(f"No XDCR connection of cluster {self.name} has cluster id {preferred} "
+                          f"(xdcr_preferred_source); connections: {connections}", code=ErrorCode.RESOLVE_ERROR)
+        if preferred not in connections:
+            raise YtError(f"Cluster {preferred} is not an XDCR connection of cluster {self.name} (connections: "
+                          f"{connections}): it cannot be the join's source", code=ErrorCode.RESOLVE_ERROR,
+                          attributes={"cluster_name": str(preferred)})
+        return str(preferred)
+
+    def dr_join_begin(self, path: Any, source: str | None = None, page_rows: int = PAGE_ROWS,
+                      restart: bool = False) -> dict[str, Any]:
+        """Mark the table joining and have the donor take a cut; resumes a join already begun
+        (``restart``: a new cut, e.g. after the donor's expired)."""
+        own = self._own_id()
+        table, table_path, node, state = self._join_state(path)
+        if state is not None and state.get("snapshot") and not restart and source in (None, state["source"]):
+            return self._join_summary(table_path, state)
+        donor = self._donor(source)
+        with self.storage.read() as conn:
+            written_here = conn.execute(sa.select(sa.func.count()).select_from(xdcr_rows_table).where(
+                xdcr_rows_table.c.table_id == table.table_id, xdcr_rows_table.c.cluster_id == own)).scalar()
+        if written_here:
+            raise YtError(f"Table {table_path} of cluster {self.name} holds {written_here} rows written on this "
+                          "cluster: only a table never written here can join from a snapshot (its own changes would "
+                          "be lost)", code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        # mark first (peers' changes to it are refused from now on), then clear what peers shipped
+        with self.storage.write() as conn:
+            node.attributes[JOIN_ATTRIBUTE] = {"source": donor, "snapshot": None, "loaded": []}
+            self.cypress.save(conn, node)
+        with self.storage.write() as conn:
+            keys = [tuple(orjson.loads(r[0])) for r in conn.execute(sa.select(xdcr_rows_table.c.row_key).where(
+                xdcr_rows_table.c.table_id == table.table_id, xdcr_rows_table.c.deleted.is_(False)))]
+            if keys:
+                deletes = []
+                for k in keys:
+                    write = RowWrite(WriteKind.DELETE, dict(zip(table.schema.key_names, k, strict=True)), 1)
+                    write.origin = HOUSEKEEPING  # no member's change: never shipped
+                    deletes.append(write)
+                table.apply(conn, deletes, self.timestamps.generate(), 0)
+            xdcr.drop_versions(conn, table.table_id)
+            conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.table_id == table.table_id))
+        try:
+            snapshot = self.peers.client(donor).call("xdcr_snapshot", {
+                "path": table_path, "schema": schema_signature(table.schema), "page_rows": page_rows},
+                timeout=max(self.config.push_timeout, 600.0))
+        except YtError as exc:
+            raise YtError(f"Cluster {donor} could not take a snapshot of {table_path} for {self.name} to join: "
+                          f"{exc.message}", code=exc.code if exc.code else ErrorCode.GENERIC,
+                          attributes={"path": table_path, "source": donor}) from None
+        state = {"source": donor, "snapshot": snapshot, "loaded": []}
+        with self.storage.write() as conn:
+            node.attributes[JOIN_ATTRIBUTE] = state
+            self.cypress.save(conn, node)
+        log.info("xdcr join begun", extra={"path": table_path, "source": donor, "pages": snapshot["pages"]})
+        return self._join_summary(table_path, state)
+
+    @staticmethod
+    def _join_summary(path: str, state: dict[str, Any]) -> dict[str, Any]:
+        snapshot = state.get("snapshot") or {}
+        pages = int(snapshot.get("pages", 0))
+        loaded = sorted(int(p) for p in state.get("loaded", []))
+        return {"path": path, "source": state["source"], "snapshot_id": snapshot.get("snapshot_id"), "pages": pages,
+                "rows": int(snapshot.get("rows", 0)), "tombstones": int(snapshot.get("tombstones", 0)),
+                "loaded_pages": loaded, "missing_pages": [p for p in range(pages) if p not in set(loaded)]}
+
+    def _begun(self, path: Any) -> tuple[DynamicTable, str, Any, dict[str, Any]]:
+        table, table_path, node, state = self._join_state(path)
+        if state is None or not state.get("snapshot"):
+            raise YtError(f"Table {table_path} of cluster {self.name} is not joining: run dr_join_begin first",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        return table, table_path, node, state
+
+    def dr_join_read(self, path: Any, page: int) -> dict[str, Any]:
+        """One page of the donor's cut (read through this cluster: it holds the credential)."""
+        _, table_path, _, state = self._begun(path)
+        snapshot = state["snapshot"]
+        try:
+            answer: dict[str, Any] = self.peers.client(state["source"]).call(
+                "xdcr_snapshot_read", {"snapshot_id": snapshot["snapshot_id"], "page": page}, timeout=120.0)
+        except YtError as exc:
+            raise YtError(f"Cluster {state['source']} could not give page {page} of the snapshot of {table_path}: "
+                          f"{exc.message}", code=exc.code, attributes={"path": table_path}) from None
+        return answer
+
+    def dr_join_write(self, path: Any, page: int, entries: list[Any]) -> dict[str, Any]:
+        """Load one page of the cut exactly once (rows with their versions; tombstones)."""
+        table, table_path, node, state = self._begun(path)
+        pages = int(state["snapshot"]["pages"])
+        if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < pages:
+            raise YtError(f"The snapshot of {table_path} has pages 0 to {pages - 1}, not {page!r}",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        writes, tombstones = self._page_writes(table, table_path, entries, page)
+        newest = max([w.origin[0] for w in writes if w.origin] + [v.version[0] for v in tombstones.values()],
+                     default=0)
+        if newest:
+            self.xdcr_clock.observe(newest)  # this cluster's next changes are later than all it holds
+        self.replication.check_peer_writes(table, table_path, writes, f"page {page} of the snapshot of {table_path}")
+
+        def check(conn: sa.Connection) -> tuple[Any, Any] | None:
+            return (page, 0) if page in node.attributes[JOIN_ATTRIBUTE]["loaded"] else None
+
+        def record(conn: sa.Connection, _newest: int) -> None:
+            xdcr.write_versions(conn, table.table_id, tombstones)
+            state = dict(node.attributes[JOIN_ATTRIBUTE])
+            before = list(state["loaded"])
+            state["loaded"] = sorted({*before, page})
+            node.attributes[JOIN_ATTRIBUTE] = state
+            self.cypress.save(conn, node)
+            self._on_rollback_restore(conn, node, before)
+
+        answer = self.transactions.apply_replicated(table, [(0, writes)] if writes else [], False, 0, check=check,
+                                                    expected=None, record=record, end=page)
+        return {"page": page, "applied": bool(answer.get("applied")), "rows": len(writes),
+                "tombstones": len(tombstones)}
+
+    @staticmethod
+    def _on_rollback_restore(conn: sa.Connection, node: Any, before: list[int]) -> None:
+        def undo() -> None:
+            state = node.attributes.get(JOIN_ATTRIBUTE)
+            if isinstance(state, dict):
+                node.attributes[JOIN_ATTRIBUTE] = {**state, "loaded": before}
+
+        on_rollback(conn, undo)
+
+    @staticmethod
+    def _page_writes(table: DynamicTable, path: str, entries: Any, page: int,
+                     ) -> tuple[list[RowWrite], dict[tuple[Any, ...], xdcr.RowVersion]]:
+        if not isinstance(entries, list):
+            raise YtError(f"Malformed page {page} of the snapshot of {path}: expected a list of entries",
+                          code=ErrorCode.PROTOCOL_ERROR)
+        writes: list[RowWrite] = []
+        tombstones: dict[tuple[Any, ...], xdcr.RowVersion] = {}
+        key_names = table.schema.key_names
+        for i, entry in enumerate(entries):
+            try:
+                version = (int(entry["v"][0]), int(entry["v"][1]))
+                parent = None if entry.get("p") is None else (int(entry["p"][0]), int(entry["p"][1]))
+                if entry["d"]:
+                    key = tuple(entry["key"])
+                    if len(key) != len(key_names):
+                        raise ValueError("the key has the wrong number of columns")
+                    tombstones[key] = xdcr.RowVersion(version, True, parent)
+                    continue
+                row = entry["row"]
+                if not isinstance(row, dict):
+                    raise ValueError("a live row is a map")
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise YtError(f"Malformed entry {i} of page {page} of the snapshot of {path}: {exc}",
+                              code=ErrorCode.PROTOCOL_ERROR) from None
+            write = RowWrite(WriteKind.WRITE, dict(row), table.schema.full_lock_mask)
+            write.origin, write.origin_parent = version, parent
+            writes.append(write)
+        return writes, tombstones
+
+    def dr_join_finish(self, path: Any) -> dict[str, Any]:
+        """Every page loaded: the sink records become the cut's positions and the table is a member."""
+        table, table_path, node, state = self._begun(path)
+        summary = self._join_summary(table_path, state)
+        if summary["missing_pages"]:
+            raise YtError(f"The join of {table_path} misses {len(summary['missing_pages'])} of {summary['pages']} "
+                          f"pages of the snapshot (first: {summary['missing_pages'][:10]}): load them first",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+        snapshot = state["snapshot"]
+        positions = {int(k): (int(p[0]), int(p[1])) for k, p in snapshot["positions"].items()}
+        own = self._own_id()
+        with self.storage.write() as conn:
+            conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.table_id == table.table_id))
+            for origin, position in positions.items():
+                if origin != own:
+                    conn.execute(xdcr_sink_table.insert().values(table_id=table.table_id, origin_cluster_id=origin,
+                                                                 timestamp=position[0], seq=position[1]))
+            node.attributes.pop(JOIN_ATTRIBUTE, None)
+            node.attributes[REWIND_ATTRIBUTE] = sorted(o for o in positions if o != own)
+            self.cypress.save(conn, node)
+        try:
+            self.peers.client(state["source"]).call("xdcr_snapshot_release",
+                                                    {"snapshot_id": snapshot["snapshot_id"]}, timeout=10.0)
+        except YtError:
+            pass  # it expires on the donor
+        log.info("xdcr join finished", extra={"path": table_path, "source": state["source"]})
+        return {**summary, "joined": True}
+
+    def joining_tables(self) -> dict[str, dict[str, Any]]:
+        """The tables being joined, with their progress (``dr_status``)."""
+        out = {}
+        for node in list(self.cypress.by_id.values()):
+            state = node.attributes.get(JOIN_ATTRIBUTE)
+            if node.table is not None and isinstance(state, dict):
+                out[node.path] = self._join_summary(node.path, state)
+        return out
+
+    def dr_status(self) -> dict[str, Any]:
+        return {**super().dr_status(), "joining": self.joining_tables()}
+
+    def _xdcr_maintenance(self) -> None:
+        super()._xdcr_maintenance()
+        self.expire_snapshots()
+
+    def handle_xdcr_identity(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        return {"cluster": self.name, "cluster_id": self.cluster_id}
+
+
+__all__ = ["JOIN_ATTRIBUTE", "XdcrJoinCommands"]
