@@ -255,6 +255,31 @@ def dr_drop(proxy: Annotated[str | None, PROXY_OPTION] = None,
     _dr(proxy, "dr_drop", {"timeout": int(timeout * 1000)}, timeout + 30)
 
 
+@dr_app.command("join")
+def dr_join(path: Annotated[str, typer.Option("--path", help="The XDCR table to join (empty on this cluster)")],
+            proxy: Annotated[str | None, PROXY_OPTION] = None,
+            source: Annotated[str | None, typer.Option("--source", help="The donor, by its //sys/clusters name "
+                                                       "(default: //sys/@xdcr_preferred_source, else the first "
+                                                       "connection)")] = None,
+            partitions: Annotated[int | None, typer.Option("--partitions", help="Spark tasks")] = None,
+            restart: Annotated[bool, typer.Option("--restart", help="Take a new snapshot instead of resuming "
+                                                                    "the join begun")] = False) -> None:
+    """Join this cluster to a group holding data: a member's snapshot through local Spark, then its changes."""
+    import os
+
+    if not proxy:
+        _fail("no engine: give --proxy URL (the joining cluster) or set YT_PROXY")
+    if not os.environ.get("YT_TOKEN"):
+        _fail("no API token for the joining cluster: set YT_TOKEN")
+    from reptables.sparkapps.xdcr_join import main as join_main
+
+    args = ["--proxy", proxy, "--path", path, *(["--source", source] if source else []),
+            *(["--partitions", str(partitions)] if partitions else []), *(["--restart"] if restart else [])]
+    code = join_main(args)
+    if code:
+        raise typer.Exit(code)
+
+
 def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)

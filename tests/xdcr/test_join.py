@@ -9,7 +9,6 @@ alike everywhere.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,12 +16,10 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client
-from reptables.engine.errors import LockConflict, YtError
+from reptables.engine.errors import YtError
 from tests.replication.conftest import wait_for
 
-from .conftest import SCHEMA, XdcrGroup
-
-ALL = ("a", "b", "c")
+from .conftest import ALL, SCHEMA, Writers, XdcrGroup, trimmed_group
 
 
 @pytest.fixture(scope="module")
@@ -34,34 +31,6 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[XdcrGroup]:
         group.stop()
 
 
-def trimmed_group(trio: XdcrGroup, path: str) -> None:
-    """``path`` on a, b and c; a and b connected, written on both, converged and their logs trimmed."""
-    trio.connect(("a", "b"))
-    for name in ALL:
-        trio.client(name).create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True,
-                                                            "change_retention": 1})
-        trio.client(name).mount_table(path)
-    start = trio.client("a").generate_timestamp()
-    a, b = trio.client("a"), trio.client("b")
-    a.insert_rows(path, [{"id": i, "name": f"a{i}", "password": "pa"} for i in range(300)])
-    b.insert_rows(path, [{"id": i, "name": f"b{i}", "password": "pb"} for i in range(200, 500)])
-    wait_for(lambda: trio.converged(path, ("a", "b")) and len(trio.rows("a", path)) == 500, 30, "a and b converged")
-    a.delete_rows(path, [{"id": i} for i in range(0, 40)])
-    b.delete_rows(path, [{"id": i} for i in range(460, 500)])
-    wait_for(lambda: trio.converged(path, ("a", "b")) and len(trio.rows("a", path)) == 420, 30,
-             "the deletes on both")
-    for name in ("a", "b"):
-        wait_for(lambda n=name: _trimmed(trio.client(n), path, start), 30, f"the change log of {name} trimmed")
-
-
-def _trimmed(client: Client, path: str, start: int) -> bool:
-    try:
-        client.pull_changes(path, from_timestamp=start, wait_timeout=0)
-    except YtError as exc:
-        return exc.code == 1760
-    return False
-
-
 def join(client: Client, path: str, source: str | None = None, page_rows: int = 100) -> dict[str, Any]:
     """What the Spark job does (sparkapps/xdcr_join.py), page by page in one thread."""
     begun = client.call("dr_join_begin", {"path": path, "page_rows": page_rows,
@@ -71,46 +40,6 @@ def join(client: Client, path: str, source: str | None = None, page_rows: int = 
         assert client.call("dr_join_write", {"path": path, "page": page}, entries)["applied"]
     finished: dict[str, Any] = client.call("dr_join_finish", {"path": path})
     return finished
-
-
-class Writers:
-    """A writer per cluster: fresh keys and updates of old ones, each its own client, until stopped."""
-
-    def __init__(self, trio: XdcrGroup, path: str, names: tuple[str, ...]) -> None:
-        self.trio, self.path = trio, path
-        self.stop_event = threading.Event()
-        self.errors: list[BaseException] = []
-        self.writes = dict.fromkeys(names, 0)
-        self.threads = [threading.Thread(target=self.run, args=(n, i), daemon=True) for i, n in enumerate(names)]
-
-    def run(self, name: str, index: int) -> None:
-        engine = self.trio.engines[name]
-        with Client(engine.url, engine.token, timeout=60) as client:
-            n = 0
-            while not self.stop_event.is_set():
-                rows = [{"id": 10_000 * (index + 1) + n, "name": f"{name}-new{n}", "password": "x"},
-                        {"id": 100 + n % 300, "name": f"{name}-upd{n}", "password": "y"}]
-                try:
-                    client.insert_rows(self.path, rows)
-                except LockConflict:
-                    continue  # a peer's change to the key was applied meanwhile (1700): retried, as a client does
-                except YtError as exc:
-                    self.errors.append(exc)
-                    return
-                n += 1
-                self.writes[name] = n
-                time.sleep(0.01)
-
-    def __enter__(self) -> Writers:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        for thread in self.threads:
-            thread.join(30)
-        assert not self.errors, self.errors
 
 
 def test_a_member_whose_log_is_trimmed_waits_for_the_newcomers_snapshot_instead_of_shipping_part(
@@ -187,3 +116,22 @@ def test_a_table_written_on_the_joining_cluster_cannot_join_from_a_snapshot(trio
     assert trio.rows("c", path) == [{"id": 1, "name": "mine", "password": "c"}]
     with pytest.raises(YtError, match="not an XDCR connection"):
         trio.client("a").call("dr_join_begin", {"path": path, "source": "nowhere"})
+
+
+def test_a_join_survives_the_sigkill_of_the_joiner_and_of_the_donor(trio: XdcrGroup) -> None:
+    path = "//tmp/users_killed"
+    trimmed_group(trio, path)
+    trio.connect(ALL)
+    begun = trio.client("c").call("dr_join_begin", {"path": path, "source": "a", "page_rows": 60})
+    half = begun["missing_pages"][: begun["pages"] // 2]
+    for page in half:
+        entries = trio.client("c").call("dr_join_read", {"path": path, "page": page})["entries"]
+        trio.client("c").call("dr_join_write", {"path": path, "page": page}, entries)
+    trio.restart("c")  # SIGKILL, then started again
+    trio.restart("a")
+    resumed = trio.client("c").call("dr_join_begin", {"path": path})
+    assert resumed["snapshot_id"] == begun["snapshot_id"] and resumed["loaded_pages"] == half
+    finished = join(trio.client("c"), path)
+    assert finished["joined"]
+    wait_for(lambda: trio.converged(path), 30, "a, b and c converged after the kills")
+    assert len(trio.rows("c", path)) == 420
