@@ -344,6 +344,11 @@ class XdcrCommands(RowCommands):
         stored_box: dict[str, Position] = {}
 
         def check(conn: sa.Connection) -> tuple[Any, Any] | None:
+            if isinstance(node.attributes.get(JOIN_ATTRIBUTE), dict):
+                # (checked again under the writer: a join that began meanwhile clears the table)
+                raise YtError(f"Table {path} of cluster {self.name} is joining the group from a snapshot: changes "
+                              "wait until the join is finished", code=ErrorCode.XDCR_NEEDS_SNAPSHOT,
+                              attributes={"path": path})
             c = xdcr_sink_table.c
             row = conn.execute(sa.select(c.timestamp, c.seq).where(
                 c.table_id == table.table_id, c.origin_cluster_id == origin_id)).first()

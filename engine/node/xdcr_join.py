@@ -280,9 +280,10 @@ class XdcrJoinCommands(XdcrCommands):
         snapshot = state.get("snapshot") or {}
         pages = int(snapshot.get("pages", 0))
         loaded = sorted(int(p) for p in state.get("loaded", []))
+        done = set(loaded)
         return {"path": path, "source": state["source"], "snapshot_id": snapshot.get("snapshot_id"), "pages": pages,
                 "rows": int(snapshot.get("rows", 0)), "tombstones": int(snapshot.get("tombstones", 0)),
-                "loaded_pages": loaded, "missing_pages": [p for p in range(pages) if p not in set(loaded)]}
+                "loaded_pages": loaded, "missing_pages": [p for p in range(pages) if p not in done]}
 
     def _begun(self, path: Any) -> tuple[DynamicTable, str, Any, dict[str, Any]]:
         table, table_path, node, state = self._join_state(path)
