@@ -56,7 +56,7 @@ MAX_BACKOFF_SECONDS = 600.0
 #: how long the copy job waits for its source to be in sync at T
 SOURCE_WAIT_SECONDS = 120
 _ROWS_COPIED = re.compile(r"bootstrap copied (\d+) rows")
-_FAILED_LINE = re.compile(r"((?:bootstrap|verify) failed: .*)$")
+_FAILED_LINE = re.compile(r"((?:bootstrap|verify|xdcr join) failed: .*)$")
 _VERIFY_SUMMARY = re.compile(r"(verify of .* differing ranges.*)$")
 _MASK = "***"
 

@@ -8,12 +8,18 @@ its clusters by TableCluster name, the XDCR tables by path and schema (created o
 (``dr_pause``/``dr_resume`` on every member) and ``reset`` (``dr_reset`` of one member on the
 others). Its status is ``dr_status`` of every member as ordered pairs.
 
+A cluster added to a group that holds data joins from a snapshot when its peers' change logs no
+longer hold everything (seed 001): the operator runs the join job for it (``reconcile_xdcr_join.py``),
+taking the snapshot from ``preferredSource`` when one is named, and reports each join in
+``status.joins``.
+
 The column type is the one of ReplicatedTable (:class:`~.models_replicated_table.Column`): an
 XDCR table is an ordinary sorted dynamic table with the ``xdcr`` flag, and its schema reads the same.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
@@ -36,7 +42,8 @@ from .models_common import (
 )
 from .models_replicated_table import Column
 
-__all__ = ["XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrPair", "XdcrReset", "XdcrTable"]
+__all__ = ["XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrJoin", "XdcrJoinPhase", "XdcrPair", "XdcrReset",
+           "XdcrTable"]
 
 #: at most this many clusters in a group (cluster ids are 0-127; CEL rules iterate the list)
 MAX_GROUP_CLUSTERS = 16
@@ -103,7 +110,9 @@ class XdcrGroupSpec(ApiModel):
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
         "rule": "!has(self.reset) || self.clusters.exists(c, c == self.reset.cluster)",
-        "message": "reset.cluster must be one of clusters"}]})
+        "message": "reset.cluster must be one of clusters"}, {
+        "rule": "!has(self.preferredSource) || self.clusters.exists(c, c == self.preferredSource)",
+        "message": "preferredSource must be one of clusters"}]})
 
     clusters: NameSet = Field(min_length=2, max_length=MAX_GROUP_CLUSTERS, json_schema_extra=SET_LIST)
     """Names of the TableClusters of the group (at least two). Each one's engine must run with
@@ -116,6 +125,12 @@ class XdcrGroupSpec(ApiModel):
     false takes them again (dr_resume)."""
     reset: XdcrReset | None = None
     """Break replication with one cluster (dr_reset --force on every other cluster)."""
+    preferred_source: ObjectName | None = None
+    """The member a joining cluster takes its snapshot from (seed 001's `preferred-source`; it matters
+    among three or more clusters): a cluster added to a group whose change logs were trimmed first
+    loads a snapshot of every XDCR table from this member, then the change logs. Unset, or when it
+    is the joining cluster itself or is being reset, the joining cluster's engine picks the donor
+    (its `//sys/@xdcr_preferred_source`, else its first connection)."""
     conflict_event_threshold: StrictInt = Field(default=1, ge=1)
     """A Warning event is posted when the conflicts a cluster resolved for changes from one peer
     grew by at least this many since the last reconcile."""
@@ -133,6 +148,13 @@ class XdcrGroupSpec(ApiModel):
     def _reset_is_a_member(self) -> XdcrGroupSpec:
         if self.reset is not None and self.reset.cluster not in self.clusters:
             raise ValueError(f"reset.cluster must be one of clusters (got {self.reset.cluster!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _preferred_source_is_a_member(self) -> XdcrGroupSpec:
+        if self.preferred_source is not None and self.preferred_source not in self.clusters:
+            raise ValueError(f"preferredSource must be one of clusters (got {self.preferred_source!r}; clusters: "
+                             f"{', '.join(self.clusters)})")
         return self
 
     @property
@@ -164,6 +186,39 @@ class XdcrPair(StatusModel):
     """Why the pair is not connected, if it is not."""
 
 
+class XdcrJoinPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class XdcrJoin(StatusModel):
+    """One cluster joining one XDCR table from a snapshot (the join job, one attempt at a time)."""
+
+    cluster: StrictStr
+    """The joining cluster (a TableCluster of the group)."""
+    path: StrictStr
+    """The XDCR table it joins."""
+    phase: XdcrJoinPhase
+    """Pending (about to start), Running (the job runs), Succeeded, or Failed (the last attempt
+    failed: `message` says why; it is tried again at `nextAttemptTime`)."""
+    source: StrictStr | None = None
+    """The member the snapshot comes from (as asked; the engine's choice once the join has begun)."""
+    job_ref: StrictStr | None = None
+    """The running (or last) job: `local:<name>` or `sparkapplication:<namespace>/<name>`."""
+    attempts: StrictInt = Field(default=0, ge=0)
+    """Attempts started so far."""
+    message: StrictStr | None = None
+    """What the join is doing, or why its last attempt failed."""
+    next_attempt_time: StrictStr | None = None
+    """When a failed attempt is retried (RFC 3339)."""
+    start_time: StrictStr | None = None
+    """When the current (or last) attempt started (RFC 3339)."""
+    completion_time: StrictStr | None = None
+    """When the join succeeded (RFC 3339)."""
+
+
 class XdcrGroupStatus(BaseStatus):
     """The group as the dr_status of its members reports it."""
 
@@ -175,6 +230,9 @@ class XdcrGroupStatus(BaseStatus):
     """Conflicts resolved on all clusters (the sum over the pairs)."""
     tables: list[StrictStr] = Field(default_factory=list, json_schema_extra=SET_LIST)
     """Paths of the XDCR tables present on every cluster."""
+    joins: list[XdcrJoin] = Field(default_factory=list)
+    """Clusters joining XDCR tables from a snapshot, at most one running at a time (and the joins
+    done, until the cluster or the table leaves the group)."""
 
 
 class XdcrGroup(BaseResource):

@@ -15,7 +15,11 @@ What the engine offers is per cluster (docs/xdcr.md, "Set up a group"): an id gi
    it is named), the connections, and ``paused`` (``dr_pause`` without waiting for the drain, so a
    reconcile never blocks on an unreachable peer; ``queuedRows`` shows the drain). An unreachable
    member does not stop the others: an active-active group must stay operable with a member down.
-3. **Report** every ordered pair from ``dr_status`` of its sending cluster, with the conflicts the
+3. **Join** a cluster added to a group whose change logs were trimmed: the members wait for its
+   snapshot (``waiting_for_snapshot``), and the operator runs the XDCR join job for it, one join per
+   group at a time, from ``preferredSource`` when named (``reconcile_xdcr_join.py``; ``status.joins``,
+   Ready=False with reason ``Joining`` meanwhile).
+4. **Report** every ordered pair from ``dr_status`` of its sending cluster, with the conflicts the
    receiving cluster resolved for it. A Warning event is posted when those grew by at least
    ``conflictEventThreshold`` since the last reconcile (the engine's counter restarts with it, so a
    smaller value counts as growth from zero).
@@ -37,6 +41,7 @@ from . import conditions
 from .conditions import Cond
 from .directory import sync_directory
 from .reconcile_tables import yt_schema
+from .reconcile_xdcr_join import WAITING_FOR_SNAPSHOT, JoinStep, advance_joins
 from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error, oldest_claimant
 
 DEGRADED = "Degraded"
@@ -223,13 +228,7 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
                 events.append(Event("Warning", "Reset", f"{spec.reset.cluster} no longer replicates with the group"))
         except (YtError, httpx.HTTPError) as exc:
             unreachable[spec.reset.cluster] = describe_error(exc)
-    # 3. status from every member, as it stands now
-    return _report(res, members, clients, unreachable, table_problems, events)
-
-
-def _report(res: Resource, members: list[str], clients: dict[str, Any], unreachable: dict[str, str],
-            table_problems: list[str], events: list[Event]) -> Outcome:
-    spec = res.spec
+    # 3. status from every member, as it stands now; 4. a cluster that must join from a snapshot
     statuses: dict[str, dict[str, Any]] = {}
     for name in members:
         if name in clients:
@@ -237,6 +236,13 @@ def _report(res: Resource, members: list[str], clients: dict[str, Any], unreacha
                 statuses[name] = _status_of(clients[name])
             except (YtError, httpx.HTTPError) as exc:
                 unreachable[name] = describe_error(exc)
+    joins = advance_joins(res, world, statuses)
+    return _report(res, members, statuses, unreachable, table_problems, events + joins.events, joins)
+
+
+def _report(res: Resource, members: list[str], statuses: dict[str, dict[str, Any]], unreachable: dict[str, str],
+            table_problems: list[str], events: list[Event], joins: JoinStep) -> Outcome:
+    spec = res.spec
     previous = {(p.get("from"), p.get("to")): p.get("conflicts") for p in res.status.get("pairs") or []
                 if isinstance(p, dict)}
     pairs: list[dict[str, Any]] = []
@@ -277,14 +283,20 @@ def _report(res: Resource, members: list[str], clients: dict[str, Any], unreacha
     status: dict[str, Any] = {
         "observedGeneration": res.generation, "pairs": pairs, "tables": tables_everywhere,
         "paused": bool(statuses) and len(statuses) == len(members) and all(s.get("paused") for s in statuses.values()),
-        "conflicts": sum(int(p.get("conflicts") or 0) for p in pairs)}
+        "conflicts": sum(int(p.get("conflicts") or 0) for p in pairs), "joins": joins.joins}
     waiting = [p for p in pairs if p["state"] not in CONNECTED_STATES]
-    broken = [p for p in waiting if p["state"] not in ("connecting",)]
+    # the pairs to a cluster joining from a snapshot wait for it: that is the join, not a fault
+    broken = [p for p in waiting if p["state"] not in ("connecting",) and not (
+        p["state"] == WAITING_FOR_SNAPSHOT and joins.joining(p["to"]))]
     degraded: list[tuple[str, str]] = []
     if unreachable:
         degraded.append(("ClusterUnreachable", "; ".join(f"{n}: {why}" for n, why in sorted(unreachable.items()))))
     if table_problems:
         degraded.append(("TableProblem", "; ".join(table_problems)))
+    if joins.failed:
+        degraded.append(("JoinFailed", "; ".join(
+            f"{j['cluster']} could not join {j['path']} from a snapshot (attempt {j.get('attempts')}, next at "
+            f"{j.get('nextAttemptTime')}): {j.get('message')}" for j in joins.failed)))
     if broken:
         degraded.append(("PairsNotConnected", "; ".join(
             f"{p['from']} -> {p['to']}: {p['state']}" + (f" ({p['lastError']})" if p.get("lastError") else "")
@@ -294,6 +306,10 @@ def _report(res: Resource, members: list[str], clients: dict[str, Any], unreacha
         reason = degraded[0][0]
         message = f"{res.display}: " + "; ".join(text for _, text in degraded)
         conds += [Cond(conditions.READY, False, reason, message), Cond(DEGRADED, True, reason, message)]
+    elif joins.active is not None:
+        join = joins.active
+        message = f"{res.display}: {join['cluster']} joins {join['path']} from a snapshot: {join.get('message')}"
+        conds += [Cond(conditions.READY, False, "Joining", message), Cond(DEGRADED, False, "Joining", message)]
     elif waiting:
         message = f"{res.display}: connecting " + ", ".join(f"{p['from']} -> {p['to']}" for p in waiting)
         conds += [Cond(conditions.READY, False, "Connecting", message), Cond(DEGRADED, False, "Connecting", message)]
@@ -308,6 +324,8 @@ def _report(res: Resource, members: list[str], clients: dict[str, Any], unreacha
     if degraded and before != degraded[0][0]:
         events.append(Event("Warning", degraded[0][0], conds[0].message))
     retry = CONNECTING_RETRY if waiting and not degraded else DEGRADED_RETRY if degraded else REFRESH_SECONDS
+    if joins.retry_after is not None:
+        retry = min(retry, joins.retry_after)
     return Outcome(status=status, events=events, retry_after=retry)
 
 

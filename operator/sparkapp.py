@@ -85,7 +85,8 @@ def build_app(job: JobSpec, settings: SparkJobSettings, name: str, namespace: st
               "app.kubernetes.io/managed-by": "reptables-operator"}
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
     if job.owner is not None:
-        labels["reptables.io/tablereplica"] = job.owner.name
+        # (reptables.io/tablereplica for a bootstrap, reptables.io/xdcrgroup for a join)
+        labels[f"reptables.io/{job.owner.kind.lower()}"] = job.owner.name
         metadata["labels"] = dict(labels)
         metadata["ownerReferences"] = [{"apiVersion": job.owner.api_version, "kind": job.owner.kind,
                                         "name": job.owner.name, "uid": job.owner.uid, "controller": True,

@@ -9,7 +9,11 @@ loads only the pages still missing.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -71,3 +75,11 @@ def test_a_join_that_cannot_start_says_why(spark: SparkSession, trio: XdcrGroup)
     c.create("table", "//tmp/never_joined", attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True})
     with pytest.raises(YtError, match="not joining"):
         c.call("dr_join_finish", {"path": "//tmp/never_joined"})
+
+
+def test_the_sparkapplication_main_file_runs_the_join_job() -> None:
+    """On Kubernetes the job is ``sparkapp.py xdcr_join <options>`` (the file spark-submit runs)."""
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "sparkapps" / "sparkapp.py"), "xdcr_join",
+                           "--proxy", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "YT_TOKEN": ""})
+    assert done.returncode == 2 and "--path" in done.stderr  # the join job's own usage, not sparkapp.py's
