@@ -33,6 +33,11 @@ silently dropped. The targets of the issue, measured in this order:
   that the check does not depend on how versions are stamped within a commit. Any failure is
   printed loudly and the exit status is 1 (the JSON is still written).
 
+* **a join from a snapshot** (``--join``): both sides' change logs are trimmed, a third engine joins
+  the paced run's table from a snapshot of east through the Spark job (``python -m
+  reptables.sparkapps.xdcr_join``, local Spark), and must then hold what east holds; the copy rate is
+  the job's own figure (rows over the copy's seconds, without Spark's start).
+
 A write error stops the benchmark (an engine bug, not noise); answers 105 (unavailable) and 1700
 (row lock conflict) are retried at most 5 times, as yt.wrapper would, and counted.
 
@@ -42,6 +47,7 @@ SIGTERM or an error; every writer and consumer process likewise. Every loop and 
 
     .venv/bin/python benchmarks/xdcr_bench.py --rows 200000    # the run of benchmarks/README.md, ~5 min
     .venv/bin/python benchmarks/xdcr_bench.py --quick          # smoke run (20,000 rows), < 90 s
+    .venv/bin/python benchmarks/xdcr_bench.py --rows 200000 --join   # and a third cluster joining
     .venv/bin/python benchmarks/xdcr_bench.py --json out.json  # also write every figure as JSON
 """
 
@@ -52,6 +58,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -724,6 +731,79 @@ def cost_phase(group: Group, args: argparse.Namespace) -> dict[str, Any]:
             "converged": all(e["convergence"]["passed"] for e in runs["xdcr"])}
 
 
+NORTH = ("north", 3, "bench-token-north-0123456789abcdef")
+#: the longest wait for a log trimmed to nothing (change_retention 1 ms, trimmed by a background pass)
+TRIM_TIMEOUT_S = 120.0
+
+
+def join_phase(group: Group, args: argparse.Namespace, paced: dict[str, Any]) -> dict[str, Any]:
+    """A third cluster joins the paced run's table from a snapshot of east, through the Spark job.
+
+    Both sides' change logs are trimmed first (``@change_retention`` 1 ms), so that no member can
+    ship the newcomer its whole history and the snapshot is the only way in (docs/xdcr.md). The
+    job runs as users run it, ``python -m reptables.sparkapps.xdcr_join`` on local Spark; its own
+    log line gives the copy time (without Spark's start). Then north must hold what east holds."""
+    path = paced["path"]
+    name, cid, token = NORTH
+    for client in group.clients.values():
+        client.set(f"{path}/@change_retention", 1)
+    deadline = time.monotonic() + TRIM_TIMEOUT_S
+    for client in group.clients.values():
+        while True:
+            try:
+                client.pull_changes(path, from_timestamp=1, wait_timeout=0)
+            except YtError as exc:
+                if exc.code == 1760:
+                    break
+                raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the change log of {path} was not trimmed in {TRIM_TIMEOUT_S:g} s")
+            time.sleep(0.2)
+    north = LocalEngine(name, group.workdir / name, token=token, log_level="warning",
+                        extra_args=["--cluster-id", str(cid)])
+    north.start(timeout=60.0)
+    log(f"engine {name} (cluster id {cid}) pid {north.pid} at {north.url}")
+    client = Client(north.url, token, timeout=120.0)
+    try:
+        engines = {**{group.names[c]: (e.url, group.tokens[c]) for c, e in group.engines.items()},
+                   name: (north.url, token)}
+        for caller, (url, own_token) in engines.items():
+            with Client(url, own_token, timeout=60.0) as c:
+                c.set("//sys/clusters", {n: {"proxy_url": u, "token": peer_credential(t, caller)}
+                                         for n, (u, t) in engines.items()})
+                c.set("//sys/@xdcr_connections", [n for n in engines if n != caller])
+        client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True}, recursive=True)
+        client.mount_table(path)
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "reptables.sparkapps.xdcr_join", "--proxy", north.url, "--path",
+                               path, "--source", group.names[1], "--master", "local[2]"],
+                              env={**os.environ, "YT_TOKEN": token, "PYSPARK_PYTHON": sys.executable},
+                              capture_output=True, text=True, timeout=CHILD_MAX_S, start_new_session=True)
+        wall = time.monotonic() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"the join job failed ({done.returncode}): {done.stderr[-2000:]}")
+        found = re.search(r"done: (\d+) rows and (\d+) tombstones in (\d+) pages .* in ([0-9.]+) s", done.stderr)
+        if found is None:
+            raise RuntimeError(f"no summary line in the join job's log: {done.stderr[-2000:]}")
+        rows, tombstones, pages, seconds = int(found[1]), int(found[2]), int(found[3]), float(found[4])
+        group.clients[cid] = client  # (digest reads north through it; north is no member of group.engines)
+        written = {c: s["rows"] for c, s in zip(group.engines, paced["sides"].values(), strict=True)}
+        ranges = key_ranges(written, args.shared_pct)
+        east = group.digest(1, path, ranges)
+        same = False
+        for _ in range(30):
+            if group.digest(cid, path, ranges) == east:
+                same = True
+                break
+            time.sleep(1.0)
+        return {"rows": rows, "tombstones": tombstones, "pages": pages, "copy_s": seconds, "job_wall_s": wall,
+                "rows_per_s": rows / seconds if seconds else 0.0, "same_as_source": same, "source_rows": east[0]}
+    finally:
+        group.clients.pop(cid, None)
+        client.close()
+        north.stop()
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"load_average_start": load_average()}
     group = Group(workdir)
@@ -736,6 +816,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if args.quick and args.rate is None:
             rate = max(rate, QUICK_MIN_RATE)  # the smoke run's paced phase stays short
         result["paced"] = latency_phase(group, args, rate)
+        if args.join:
+            result["join"] = join_phase(group, args, result["paced"])
     finally:
         result["child_pids"] = [c.proc.pid for c in group.children]
         group.stop()
@@ -801,6 +883,15 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
                + ("" if args.rate is not None else
                   f"; the paced run used {args.rate_fraction:g} x this as its rate")),
     ]
+    join = result.get("join")
+    if join is not None:
+        out += [
+            Figure("join from a snapshot: copy rate", join["rows_per_s"], "rows/s",
+                   note=f"{join['rows']:,} rows and {join['tombstones']:,} tombstones in {join['pages']} pages, "
+                   f"{join['copy_s']:.1f} s of copy, {join['job_wall_s']:.1f} s for the whole job with Spark's start"),
+            Figure("joined cluster equal to its source", None, "", "yes", join["same_as_source"],
+                   f"north and east hold {join['source_rows']:,} rows each, same SHA-256"),
+        ]
     return out
 
 
@@ -824,6 +915,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "figure (default 10; 1.5 with --quick)")
     p.add_argument("--cost-rounds", type=int, default=2, help="alternated plain/XDCR rounds (default 2)")
     p.add_argument("--converge-timeout", type=float, default=600.0, help="bound of each wait for convergence (s)")
+    p.add_argument("--join", action="store_true", help="then trim both logs and join a third cluster to the "
+                   "paced run's table from a snapshot of east, through the Spark job (copy rate, equal contents)")
     p.add_argument("--quick", action="store_true", help="the smoke run: 20,000 rows at 2,000 rows/s per side, "
                    "short cost runs")
     p.add_argument("--data-dir", type=Path, default=None, help="parent of the temporary data directory (a disk, "

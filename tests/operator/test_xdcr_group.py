@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
@@ -37,15 +37,21 @@ USERS = "//home/users"
 SCHEMA = [{"name": "id", "type": "int64", "sortOrder": "ascending"}, {"name": "name", "type": "string"}]
 
 
+class WithLogs(Protocol):
+    def logs(self) -> str: ...
+
+
 @dataclass
 class Env:
+    """An XdcrGroup's world: the emulated API, the engines, the operator (tests/operator/test_xdcr_join.py too)."""
+
     api: K8sApi
     engines: dict[str, EngineProcess]
-    operator: OperatorProcess
+    operator: WithLogs
 
     def client(self, cluster: str) -> Client:
         engine = self.engines[cluster]
-        return Client(engine.url, engine.token, timeout=10)
+        return Client(engine.url, engine.token, timeout=30)
 
     def group(self, name: str) -> dict[str, Any]:
         return self.api.get("xdcrgroups", name)
@@ -66,13 +72,14 @@ class Env:
 
     def rows(self, cluster: str) -> list[dict[str, Any]]:
         with self.client(cluster) as client:
-            return client.select_rows(f"* from [{USERS}]")
+            return client.select_rows(f"* from [{USERS}]", output_row_limit=100_000)
 
 
-def table_cluster(name: str, engine: EngineProcess, cluster_id: int, secret: str | None = None) -> dict[str, Any]:
+def table_cluster(name: str, engine: EngineProcess, cluster_id: int, secret: str | None = None,
+                  namespace: str = NS) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
             "spec": {"endpoint": engine.url, "clusterId": cluster_id,
-                     "credentialsSecret": {"name": secret or f"{name}-token", "namespace": NS}}}
+                     "credentialsSecret": {"name": secret or f"{name}-token", "namespace": namespace}}}
 
 
 def xdcr_group(name: str, clusters: list[str], **spec: Any) -> dict[str, Any]:

@@ -14,13 +14,11 @@ server refuses a ``preferredSource`` that is not a member, saying so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +30,13 @@ from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
+from tests.operator.test_xdcr_group import USERS, Env, table_cluster, xdcr_group
 
 REPO = Path(__file__).resolve().parents[2]
-API = "reptables.io/v1alpha1"
 NS = "xdcr-join"
 CREDENTIALS = {"reptables.io/credentials": "true"}
 MEMBERS = ("chicago", "sf", "nyc")
 WRITTEN = "boston"  # its table was written on it before it was added: it cannot join from a snapshot
-USERS = "//home/users"
-SCHEMA = [{"name": "id", "type": "int64", "sortOrder": "ascending"}, {"name": "name", "type": "string"}]
 ENGINE_SCHEMA = [{"name": "id", "type": "int64", "sort_order": "ascending"}, {"name": "name", "type": "string"}]
 
 
@@ -78,49 +74,6 @@ class JoiningOperator:
         return self.log_path.read_text(errors="replace")[-8000:] if self.log_path.exists() else ""
 
 
-@dataclass
-class Env:
-    api: K8sApi
-    engines: dict[str, EngineProcess]
-    operator: JoiningOperator
-
-    def client(self, cluster: str) -> Client:
-        engine = self.engines[cluster]
-        return Client(engine.url, engine.token, timeout=30)
-
-    def group(self, name: str) -> dict[str, Any]:
-        return self.api.get("xdcrgroups", name)
-
-    def condition(self, name: str, type_: str = "Ready") -> dict[str, Any]:
-        conds = (self.group(name).get("status") or {}).get("conditions") or []
-        return next((c for c in conds if c.get("type") == type_), {})
-
-    def wait(self, predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ApiError, YtError):
-                value = predicate()
-                if value:
-                    return value
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}\n--- operator log ---\n{self.operator.logs()}")
-
-    def rows(self, cluster: str) -> list[dict[str, Any]]:
-        with self.client(cluster) as client:
-            return client.select_rows(f"* from [{USERS}]", output_row_limit=100_000)
-
-
-def table_cluster(name: str, engine: EngineProcess, cluster_id: int) -> dict[str, Any]:
-    return {"apiVersion": API, "kind": "TableCluster", "metadata": {"name": name},
-            "spec": {"endpoint": engine.url, "clusterId": cluster_id,
-                     "credentialsSecret": {"name": f"{name}-token", "namespace": NS}}}
-
-
-def xdcr_group(name: str, clusters: list[str], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": API, "kind": "XdcrGroup", "metadata": {"name": name},
-            "spec": {"clusters": clusters, "tables": [{"path": USERS, "schema": SCHEMA}], **spec}}
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("xdcr-join")
@@ -139,7 +92,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 api.create({"apiVersion": "v1", "kind": "Secret",
                             "metadata": {"name": f"{name}-token", "namespace": NS, "labels": CREDENTIALS},
                             "stringData": {"token": engines[name].token}})
-                api.create(table_cluster(name, engines[name], index))
+                api.create(table_cluster(name, engines[name], index, namespace=NS))
             yield Env(api, engines, operator)
     finally:
         if operator is not None:
