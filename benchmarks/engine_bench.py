@@ -59,6 +59,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import sqlite3
@@ -416,6 +417,55 @@ class Figure:
     @property
     def mark(self) -> str:
         return "" if self.ok is None else ("PASS" if self.ok else "MISS")
+
+
+def bench_main(title: str, prefix: str, args: argparse.Namespace,
+               run: Callable[[argparse.Namespace, Path], dict[str, Any]],
+               figures: Callable[[dict[str, Any], argparse.Namespace], list[Figure]],
+               failure: Callable[[dict[str, Any]], str | None]) -> int:
+    """The life of a benchmark run (stream_bench.py, xdcr_bench.py): a temporary data directory under
+    ``args.data_dir`` (kept with ``args.keep_data``), SIGTERM as Ctrl-C (``run`` stops what it
+    started either way), the table of figures, ``args.json``, and exit status 1 with a banner when
+    ``failure`` names a correctness check that failed (timings never fail a run)."""
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.monotonic()
+    if args.data_dir is not None:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+    # (mkdtemp, not TemporaryDirectory: whose finalizer would remove a directory --keep-data keeps)
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=args.data_dir))
+    try:
+        result = run(args, workdir)
+    except KeyboardInterrupt:
+        print("interrupted; every process the benchmark started was stopped", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep_data:
+            print(f"data kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    total = time.monotonic() - started
+    table = figures(result, args)
+    print()
+    print(f"reptables {title} ({'quick' if args.quick else 'full'}; {total:.0f} s; {os.cpu_count()} CPUs; "
+          f"load average {result['load_average_start']} at start, {result['load_average_end']} at end)")
+    print_table(table)
+    missed = [f.name for f in table if f.ok is False]
+    print("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
+    if args.json is not None:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        payload = {"config": {**config, "cpus": os.cpu_count(), "seconds_total": total},
+                   "figures": [{**asdict(f), "status": f.mark or None} for f in table], **result}
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    problem = failure(result)
+    if problem is not None:
+        print("\n" + "!" * 78 + "\n" + problem + "\n" + "!" * 78, file=sys.stderr)
+        return 1
+    return 0
 
 
 def fmt(value: float | None, unit: str) -> str:

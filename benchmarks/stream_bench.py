@@ -52,18 +52,16 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Figure, load_average, percentile, print_table  # noqa: E402
+from engine_bench import Figure, bench_main, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.process import LocalEngine  # noqa: E402
@@ -563,49 +561,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--consume"]:
         return consume_main(argv[1:])
-    args = parse_args(argv)
+    return bench_main("change-stream benchmark", "reptables-stream-bench-", parse_args(argv), run, figures, failure)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    if args.data_dir is not None:
-        args.data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.TemporaryDirectory(prefix="reptables-stream-bench-", dir=args.data_dir)
-    workdir = Path(tmp.name)
-    try:
-        result = run(args, workdir)
-    except KeyboardInterrupt:
-        log("interrupted; the engine and the consumers were stopped")
-        return 130
-    finally:
-        if args.keep_data:
-            log(f"data kept in {workdir}")
-        else:
-            tmp.cleanup()
-    total = time.monotonic() - started
-    table = figures(result, args)
-    print()
-    print(f"reptables change-stream benchmark ({'quick' if args.quick else 'full'}; {total:.0f} s; "
-          f"{os.cpu_count()} CPUs; load average {result['load_average_start']} at start, "
-          f"{result['load_average_end']} at end)")
-    print_table(table)
-    missed = [f.name for f in table if f.ok is False]
-    print("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
-    if args.json is not None:
-        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        payload = {"config": {**config, "cpus": os.cpu_count(), "seconds_total": total},
-                   "figures": [{**asdict(f), "status": f.mark or None} for f in table], **result}
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"figures written to {args.json}")
+def failure(result: dict[str, Any]) -> str | None:
     once = result["exactly_once"]
-    if not (once["passed"] and result["drain"]["same_rows"] and result["cost"]["all_delivered"]):
-        print("\n" + "!" * 78 + "\nEXACTLY-ONCE CHECK FAILED: the stream lost, duplicated or reordered changes "
-              f"({json.dumps(once)}; drain same rows: {result['drain']['same_rows']}; cost-run consumers got every "
-              f"row: {result['cost']['all_delivered']})\n" + "!" * 78, file=sys.stderr)
-        return 1
-    return 0
+    if once["passed"] and result["drain"]["same_rows"] and result["cost"]["all_delivered"]:
+        return None
+    return (f"EXACTLY-ONCE CHECK FAILED: the stream lost, duplicated or reordered changes ({json.dumps(once)}; "
+            f"drain same rows: {result['drain']['same_rows']}; cost-run consumers got every row: "
+            f"{result['cost']['all_delivered']})")
 
 
 if __name__ == "__main__":

@@ -60,23 +60,19 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Figure, load_average, percentile, print_table  # noqa: E402
+from engine_bench import Figure, bench_main, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.credentials import peer_credential  # noqa: E402
@@ -944,48 +940,18 @@ def main(argv: list[str] | None = None) -> int:
         return consume_main(argv[1:])
     if argv[:1] == ["--write"]:
         return write_main(argv[1:])
-    args = parse_args(argv)
+    return bench_main("XDCR benchmark", "reptables-xdcr-bench-", parse_args(argv), run, figures, failure)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    started = time.monotonic()
-    if args.data_dir is not None:
-        args.data_dir.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="reptables-xdcr-bench-", dir=args.data_dir))
-    try:
-        result = run(args, workdir)
-    except KeyboardInterrupt:
-        log("interrupted; the engines, writers and consumers were stopped")
-        return 130
-    finally:
-        if args.keep_data:
-            log(f"data kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    total = time.monotonic() - started
-    table = figures(result, args)
-    print()
-    print(f"reptables XDCR benchmark ({'quick' if args.quick else 'full'}; {total:.0f} s; {os.cpu_count()} CPUs; "
-          f"load average {result['load_average_start']} at start, {result['load_average_end']} at end)")
-    print_table(table)
-    missed = [f.name for f in table if f.ok is False]
-    print("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
-    if args.json is not None:
-        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        payload = {"config": {**config, "cpus": os.cpu_count(), "seconds_total": total},
-                   "figures": [{**asdict(f), "status": f.mark or None} for f in table], **result}
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"figures written to {args.json}")
-    paced, cost = result["paced"], result["cost"]
-    if not (paced["convergence"]["passed"] and paced["accounting_passed"] and cost["converged"]):
-        print("\n" + "!" * 78 + "\nXDCR CHECK FAILED: the clusters did not converge or a conflicting action is "
-              f"not accounted for (convergence: {json.dumps(paced['convergence'])}; accounting: "
-              f"{json.dumps(paced['accounting'])}; cost runs converged: {cost['converged']})\n" + "!" * 78,
-              file=sys.stderr)
-        return 1
-    return 0
+def failure(result: dict[str, Any]) -> str | None:
+    paced, cost, join = result["paced"], result["cost"], result.get("join")
+    if paced["convergence"]["passed"] and paced["accounting_passed"] and cost["converged"] and \
+            (join is None or join["same_as_source"]):
+        return None
+    return (f"XDCR CHECK FAILED: the clusters did not converge or a conflicting action is not accounted for "
+            f"(convergence: {json.dumps(paced['convergence'])}; accounting: {json.dumps(paced['accounting'])}; "
+            f"cost runs converged: {cost['converged']}"
+            + ("" if join is None else f"; joined cluster equal to its source: {join['same_as_source']}") + ")")
 
 
 if __name__ == "__main__":
