@@ -54,15 +54,18 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
 import re
+import select
 import shutil
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -417,6 +420,72 @@ class Figure:
     @property
     def mark(self) -> str:
         return "" if self.ok is None else ("PASS" if self.ok else "MISS")
+
+
+class Child:
+    """A child process of a benchmark script (its ``--write`` or ``--consume`` mode), in its own
+    session, stopped by its pid. It writes ``ready`` on stdout once set up, takes lines on stdin
+    (``send``), writes its records as JSON to ``out`` and exits 0; its stderr goes beside ``out``."""
+
+    def __init__(self, script: str, mode: str, args: list[str], out: Path, token: str) -> None:
+        self.out = out
+        self.stderr_path = out.with_suffix(".stderr")
+        cmd = [sys.executable, script, mode, *args, "--out", str(out)]
+        with self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         env={**os.environ, "YT_TOKEN": token}, start_new_session=True)
+
+    def _stderr(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.stderr_path.read_text(errors="replace")[-3000:]
+        return ""
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            self.kill()
+            raise RuntimeError(f"child (pid {self.proc.pid}) did not become ready in {timeout:.0f} s:\n"
+                               + self._stderr())
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{line}\n".encode())
+        self.proc.stdin.flush()
+
+    def result(self, timeout: float) -> dict[str, Any]:
+        """Wait for the child to exit (bounded) and return what it wrote; a clear error if it failed."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"child (pid {self.proc.pid}) did not finish within {timeout:.0f} s") from None
+        if code != 0:
+            detail = self._stderr()
+            raise RuntimeError(f"child (pid {self.proc.pid}) exited with {code} (an error of the engine, not "
+                               f"noise):\n{detail}")
+        data: dict[str, Any] = json.loads(self.out.read_text())
+        return data
+
+    def kill(self) -> None:
+        """SIGTERM its process group (its pid), SIGKILL after a bounded wait."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_main(title: str, prefix: str, args: argparse.Namespace,

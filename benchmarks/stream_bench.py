@@ -43,14 +43,9 @@ every wait is bounded in time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import resource
-import select
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -61,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Figure, bench_main, load_average, percentile  # noqa: E402
+from engine_bench import Child, Figure, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.process import LocalEngine  # noqa: E402
@@ -76,7 +71,6 @@ TARGET_P99_MS = 50.0
 TARGET_COST_PCT = 10.0
 #: the consumer's own limit, so that a lost parent never leaves it running
 CONSUMER_MAX_S = 900.0
-READY_TIMEOUT_S = 60.0
 #: after the stop timestamp is sent, how long a consumer may take to catch up and write its records
 CATCH_UP_TIMEOUT_S = 300.0
 
@@ -267,64 +261,22 @@ def consume_main(argv: list[str]) -> int:
     return 0
 
 
-class Consumer:
-    """A consumer process (this script with ``--consume``), its own session, stopped by its pid."""
+class Consumer(Child):
+    """A consumer process (this script with ``--consume``) that follows the stream until told to stop."""
 
     def __init__(self, url: str, path: str, from_token: str, out: Path, pull_rows: int | None,
                  count_only: bool) -> None:
-        self.out = out
-        self.stderr_path = out.with_suffix(".stderr")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--consume", "--url", url, "--path", path,
-               "--from-token", from_token, "--out", str(out)]
+        args = ["--url", url, "--path", path, "--from-token", from_token]
         if pull_rows is not None:
-            cmd += ["--pull-rows", str(pull_rows)]
+            args += ["--pull-rows", str(pull_rows)]
         if count_only:
-            cmd.append("--count-only")
-        with self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         env={**os.environ, "YT_TOKEN": TOKEN}, start_new_session=True)
-
-    def _stderr(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.stderr_path.read_text(errors="replace")[-3000:]
-        return ""
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            self.kill()
-            raise RuntimeError(f"consumer (pid {self.proc.pid}) did not become ready in {timeout:.0f} s:\n"
-                               + self._stderr())
+            args.append("--count-only")
+        super().__init__(str(Path(__file__).resolve()), "--consume", args, out, TOKEN)
 
     def finish(self, stop_ts: int, timeout: float = CATCH_UP_TIMEOUT_S) -> dict[str, Any]:
         """Send the stop timestamp, wait until it has caught up and exited, return its records."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{stop_ts}\n".encode())
-        self.proc.stdin.flush()
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RuntimeError(f"consumer (pid {self.proc.pid}) did not catch up within {timeout:.0f} s") from None
-        if code != 0:
-            raise RuntimeError(f"consumer (pid {self.proc.pid}) exited with {code}:\n" + self._stderr())
-        result: dict[str, Any] = json.loads(self.out.read_text())
-        return result
-
-    def kill(self) -> None:
-        """SIGTERM its process group (its pid), SIGKILL after a bounded wait."""
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        self.send(str(stop_ts))
+        return self.result(timeout)
 
 
 # -- checks ---------------------------------------------------------------------------------------------
@@ -353,12 +305,6 @@ def check_exactly_once(acks: dict[tuple[int, int], float], events: list[list[Any
 
 
 # -- phases -------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def new_table(client: Client, path: str) -> None:

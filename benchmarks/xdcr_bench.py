@@ -54,13 +54,10 @@ SIGTERM or an error; every writer and consumer process likewise. Every loop and 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import re
-import select
-import signal
 import statistics
 import subprocess
 import sys
@@ -72,7 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Figure, bench_main, load_average, percentile  # noqa: E402
+from engine_bench import Child, Figure, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.credentials import peer_credential  # noqa: E402
@@ -101,7 +98,7 @@ QUICK_MIN_RATE = 1000.0
 DIGEST_CHUNK = 50_000
 #: a child process's own limit, so that a lost parent never leaves it running
 CHILD_MAX_S = 1800.0
-READY_TIMEOUT_S = 60.0
+SCRIPT = str(Path(__file__).resolve())
 #: after the stop timestamp is sent, how long a consumer may take to catch up and write its records
 CATCH_UP_TIMEOUT_S = 300.0
 
@@ -346,71 +343,7 @@ def consume_main(argv: list[str]) -> int:
     return 0
 
 
-class Child:
-    """A child process of this script (``--write`` or ``--consume``), its own session, stopped by pid."""
-
-    def __init__(self, mode: str, args: list[str], out: Path, token: str) -> None:
-        self.out = out
-        self.stderr_path = out.with_suffix(".stderr")
-        cmd = [sys.executable, str(Path(__file__).resolve()), mode, *args, "--out", str(out)]
-        with self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         env={**os.environ, "YT_TOKEN": token}, start_new_session=True)
-
-    def _stderr(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.stderr_path.read_text(errors="replace")[-3000:]
-        return ""
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
-            self.kill()
-            raise RuntimeError(f"child (pid {self.proc.pid}) did not become ready in {timeout:.0f} s:\n"
-                               + self._stderr())
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{line}\n".encode())
-        self.proc.stdin.flush()
-
-    def result(self, timeout: float) -> dict[str, Any]:
-        """Wait for the child to exit (bounded) and return what it wrote; a clear error if it failed."""
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RuntimeError(f"child (pid {self.proc.pid}) did not finish within {timeout:.0f} s") from None
-        if code != 0:
-            detail = self._stderr()
-            raise RuntimeError(f"child (pid {self.proc.pid}) exited with {code} (a write error is an engine bug, "
-                               f"not noise):\n{detail}")
-        data: dict[str, Any] = json.loads(self.out.read_text())
-        return data
-
-    def kill(self) -> None:
-        """SIGTERM its process group (its pid), SIGKILL after a bounded wait."""
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
 # -- the group ------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Group:
@@ -495,7 +428,7 @@ class Group:
             argv = ["--url", engine.url, "--path", path, "--side", str(cid), "--rows", str(rows), "--batch",
                     str(args.batch), "--writers", str(args.writers), "--shared-pct", str(args.shared_pct),
                     "--rate", str(rate), "--seconds", str(seconds)] + (["--record"] if record else [])
-            child = Child("--write", argv, self.workdir / f"{tag}-writer-{cid}.json", self.tokens[cid])
+            child = Child(SCRIPT, "--write", argv, self.workdir / f"{tag}-writer-{cid}.json", self.tokens[cid])
             self.children.append(child)
             started[cid] = child
         for child in started.values():
@@ -616,8 +549,9 @@ def latency_phase(group: Group, args: argparse.Namespace, rate: float) -> dict[s
     consumers: dict[int, Child] = {}
     for cid, engine in group.engines.items():
         token = group.clients[cid].pull_changes(path, wait_timeout=0)["event_token"]
-        child = Child("--consume", ["--url", engine.url, "--path", path, "--from-token", token, "--own-id", str(cid)],
-                      group.workdir / f"consumer-{cid}.json", group.tokens[cid])
+        child = Child(SCRIPT, "--consume", ["--url", engine.url, "--path", path, "--from-token", token,
+                                            "--own-id", str(cid)], group.workdir / f"consumer-{cid}.json",
+                      group.tokens[cid])
         group.children.append(child)
         consumers[cid] = child
     for child in consumers.values():
