@@ -120,7 +120,9 @@ def test_a_cluster_added_to_a_group_with_trimmed_logs_joins_from_the_preferred_s
     with env.client("chicago") as chicago, env.client("sf") as sf:
         start = chicago.generate_timestamp()
         chicago.insert_rows(USERS, [{"id": i, "name": f"chicago-{i}"} for i in range(300)])
-        sf.insert_rows(USERS, [{"id": i, "name": f"sf-{i}"} for i in range(200, 500)])
+        # (chicago's rows may be applied on sf meanwhile: a lock conflict, 1700, retried as a client does)
+        env.wait(lambda: sf.insert_rows(USERS, [{"id": i, "name": f"sf-{i}"} for i in range(200, 500)]) is None,
+                 10, "sf's rows written")
         env.wait(lambda: len(env.rows("chicago")) == 500 and env.rows("chicago") == env.rows("sf"), 30,
                  "chicago and sf converged")
         chicago.delete_rows(USERS, [{"id": i} for i in range(40)])
