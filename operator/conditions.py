@@ -36,6 +36,16 @@ def now_text(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(text: Any) -> datetime | None:
+    """A time as ``now_text`` writes it (Kubernetes' form); None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 def merge(existing: list[dict[str, Any]] | None, updates: list[Cond], generation: int | None,
           now: datetime | None = None) -> list[dict[str, Any]]:
     """New conditions list: ``updates`` applied over ``existing``, transitions timed correctly."""

@@ -37,6 +37,7 @@ from typing import Any
 
 from . import conditions, models
 from .bootstrap import POLL_SECONDS, JobSpec, LaunchError, Owner, mask
+from .conditions import parse_time
 from .world import ClusterNotFound, Event, Resource, World
 
 JOIN_MODULE = "reptables.sparkapps.xdcr_join"
@@ -108,15 +109,6 @@ def wanted_joins(spec: Any, statuses: Mapping[str, Mapping[str, Any]]) -> list[t
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 def _clean(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,11 +209,11 @@ def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str,
         entry = kept.get((cluster, path))
         begun = path in ((statuses.get(cluster) or {}).get("joining") or {})
         if entry is not None and entry.get("phase") == SUCCEEDED and not begun:
-            done = _parse_time(entry.get("completionTime"))
+            done = parse_time(entry.get("completionTime"))
             if done is None or (now - done).total_seconds() < SETTLE_SECONDS:
                 continue  # the members have not looked since: their waiting_for_snapshot is stale
         if entry is not None and entry.get("phase") == FAILED:
-            retry_at = _parse_time(entry.get("nextAttemptTime"))
+            retry_at = parse_time(entry.get("nextAttemptTime"))
             if retry_at is not None and retry_at > now:
                 wait = max(1.0, (retry_at - now).total_seconds())
                 step.retry_after = wait if step.retry_after is None else min(step.retry_after, wait)

@@ -42,6 +42,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from .bootstrap import JobSpec, JobState, LaunchError
+from .conditions import parse_time
 from .settings import SparkJobSettings
 
 log = logging.getLogger("reptables.operator.sparkapp")
@@ -130,15 +131,6 @@ def build_secret(job: JobSpec, app: Mapping[str, Any]) -> dict[str, Any]:
                                               "uid": meta["uid"], "controller": True,
                                               "blockOwnerDeletion": True}]},
             "stringData": dict(job.secrets)}
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 def _api_reason(exc: ApiException) -> str:
@@ -248,7 +240,7 @@ class SparkApplicationLauncher:
             return JobState(running=False, exit_code=1,
                             error=f"{where} {state}: {app_state.get('errorMessage') or 'no message'}{where_log}")
         if state in WAITING:
-            created = _parse_time((app.get("metadata") or {}).get("creationTimestamp"))
+            created = parse_time((app.get("metadata") or {}).get("creationTimestamp"))
             waited = (datetime.now(UTC) - created).total_seconds() if created else 0.0
             if waited > self.settings.submit_timeout_seconds:
                 self._delete(namespace, name)

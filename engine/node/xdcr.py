@@ -147,6 +147,15 @@ class XdcrCommands(RowCommands):
         """The supervisor's periodic work (the conflict log's retention; more in subclasses)."""
         self._trim_conflicts()
 
+    def check_same_schema(self, table: DynamicTable, path: str, theirs: Any, other: str | None, what: str) -> None:
+        """The peer's schema of ``path`` (its signature) must be this cluster's; ``what`` (replication,
+        a join) starts once they are identical."""
+        mine = schema_signature(table.schema)
+        if mine != theirs:
+            raise YtError(f"The schema of XDCR table {path} differs between cluster {other} and cluster {self.name}: "
+                          f"{theirs} against {mine}; {what} starts once they are identical",
+                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+
     def _ship_loop(self, peer: str) -> None:
         state = self._xdcr_peer_state.setdefault(peer, PeerState())
         state.state, state.last_error = "connecting", None  # (a connection set again starts afresh)
@@ -291,11 +300,7 @@ class XdcrCommands(RowCommands):
             raise YtError(f"Table {path} of cluster {self.name} is joining the group from a snapshot of cluster "
                           f"{joining.get('source')}: changes wait until the join is finished",
                           code=ErrorCode.XDCR_NEEDS_SNAPSHOT, attributes={"path": path})
-        mine, theirs = schema_signature(table.schema), body.get("schema")
-        if mine != theirs:
-            raise YtError(f"The schema of XDCR table {path} differs between cluster {origin} and cluster {self.name}: "
-                          f"{theirs} against {mine}; replication starts once they are identical",
-                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+        self.check_same_schema(table, path, body.get("schema"), origin, "replication")
         actions = body.get("actions")
         end = body.get("end")
         if not isinstance(actions, list) or not isinstance(end, list) or len(end) != 2:

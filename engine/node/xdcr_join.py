@@ -84,11 +84,7 @@ class XdcrJoinCommands(XdcrCommands):
         if table.xdcr_cluster_id is None:
             raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table",
                           code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
-        mine, theirs = schema_signature(table.schema), body.get("schema")
-        if mine != theirs:
-            raise YtError(f"The schema of XDCR table {path} differs between cluster {caller} and cluster {self.name}: "
-                          f"{theirs} against {mine}; a join starts once they are identical",
-                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+        self.check_same_schema(table, path, body.get("schema"), caller, "a join")
         page_rows = body.get("page_rows", PAGE_ROWS)
         if isinstance(page_rows, bool) or not isinstance(page_rows, int) or not 1 <= page_rows <= 100_000:
             raise YtError(f"Invalid page_rows {page_rows!r} for a snapshot of {path}: expected 1 to 100000",
