@@ -85,6 +85,7 @@ class Cluster(XdcrJoinCommands):
         self._xdcr_shippers: dict[str, threading.Thread] = {}
         self._xdcr_peer_state: dict[str, PeerState] = {}
         self._xdcr_advanced: dict[tuple[str, str], float] = {}
+        self._xdcr_progress: dict[tuple[str, str], tuple[int, int]] = {}
         self._xdcr_stop = threading.Event()
         self.metrics.register_state(self.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends

@@ -94,6 +94,9 @@ class XdcrCommands(RowCommands):
     _xdcr_peer_state: dict[str, PeerState]
     #: (peer, table id) -> monotonic time of the last batch sent (shipper threads, one key each)
     _xdcr_advanced: dict[tuple[str, str], float]
+    #: (peer, table id) -> the progress last saved, as committed: changed only under the storage
+    #: writer (by ``_save_progress`` once its transaction commits, and by ``_forget``), read without it
+    _xdcr_progress: dict[tuple[str, str], Position]
     _xdcr_stop: threading.Event
 
     # -- configuration -------------------------------------------------------------------------------
@@ -193,19 +196,30 @@ class XdcrCommands(RowCommands):
         return "error"
 
     def _progress(self, peer: str, table_id: str) -> Position:
+        saved = self._xdcr_progress.get((peer, table_id))
+        if saved is not None:
+            return saved
         c = xdcr_progress_table.c
         with self.storage.read() as conn:
             row = conn.execute(sa.select(c.timestamp, c.seq).where(c.peer == peer, c.table_id == table_id)).first()
         return (0, 0) if row is None else (int(row[0]), int(row[1]))
 
-    def _save_progress(self, peer: str, table_id: str, position: Position) -> None:
+    def _save_progress(self, peer: str, table_id: str, position: Position, durable: bool = True) -> None:
+        """Record how far ``peer`` has this cluster's changes of a table. After a batch the peer
+        acknowledged, ``durable=False``: no fsync of its own (the next durable commit carries it).
+        A crash may lose it, and then the sender ships those changes again from the older position,
+        which the peer answers with its record (its sink is durable and skips what it has); the log
+        trim only ever sees a position the peer holds."""
         c = xdcr_progress_table.c
-        with self.storage.write() as conn:
+        with self.storage.write(durable=durable) as conn:
+            if peer not in self.xdcr_connections():
+                return  # reset meanwhile (``_forget``, under this same writer): nothing to record
             updated = conn.execute(xdcr_progress_table.update().where(c.peer == peer, c.table_id == table_id)
                                    .values(timestamp=position[0], seq=position[1])).rowcount
             if not updated:
                 conn.execute(xdcr_progress_table.insert().values(peer=peer, table_id=table_id, timestamp=position[0],
                                                                  seq=position[1]))
+            on_commit(conn, lambda: self._xdcr_progress.__setitem__((peer, table_id), position))
 
     def _ship_table(self, peer: str, table: DynamicTable, path: str, state: PeerState) -> bool:
         """Send the next batch of this cluster's own changes of ``table`` to ``peer``; True if more wait."""
@@ -241,7 +255,7 @@ class XdcrCommands(RowCommands):
             raise YtError(f"XDCR peer {peer} answered position {stored} for a batch ending at {end}",
                           code=ErrorCode.PROTOCOL_ERROR)
         state.delivered += len(actions)
-        self._save_progress(peer, table.table_id, end)
+        self._save_progress(peer, table.table_id, end, durable=False)
         return len(found) >= BATCH_CHANGES
 
     def _send(self, peer: str, table: DynamicTable, path: str, start: Position, end: Position,
@@ -249,8 +263,7 @@ class XdcrCommands(RowCommands):
         """One ``xdcr_apply`` of the changes after ``start`` up to ``end``: the position the peer holds."""
         body = {"path": path, "origin_cluster": self.name, "origin_cluster_id": self._own_id(),
                 "schema": schema_signature(table.schema), "start": list(start), "end": list(end), "actions": actions}
-        answer = self.peers.client(peer).call("xdcr_apply", raw_body=json.dumps(body).encode(),
-                                              timeout=self.config.push_timeout)
+        answer = self.peers.client(peer).call("xdcr_apply", body, timeout=self.config.push_timeout)
         return int(answer["position"][0]), int(answer["position"][1])
 
     def _probe(self, peer: str, table: DynamicTable, path: str, position: Position) -> Position:
@@ -411,8 +424,10 @@ class XdcrCommands(RowCommands):
             e = action.get("e")
             expected = None if not isinstance(e, list) else xdcr.RowVersion((int(e[0]), int(e[1])), bool(e[2]))
             assert write.origin is not None
-            resolution = xdcr.resolve(action["k"], write.origin, expected, current.get(key))
+            here = current.get(key)
+            resolution = xdcr.resolve(action["k"], write.origin, expected, here)
             write.origin_parent = None if expected is None else expected.version
+            write.here_known, write.here = True, here
             if resolution.accept:
                 accepted.append(write)
             if resolution.is_conflict:
@@ -611,6 +626,8 @@ class XdcrCommands(RowCommands):
             sys_node.attributes["xdcr_connections"] = remaining
             self.cypress.save(conn, sys_node)
             conn.execute(xdcr_progress_table.delete().where(xdcr_progress_table.c.peer == peer))
+            for key in [k for k in self._xdcr_progress if k[0] == peer]:
+                del self._xdcr_progress[key]
             if peer_id is not None:
                 conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.origin_cluster_id == peer_id))
         self._xdcr_peer_state.pop(peer, None)

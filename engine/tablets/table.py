@@ -504,14 +504,14 @@ class DynamicTable:
         (``e``: [timestamp, cluster id, deleted], None on no row) and the image it replaced."""
         own = self.xdcr_cluster_id
         assert own is not None
-        keys = [key for key, _ in logged]
-        current = xdcr.read_versions(conn, self.table_id, keys)
+        unread = [key for key, _ in logged if not ((w := keyed.get(key)) is not None and w.here_known)]
+        current = xdcr.read_versions(conn, self.table_id, unread)
         versions: dict[tuple[Any, ...], xdcr.RowVersion] = {}
         extras: list[dict[str, Any]] = []
         for key, image in logged:
             write = keyed.get(key)
             origin = write.origin if write is not None else None
-            cur = current.get(key)
+            cur = write.here if write is not None and write.here_known else current.get(key)
             if origin is None:
                 version: xdcr.Version = (self.xdcr_clock.next(), own)
                 parent = None if cur is None else cur.version

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode, YtError
+
+if TYPE_CHECKING:
+    from .xdcr import RowVersion
 
 
 class WriteKind(StrEnum):
@@ -41,6 +44,10 @@ class RowWrite:
     origin: tuple[int, int] | None = None
     #: XDCR: the version such a change was made on at its origin (None: on no row)
     origin_parent: tuple[int, int] | None = None
+    #: XDCR: the version the row has here, when the receiver already read it to resolve the change
+    #: (in the same SQL transaction, under the writer), so the commit does not read it again
+    here_known: bool = False
+    here: RowVersion | None = None
 
     def to_payload(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "row": self.row, "mask": self.mask, "update": self.update,
