@@ -393,14 +393,18 @@ def _secrets(res: Resource, table: Resource, world: World, source_cluster: str) 
             "target-credential-file": peer_credential(world.engines.ref(res.spec.cluster).token, meta_name)}
 
 
-def _job_name(res: Resource, what: str, attempt: int) -> str:
-    """``<replica>-<copy|verify>-<attempt>-<hash of the replica's uid>``: one name per attempt.
+def _job_name(res: Resource, what: str, replica_id: str, attempt: int) -> str:
+    """``<replica>-<copy|verify>-<attempt>-<hash>``: one name per attempt.
 
     Deterministic, so that two reconciles of one replica that both saw the same status (the operator's
     event handler and its refresh timer can overlap) start one job, not two: a launcher starts a
-    name once. The uid tells apart a replica deleted and created again under the same name.
+    name once, and answers a name it started before with that job. The hash is of the resource's
+    uid (a TableReplica deleted and created again under the same name) and of the engine replica's
+    id (a replica started over after its table was lost): a new bootstrap never gets an old job's
+    result.
     """
-    return f"{res.name}-{what}-{attempt}-{hashlib.sha256(res.uid.encode()).hexdigest()[:6]}"
+    digest = hashlib.sha256(f"{res.uid}\0{replica_id}".encode()).hexdigest()[:6]
+    return f"{res.name}-{what}-{attempt}-{digest}"
 
 
 def _owner(res: Resource) -> Owner:
@@ -413,17 +417,17 @@ def _copy_job(res: Resource, table: Resource, world: World, boot: Mapping[str, A
     args = ("--meta-proxy", world.engines.ref(table.spec.cluster).endpoint, "--replica-id", replica_id,
             "--source-replica-id", str(boot["sourceReplicaId"]), "--partitions", str(res.spec.bootstrap.parallelism),
             "--wait", str(SOURCE_WAIT_SECONDS))
-    return JobSpec(_job_name(res, "copy", attempt), BOOTSTRAP_MODULE, args, secrets, _owner(res))
+    return JobSpec(_job_name(res, "copy", replica_id, attempt), BOOTSTRAP_MODULE, args, secrets, _owner(res))
 
 
 def _verify_job(res: Resource, table: Resource, world: World, boot: Mapping[str, Any], source: Mapping[str, Any],
-                attempt: int) -> JobSpec:
+                replica_id: str, attempt: int) -> JobSpec:
     secrets = _secrets(res, table, world, str(source["cluster_name"]))
     args = ("--left-proxy", world.engines.ref(str(source["cluster_name"])).endpoint,
             "--left-path", str(source["replica_path"]),
             "--right-proxy", world.engines.ref(res.spec.cluster).endpoint, "--right-path", res.spec.replica_path,
             "--timestamp", str(boot["snapshotTimestamp"]), "--partitions", str(res.spec.bootstrap.parallelism))
-    return JobSpec(_job_name(res, "verify", attempt), VERIFY_MODULE, args,
+    return JobSpec(_job_name(res, "verify", replica_id, attempt), VERIFY_MODULE, args,
                    {"left-token-file": secrets["source-credential-file"],
                     "right-token-file": secrets["target-credential-file"]}, _owner(res))
 
@@ -506,7 +510,8 @@ def _advance(res: Resource, table: Resource, meta: Any, world: World, replica_id
                                         else copied_rows(world, res, status.get("rowsCopied")))
                 if res.spec.bootstrap.verify:
                     source = _source_info(meta, status)
-                    ref = launcher.start(_verify_job(res, table, world, status, source, int(status["attempts"])))
+                    ref = launcher.start(_verify_job(res, table, world, status, source, replica_id,
+                                                     int(status["attempts"])))
                     status.update(phase="Verifying", jobRef=ref)
                     events.append(Event("Normal", "BootstrapVerifying",
                                         f"copied {job.rows_copied} rows; comparing with replica "

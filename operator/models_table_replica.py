@@ -181,6 +181,9 @@ class TableReplicaStatus(BaseStatus):
 
     replica_id: StrictStr | None = None
     """Object id of the table_replica on the meta-cluster (the replica table's upstream_replica_id)."""
+    replica_table_id: StrictStr | None = None
+    """Object id of the replica table the replica fills. If that table is removed or replaced, the
+    replica starts over as a new one that gets every row (reason ReplicaTableLost)."""
     state: ReplicaState | None = None
     """disabled, enabling, enabled or disabling."""
     mode: ReplicaMode | None = None

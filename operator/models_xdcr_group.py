@@ -209,6 +209,9 @@ class XdcrJoin(StatusModel):
     """The running (or last) job: `local:<name>` or `sparkapplication:<namespace>/<name>`."""
     attempts: StrictInt = Field(default=0, ge=0)
     """Attempts started so far."""
+    round: StrictInt = Field(default=1, ge=1)
+    """Which join of this cluster to this table it is: 2 and up when it joined before and was reset
+    since (each round's jobs have their own names)."""
     message: StrictStr | None = None
     """What the join is doing, or why its last attempt failed."""
     next_attempt_time: StrictStr | None = None

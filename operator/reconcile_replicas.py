@@ -17,6 +17,14 @@ A replica created for a table whose queue was trimmed is bootstrapped (``bootstr
 disabled at a snapshot timestamp T, filled by a copy job, verified, then enabled. While
 ``status.bootstrap`` says a bootstrap is under way the replica is not enabled here and its mode is
 left alone; each reconcile advances the bootstrap by one step and returns.
+
+A replica table is re-created only by starting the replica over. ``status.replicaTableId`` is the
+id of the table the replica fills. If that table is removed (or another takes its path), re-creating
+it empty under the same replica would go on from the replica's progress and leave it silently
+without every earlier row. So the operator removes the replica object and creates a new one on the
+next pass, with a bootstrap from another replica when the history was trimmed (``ReplicaTableLost``
+event and condition). With no other replica to copy from, the new replica's Ready condition names
+the reason (the engine refuses to enable it without its history).
 """
 
 from __future__ import annotations
@@ -89,6 +97,11 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             sync_directory(table.spec.cluster, world)
             sync_directory(spec.cluster, world)
         replica_id = _find_replica(meta, table_path, spec.cluster, spec.replica_path, res.status.get("replicaId"))
+        known_table = res.status.get("replicaTableId")
+        if replica_id is not None and known_table:
+            lost = _lost_replica_table(remote, spec.replica_path, known_table)
+            if lost is not None:
+                return _start_over(res, meta, replica_id, lost, events)
         boot: dict[str, Any] = dict(res.status.get("bootstrap") or {})
         start: bootstrap.Start | None = None
         if replica_id is None:
@@ -110,12 +123,14 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
                                     f"{start.reason}: replica {replica_id} starts at "
                                     f"{start.timestamp:#x} and is filled from replica {start.source_replica_id}"))
         try:
-            events += _ensure_replica_table(remote, table, res, replica_id)
+            table_events, table_id = _ensure_replica_table(remote, table, res, replica_id)
+            events += table_events
         except YtError as exc:
             # the replica cluster is down or refuses: still report what the meta-cluster knows
             info = meta.get(f"#{replica_id}/@")
             out = not_ready(res, "ReplicaClusterUnavailable", f"{spec.cluster}: {describe_error(exc)}", 5.0)
-            out.status = {**_status(res, replica_id, info, threshold=_lag_threshold(table)),
+            out.status = {**_status(res, replica_id, info, threshold=_lag_threshold(table),
+                                    table_id=known_table),
                           "conditions": out.status["conditions"]}
             if boot:
                 out.status["bootstrap"] = boot
@@ -132,7 +147,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             # under way or failed: the replica stays disabled, its mode as created
             info = meta.get(f"#{replica_id}/@")
             out = Outcome(retry_after=step.retry_after, events=events + step.events)
-            out.status = _status(res, replica_id, info, step, _lag_threshold(table))
+            out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
             return out
         if step is not None and step.events:
             events += step.events
@@ -141,7 +156,7 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         if info["state"] in TRANSITIONS:
             # the engine is enabling or disabling it: no second alter until that is over
             out = Outcome(retry_after=TRANSITION_POLL_SECONDS, events=events)
-            out.status = _status(res, replica_id, info, step, _lag_threshold(table))
+            out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
             return out
         # one alter for state and mode: a second one would land in the transition the first began
         change: dict[str, Any] = {}
@@ -162,11 +177,37 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         return not_ready(res, reason, describe_error(exc), 15.0)
     out = Outcome(retry_after=TRANSITION_POLL_SECONDS if info["state"] in TRANSITIONS else REFRESH_SECONDS,
                   events=events)
-    out.status = _status(res, replica_id, info, step, _lag_threshold(table))
+    out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
     return out
 
 
-def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_id: str) -> list[Event]:
+def _lost_replica_table(remote: Any, path: str, known_id: str) -> str | None:
+    """Why the table the replica filled is gone (None: it is still there)."""
+    if not remote.exists(path):
+        return "was removed"
+    current = remote.get(f"{path}/@id")
+    if current != known_id:
+        return f"was replaced by another table (id {current}, not {known_id})"
+    return None
+
+
+def _start_over(res: Resource, meta: Any, replica_id: str, lost: str, events: list[Event]) -> Outcome:
+    """The replica table is gone: remove the replica, so that the next pass creates a new one that
+    gets every row (from a bootstrap, or the whole queue) instead of going on from this one's progress."""
+    spec = res.spec
+    message = (f"replica table {spec.replica_path} on {spec.cluster} {lost} after replica {replica_id} had "
+               "filled it; the replica is removed and a new one is created and filled with every row")
+    if meta.exists(f"#{replica_id}"):
+        meta.remove(f"#{replica_id}")
+    out = not_ready(res, "ReplicaTableLost", message, 1.0)
+    out.status = {"replicaId": None, "replicaTableId": None, "bootstrap": None, "state": None, "mode": None,
+                  "conditions": out.status["conditions"], "observedGeneration": res.generation}
+    out.events = [*events, *out.events]  # (not_ready's Warning event names the reason)
+    return out
+
+
+def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_id: str) -> tuple[list[Event], str]:
+    """The replica table, created or adopted and mounted: the events, and the table's id."""
     spec = res.spec
     events = []
     path = spec.replica_path
@@ -192,7 +233,7 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
         current["tablet_state"] = "unmounted"
     if current.get("tablet_state") == "unmounted":
         remote.mount_table(path)
-    return events
+    return events, str(current["id"])
 
 
 def _lag_threshold(table: Resource) -> int:
@@ -200,8 +241,8 @@ def _lag_threshold(table: Resource) -> int:
     return int(table.spec.replicated_table_options.sync_replica_lag_threshold.total_seconds())
 
 
-def _status(res: Resource, replica_id: str, info: dict[str, Any],
-            step: bootstrap.Step | None = None, threshold: int | None = None) -> dict[str, Any]:
+def _status(res: Resource, replica_id: str, info: dict[str, Any], step: bootstrap.Step | None = None,
+            threshold: int | None = None, table_id: str | None = None) -> dict[str, Any]:
     tablets = info.get("tablets") or []
     tablet_errors = [t for t in tablets if t.get("replication_error")]
     lag = int(info.get("replication_lag_time", 0)) // 1000
@@ -233,7 +274,8 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any],
         f"state {info['state']}, mode {info['mode']}, lag {lag} s"
         + (f" above syncReplicaLagThreshold {threshold} s" if lagging else "")))
     status: dict[str, Any] = {
-        "replicaId": replica_id, "state": info["state"], "mode": info["mode"], "lagSeconds": lag,
+        "replicaId": replica_id, "replicaTableId": table_id, "state": info["state"], "mode": info["mode"],
+        "lagSeconds": lag,
         "tablets": {"count": len(tablets), "errors": len(tablet_errors),
                     "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets), default=0),
                     "rowsBehind": sum(max(0, int(t.get("flushed_row_count") or 0)

@@ -116,10 +116,12 @@ def _clean(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if v is not None}
 
 
-def _job_name(res: Resource, cluster: str, path: str, attempt: int) -> str:
+def _job_name(res: Resource, cluster: str, path: str, join_round: int, attempt: int) -> str:
     """One name per attempt, the same for two reconciles that saw the same status (a launcher starts
-    a name once); the hash tells apart tables, and a group deleted and created again."""
-    digest = hashlib.sha256(f"{res.uid}\0{cluster}\0{path}".encode()).hexdigest()[:8]
+    a name once, and answers a name it started before with that job); the hash tells apart tables,
+    rounds (a cluster joining again after a reset must not be answered with its last join's job),
+    and a group deleted and created again."""
+    digest = hashlib.sha256(f"{res.uid}\0{cluster}\0{path}\0{join_round}".encode()).hexdigest()[:8]
     return f"{res.name}-join-{cluster}-{attempt}-{digest}"
 
 
@@ -129,12 +131,12 @@ def _source(spec: Any, cluster: str) -> str | None:
     return preferred if preferred is not None and preferred != cluster and preferred in spec.members else None
 
 
-def join_job(res: Resource, world: World, cluster: str, path: str, attempt: int) -> JobSpec:
+def join_job(res: Resource, world: World, cluster: str, path: str, join_round: int, attempt: int) -> JobSpec:
     """The job of one attempt: the joining cluster's URL and the table; its token as a file."""
     ref = world.engines.ref(cluster)
     source = _source(res.spec, cluster)
     args = ("--proxy", ref.endpoint, "--path", path, *(("--source", source) if source else ()))
-    return JobSpec(_job_name(res, cluster, path, attempt), JOIN_MODULE, args, {"token-file": ref.token},
+    return JobSpec(_job_name(res, cluster, path, join_round, attempt), JOIN_MODULE, args, {"token-file": ref.token},
                    Owner(models.API_VERSION, res.kind, res.name, res.uid, res.namespace))
 
 
@@ -221,7 +223,9 @@ def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str,
                     return  # its cut is half loaded on the engine: no other cluster joins meanwhile
                 continue
         if entry is None or entry.get("phase") == SUCCEEDED:
-            entry = {"cluster": cluster, "path": path, "attempts": 0}  # (joined before, and reset since)
+            # (joined before, and reset since: the next round)
+            join_round = 1 if entry is None else int(entry.get("round") or 1) + 1
+            entry = {"cluster": cluster, "path": path, "attempts": 0, "round": join_round}
         kept[(cluster, path)] = entry
         entry["source"] = _source(res.spec, cluster)
         launcher = world.launcher
@@ -235,7 +239,7 @@ def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str,
         attempt = int(entry.get("attempts") or 0) + 1
         entry.update(attempts=attempt, startTime=conditions.now_text(), completionTime=None, nextAttemptTime=None)
         try:
-            ref = launcher.start(join_job(res, world, cluster, path, attempt))
+            ref = launcher.start(join_job(res, world, cluster, path, int(entry.get("round") or 1), attempt))
         except (LaunchError, ClusterNotFound) as exc:
             entry["jobRef"] = None
             _failed(entry, world, step, f"the join job could not start: {exc}")

@@ -203,8 +203,15 @@ def test_a_replica_added_to_a_table_with_trimmed_history_is_bootstrapped_verifie
 
 def test_a_source_that_cannot_be_read_fails_after_the_retry_limit_naming_the_jobs_error(op: Operator) -> None:
     path = trimmed_table(op, "broken", 50)
-    # the only replica to copy from loses its table: a map node stands in its place (a missing
-    # table the operator would make again, empty)
+    # the only replica to copy from stays enabled but loses its table: a map node stands in its
+    # place. Its TableReplica is deleted first (Retain), or the operator would start it over
+    # (ReplicaTableLost, the test above) and there would be no enabled replica to copy from. A
+    # replica of another table keeps the source cluster in the meta-cluster's directory
+    op.add(table("brokenlink"))
+    op.add(replica("brokenlink-source", "brokenlink", "source"))
+    op.until(lambda: op.replica("brokenlink-source").status.get("state") == "enabled", 60, "the linking replica")
+    op.registry.remove("TableReplica", NS, "broken-source")
+    del op.bodies[("TableReplica", NS, "broken-source")]
     with op.client("source") as source:
         source.unmount_table(path + "_source")
         source.remove(path + "_source")
@@ -229,6 +236,54 @@ def test_a_source_that_cannot_be_read_fails_after_the_retry_limit_naming_the_job
     # a failed bootstrap stays failed: no further job is started
     op.reconcile_all()
     assert op.replica("broken-target").status["bootstrap"]["attempts"] == 2 and op.launcher.pids() == []
+    no_secret_anywhere(op)
+
+
+def test_a_replica_table_removed_after_it_was_filled_is_refilled_with_every_row(op: Operator) -> None:
+    # two replicas filled by replication, then the history is trimmed
+    path = trimmed_table(op, "lost", 2000)
+    op.add(replica("lost-target", "lost", "target"))
+    op.until(lambda: op.replica("lost-target").status.get("state") == "enabled", 240, "the second replica")
+    with op.client("meta") as meta:
+        meta.insert_rows(path, [{"k": i, "v": f"late{i}", "a": None} for i in range(5000, 5100)],
+                         require_sync_replica=False)
+    query = "* from [{}] order by k limit 100000"
+    with op.client("source") as source, op.client("target") as target:
+        deadline = time.monotonic() + 60
+        while len(target.select_rows(query.format(path + "_target"))) < 2100 or \
+                len(source.select_rows(query.format(path + "_source"))) < 2100:
+            assert time.monotonic() < deadline, "the rows never reached both replicas"
+            time.sleep(0.2)
+        before = op.replica("lost-target").status
+        assert before["replicaTableId"] == target.get(path + "_target/@id")
+        # someone removes the filled replica table; made again empty under the same replica, it
+        # would go on from the replica's progress and miss every row written before
+        target.unmount_table(path + "_target")
+        target.remove(path + "_target")
+
+    def refilled() -> bool:
+        status = op.replica("lost-target").status
+        return status.get("replicaId") not in (None, before["replicaId"]) and \
+            (status.get("bootstrap") or {}).get("phase") in ("Done", "Failed")
+
+    op.until(refilled, 240, "the replica to start over and be refilled")
+    res = op.replica("lost-target")
+    assert res.status["bootstrap"]["phase"] == "Done", res.status["bootstrap"]
+    lost = [e for e in op.events["lost-target"] if e.reason == "ReplicaTableLost"]
+    assert len(lost) == 1 and lost[0].type == "Warning" and path + "_target" in lost[0].message \
+        and before["replicaId"] in lost[0].message
+    with op.client("meta") as meta:
+        assert not meta.exists(f"#{before['replicaId']}")  # the old replica is gone, not left failing
+        meta.insert_rows(path, [{"k": 9999, "v": "after", "a": None}], require_sync_replica=False)
+    op.until(lambda: condition(op.replica("lost-target"), "Ready")["status"] == "True", 60, "Ready")
+    with op.client("source") as source, op.client("target") as target:
+        assert op.replica("lost-target").status["replicaTableId"] == target.get(path + "_target/@id") \
+            != before["replicaTableId"]
+        deadline = time.monotonic() + 60
+        while (rows := target.select_rows(query.format(path + "_target"))) != \
+                source.select_rows(query.format(path + "_source")) or len(rows) != 2101:
+            assert time.monotonic() < deadline, f"the refilled replica holds {len(rows)} rows, not 2101"
+            time.sleep(0.3)
     no_secret_anywhere(op)
 
 

@@ -199,6 +199,19 @@ def test_the_api_server_refuses_a_preferred_source_that_is_not_a_member(env: Env
     assert "preferredSource must be one of clusters" in str(refused.value)
 
 
+def test_a_cluster_joining_again_after_a_reset_gets_jobs_of_its_own() -> None:
+    # a launcher starts a name once and answers a name it started before with that job: a second
+    # join of nyc to the table (it left and was reset since) must not be answered with the first's
+    from reptables.operator.reconcile_xdcr_join import _job_name
+    from reptables.operator.world import Resource
+
+    group = Resource("XdcrGroup", NS, "users", "uid-users", 1, "", None, {})
+    first, again = (_job_name(group, "nyc", USERS, join_round, 1) for join_round in (1, 2))
+    assert first != again and first.startswith("users-join-nyc-1-") and again.startswith("users-join-nyc-1-")
+    # the same status seen twice (an event and the refresh timer) names the same job: it starts once
+    assert _job_name(group, "nyc", USERS, 1, 1) == first
+
+
 def _run_operator(jobs_dir: str, liveness: str) -> None:
     """``reptables operator --standalone``, its runtime given a LocalLauncher (this module as ``__main__``)."""
     import kopf
