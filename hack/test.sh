@@ -10,4 +10,4 @@ source "$(dirname "$0")/bootstrap.sh"
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 # two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps each module
 # on one worker, in order, and all Spark tests on one (one Spark session per run)
-exec .venv/bin/python -m pytest -n 2 "$@"
+exec .venv/bin/python -m pytest -n 2 --durations=25 "$@"

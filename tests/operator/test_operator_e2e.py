@@ -103,7 +103,11 @@ class Env:
         try:
             self.wait(lambda: self.ready(kind, name), timeout, f"{kind}/{name} Ready")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- status ---\n{self.status(kind, name)}") from None
+            # every table's and replica's status: what the one waited for was waiting on
+            others = {f"{k}/{o['metadata']['name']}": o.get("status") for k in ("replicatedtables", "tablereplicas")
+                      for o in self.api.list(k, NS)}
+            raise AssertionError(f"{exc}\n--- status ---\n{self.status(kind, name)}\n--- all statuses ---\n"
+                                 f"{others}") from None
         return self.status(kind, name)
 
 
