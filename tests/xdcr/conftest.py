@@ -112,7 +112,14 @@ def trimmed_group(trio: XdcrGroup, path: str) -> None:
     wait_for(lambda: trio.converged(path, ("a", "b")) and len(trio.rows("a", path)) == 420, 30,
              "the deletes on both")
     for name in ("a", "b"):
-        wait_for(lambda n=name: _trimmed(trio.client(n), path, start), 30, f"the change log of {name} trimmed")
+        try:
+            wait_for(lambda n=name: _trimmed(trio.client(n), path, start), 30, f"the change log of {name} trimmed")
+        except AssertionError as exc:
+            # what held the log: the peers' positions (dr_status) and the engine's own complaints
+            log = trio.engines[name].log_path.read_text(errors="replace").splitlines()
+            problems = [line for line in log if '"level": "error"' in line or "Traceback" in line][-20:]
+            raise AssertionError(f"{exc}\ndr_status of {name}: {trio.client(name).call('dr_status', {})}\n"
+                                 + "\n".join(problems)) from None
 
 
 def _trimmed(client: Client, path: str, start: int) -> bool:
