@@ -68,6 +68,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -420,6 +421,58 @@ class Figure:
     @property
     def mark(self) -> str:
         return "" if self.ok is None else ("PASS" if self.ok else "MISS")
+
+
+class StreamFollower:
+    """The loop of a benchmark's consumer process: pull a table's change stream from a token until
+    the parent writes a stop timestamp on stdin and an answer covers it.
+
+    Heartbeats are skipped; every other event goes to ``on_event(event, receive time)``, and an
+    event token not above the one before it is counted (``token_violations``). It prints
+    ``ready`` once the first pull answered. The token comes from ``$YT_TOKEN``. Stdin closing
+    without a stop timestamp (the parent is gone), or ``max_s``, ends it early: ``follow`` then
+    says so on stderr and returns False."""
+
+    def __init__(self, url: str, path: str, from_token: str, max_s: float, pull_rows: int | None = None) -> None:
+        self.url, self.path, self.token, self.max_s, self.pull_rows = url, path, from_token, max_s, pull_rows
+        self.pulls = self.token_violations = 0
+        self._stop: int | None = None
+        self._gone = threading.Event()
+
+    def _read_stop(self) -> None:
+        line = sys.stdin.readline()
+        if line.strip():
+            self._stop = int(line)
+        else:
+            self._gone.set()
+
+    def follow(self, on_event: Callable[[dict[str, Any], float], None]) -> bool:
+        threading.Thread(target=self._read_stop, name="stop-reader", daemon=True).start()
+        deadline = time.monotonic() + self.max_s
+        token = self.token
+        with Client(self.url, timeout=120.0) as client:
+            answer = client.pull_changes(self.path, from_event_token=token, max_row_count=self.pull_rows,
+                                         wait_timeout=0)
+            received = time.monotonic()
+            print("ready", flush=True)
+            while True:
+                self.pulls += 1
+                previous = token
+                for event in answer["events"]:
+                    if event["kind"] == "heartbeat":
+                        continue
+                    if not event["event_token"] > previous:
+                        self.token_violations += 1
+                    previous = event["event_token"]
+                    on_event(event, received)
+                token = answer["event_token"]
+                if self._stop is not None and answer["timestamp"] >= self._stop:
+                    return True
+                if self._gone.is_set() or time.monotonic() > deadline:
+                    print("consumer: stopped without a stop timestamp (parent gone or time limit)", file=sys.stderr)
+                    return False
+                answer = client.pull_changes(self.path, from_event_token=token, max_row_count=self.pull_rows)
+                received = time.monotonic()
 
 
 class Child:

@@ -56,7 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Child, Figure, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
+from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.process import LocalEngine  # noqa: E402
@@ -212,51 +212,22 @@ def consume_main(argv: list[str]) -> int:
     p.add_argument("--pull-rows", type=int, default=None)
     p.add_argument("--count-only", action="store_true")
     args = p.parse_args(argv)
-    stop: dict[str, int | None] = {"ts": None}
-    gone = threading.Event()
-
-    def read_stop() -> None:
-        line = sys.stdin.readline()
-        if line.strip():
-            stop["ts"] = int(line)
-        else:
-            gone.set()
-
-    threading.Thread(target=read_stop, name="stop-reader", daemon=True).start()
-    deadline = time.monotonic() + CONSUMER_MAX_S
     events: list[list[Any]] = []
-    count = pulls = token_violations = 0
-    with Client(args.url, timeout=120.0) as client:
-        token: str = args.from_token
-        answer = client.pull_changes(args.path, from_event_token=token, max_row_count=args.pull_rows,
-                                     wait_timeout=0)
-        received = time.monotonic()
-        print("ready", flush=True)
-        while True:
-            pulls += 1
-            previous = token
-            for event in answer["events"]:
-                if event["kind"] == "heartbeat":
-                    continue
-                if not event["event_token"] > previous:
-                    token_violations += 1
-                previous = event["event_token"]
-                count += 1
-                if not args.count_only:
-                    row = event.get("row") or {}
-                    events.append([event["key"]["k"], row.get("v"), received, event["timestamp"], event["kind"]])
-            token = answer["event_token"]
-            stop_ts = stop["ts"]
-            if stop_ts is not None and answer["timestamp"] >= stop_ts:
-                break
-            if gone.is_set() or time.monotonic() > deadline:
-                print("consumer: stopped without a stop timestamp (parent gone or time limit)", file=sys.stderr)
-                return 2
-            answer = client.pull_changes(args.path, from_event_token=token, max_row_count=args.pull_rows)
-            received = time.monotonic()
+    count = 0
+
+    def on_event(event: dict[str, Any], received: float) -> None:
+        nonlocal count
+        count += 1
+        if not args.count_only:
+            row = event.get("row") or {}
+            events.append([event["key"]["k"], row.get("v"), received, event["timestamp"], event["kind"]])
+
+    follower = StreamFollower(args.url, args.path, args.from_token, CONSUMER_MAX_S, args.pull_rows)
+    if not follower.follow(on_event):
+        return 2
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    args.out.write_text(json.dumps({"events": events, "count": count, "pulls": pulls,
-                                    "token_order_violations": token_violations,
+    args.out.write_text(json.dumps({"events": events, "count": count, "pulls": follower.pulls,
+                                    "token_order_violations": follower.token_violations,
                                     "cpu_s": usage.ru_utime + usage.ru_stime}))
     return 0
 

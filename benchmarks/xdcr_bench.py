@@ -69,7 +69,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Child, Figure, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
+from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.credentials import peer_credential  # noqa: E402
@@ -283,62 +283,34 @@ def consume_main(argv: list[str]) -> int:
     p.add_argument("--own-id", type=int, required=True)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    stop: dict[str, int | None] = {"ts": None}
-    gone = threading.Event()
-
-    def read_stop() -> None:
-        line = sys.stdin.readline()
-        if line.strip():
-            stop["ts"] = int(line)
-        else:
-            gone.set()
-
-    threading.Thread(target=read_stop, name="stop-reader", daemon=True).start()
-    deadline = time.monotonic() + CHILD_MAX_S
     own_ts: list[int] = []
     own_keys: list[int] = []
     peer_origin: list[int] = []
     peer_ts: list[int] = []
     peer_keys: list[int] = []
     peer_received: list[float] = []
-    pulls = token_violations = no_origin = 0
-    with Client(args.url, timeout=120.0) as client:
-        token: str = args.from_token
-        answer = client.pull_changes(args.path, from_event_token=token, wait_timeout=0)
-        received = time.monotonic()
-        print("ready", flush=True)
-        while True:
-            pulls += 1
-            previous = token
-            for event in answer["events"]:
-                if event["kind"] == "heartbeat":
-                    continue
-                if not event["event_token"] > previous:
-                    token_violations += 1
-                previous = event["event_token"]
-                origin = event.get("origin_cluster_id")
-                if origin is None:
-                    no_origin += 1
-                elif origin == args.own_id:
-                    own_ts.append(event["origin_timestamp"])
-                    own_keys.append(event["key"]["k"])
-                else:
-                    peer_origin.append(origin)
-                    peer_ts.append(event["origin_timestamp"])
-                    peer_keys.append(event["key"]["k"])
-                    peer_received.append(received)
-            token = answer["event_token"]
-            stop_ts = stop["ts"]
-            if stop_ts is not None and answer["timestamp"] >= stop_ts:
-                break
-            if gone.is_set() or time.monotonic() > deadline:
-                print("consumer: stopped without a stop timestamp (parent gone or time limit)", file=sys.stderr)
-                return 2
-            answer = client.pull_changes(args.path, from_event_token=token)
-            received = time.monotonic()
+    no_origin = 0
+
+    def on_event(event: dict[str, Any], received: float) -> None:
+        nonlocal no_origin
+        origin = event.get("origin_cluster_id")
+        if origin is None:
+            no_origin += 1
+        elif origin == args.own_id:
+            own_ts.append(event["origin_timestamp"])
+            own_keys.append(event["key"]["k"])
+        else:
+            peer_origin.append(origin)
+            peer_ts.append(event["origin_timestamp"])
+            peer_keys.append(event["key"]["k"])
+            peer_received.append(received)
+
+    follower = StreamFollower(args.url, args.path, args.from_token, CHILD_MAX_S)
+    if not follower.follow(on_event):
+        return 2
     args.out.write_text(json.dumps({"own_ts": own_ts, "own_keys": own_keys, "peer_origin": peer_origin,
                                     "peer_ts": peer_ts, "peer_keys": peer_keys, "peer_received": peer_received,
-                                    "pulls": pulls, "token_order_violations": token_violations,
+                                    "pulls": follower.pulls, "token_order_violations": follower.token_violations,
                                     "no_origin": no_origin}))
     return 0
 
