@@ -14,7 +14,12 @@ is how kopf finds them) and that is all: :func:`run` starts kopf with the CLI's
 :class:`~.settings.OperatorSettings` in kopf's memo, and the startup handler builds the
 :class:`~.runtime.Runtime` (engine clients, registry, tracker) from them and keeps it in the memo,
 which kopf hands (shallow-copied per object) to every handler. The startup handler also registers
-the two timers, because their intervals are settings. Started by plain
+the two timers, because their intervals are settings.
+
+kopf runs an object's timers beside its change handlers, each on a worker thread, so two
+reconciles of one object could overlap: both would see a schema edit undone and both alter the
+table (two ``SchemaMigrated`` events), or both start a step of a bootstrap. ``_object_lock`` makes
+them take turns. The later one then reads the engines after the earlier one's changes. Started by plain
 ``kopf run -m reptables.operator.handlers`` instead of the CLI, the startup handler resolves the
 settings from the environment itself.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -142,7 +148,24 @@ def _recent(timestamp: Any, seconds: float = 60.0) -> bool:
     return (datetime.now(UTC) - then).total_seconds() < seconds
 
 
+#: guards ``_object_locks`` (a leaf: held only to find or make an object's lock)
+_object_locks_lock = threading.Lock()
+#: (kind, namespace, name) -> the lock one reconcile or finalize of that object holds (never two objects' at once)
+_object_locks: dict[tuple[str, str | None, str], threading.Lock] = {}
+
+
+def _object_lock(kind: str, body: kopf.Body) -> threading.Lock:
+    key = (kind, body.meta.namespace, str(body.meta.name))
+    with _object_locks_lock:
+        return _object_locks.setdefault(key, threading.Lock())
+
+
 def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, waiting_retries: bool) -> None:
+    with _object_lock(kind, body):
+        _reconcile_one(kind, body, patch, memo, waiting_retries)
+
+
+def _reconcile_one(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, waiting_retries: bool) -> None:
     registry = _runtime(memo).registry
     registry.upsert(body)
     try:
@@ -175,6 +198,11 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, w
 
 
 def _finalize(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
+    with _object_lock(kind, body):
+        _finalize_one(kind, body, patch, memo)
+
+
+def _finalize_one(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
     registry = _runtime(memo).registry
     try:
         res = registry.resource(body)
@@ -197,6 +225,8 @@ def _register(kind: str) -> None:
         registry = _runtime(memo).registry
         if event.get("type") == "DELETED":
             registry.remove(kind, body.meta.namespace, str(body.meta.name))
+            with _object_locks_lock:  # its reconciles are over: the finalizer has run
+                _object_locks.pop((kind, body.meta.namespace, str(body.meta.name)), None)
         else:
             registry.upsert(body)
 
