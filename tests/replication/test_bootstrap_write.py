@@ -125,6 +125,8 @@ def test_a_bootstrapped_replica_equals_its_source_row_for_row(cs: ClusterSet) ->
     # every change after T arrives; the copy and the source agree row for row
     final = cs.meta.generate_timestamp()
     wait_for(lambda: replica_id in cs.in_sync(path, final), 60, "the new replica in sync")
+    # (the source is an async replica too: it may trail the writer's last rows)
+    wait_for(lambda: first in cs.in_sync(path, final), 60, "the source replica in sync")
     assert cs.rows(REPLICA, replica_path) == cs.rows(REPLICA, first_path)
     assert len(cs.rows(REPLICA, replica_path)) == 100 + writer.writes
     # the copy is older than every replicated change: a read at T shows the snapshot, a later read the changes
