@@ -19,9 +19,10 @@ the two timers, because their intervals are settings.
 kopf runs an object's timers beside its change handlers, each on a worker thread, so two
 reconciles of one object could overlap: both would see a schema edit undone and both alter the
 table (two ``SchemaMigrated`` events), or both start a step of a bootstrap. ``_object_lock`` makes
-them take turns. The later one then reads the engines after the earlier one's changes. Started by plain
-``kopf run -m reptables.operator.handlers`` instead of the CLI, the startup handler resolves the
-settings from the environment itself.
+them take turns. The later one then reads the engines after the earlier one's changes.
+
+Started by plain ``kopf run -m reptables.operator.handlers`` instead of the CLI, the startup
+handler resolves the settings from the environment itself.
 
 This module and ``cli.py`` are the only ones that import kopf; the core runs without it.
 """
