@@ -118,7 +118,9 @@ def test_a_cluster_added_to_a_group_with_trimmed_logs_joins_from_the_preferred_s
     env.api.create(xdcr_group("users", ["chicago", "sf"], preferredSource="sf"))
     env.wait(lambda: env.condition("users").get("status") == "True", 60, "the two-member group Ready")
     with env.client("chicago") as chicago, env.client("sf") as sf:
-        start = chicago.generate_timestamp()
+        # each cluster's own clock (commit timestamps are (second, counter) per cluster: within one
+        # second chicago's can be later than every commit sf makes)
+        starts = {"chicago": chicago.generate_timestamp(), "sf": sf.generate_timestamp()}
         chicago.insert_rows(USERS, [{"id": i, "name": f"chicago-{i}"} for i in range(300)])
         # (chicago's rows may be applied on sf meanwhile: a lock conflict, 1700, retried as a client does)
         env.wait(lambda: sf.insert_rows(USERS, [{"id": i, "name": f"sf-{i}"} for i in range(200, 500)]) is None,
@@ -127,8 +129,8 @@ def test_a_cluster_added_to_a_group_with_trimmed_logs_joins_from_the_preferred_s
                  "chicago and sf converged")
         chicago.delete_rows(USERS, [{"id": i} for i in range(40)])
         env.wait(lambda: len(env.rows("sf")) == 460 and env.rows("chicago") == env.rows("sf"), 30, "the deletes")
-        for client in (chicago, sf):
-            env.wait(lambda c=client: _log_trimmed(c, start), 30, "the change logs trimmed")
+        for name, client in (("chicago", chicago), ("sf", sf)):
+            env.wait(lambda c=client, n=name: _log_trimmed(c, starts[n]), 30, f"the change log of {name} trimmed")
     expected = env.rows("sf")
 
     env.api.patch("xdcrgroups", "users", {"spec": {"clusters": list(MEMBERS)}})

@@ -100,7 +100,9 @@ def trimmed_group(trio: XdcrGroup, path: str) -> None:
         trio.client(name).create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "xdcr": True,
                                                             "change_retention": 1})
         trio.client(name).mount_table(path)
-    start = trio.client("a").generate_timestamp()
+    # each cluster's own clock: commit timestamps are (second, counter) per cluster, so within one
+    # second a's timestamp can be later than every commit b makes (a made more timestamps)
+    starts = {name: trio.client(name).generate_timestamp() for name in ("a", "b")}
     a, b = trio.client("a"), trio.client("b")
     a.insert_rows(path, [{"id": i, "name": f"a{i}", "password": "pa"} for i in range(300)])
     # (a's rows may be applied on b meanwhile: a lock conflict, 1700, retried as a client does)
@@ -113,7 +115,8 @@ def trimmed_group(trio: XdcrGroup, path: str) -> None:
              "the deletes on both")
     for name in ("a", "b"):
         try:
-            wait_for(lambda n=name: _trimmed(trio.client(n), path, start), 30, f"the change log of {name} trimmed")
+            wait_for(lambda n=name: _trimmed(trio.client(n), path, starts[n]), 30,
+                     f"the change log of {name} trimmed")
         except AssertionError as exc:
             # what held the log: the peers' positions (dr_status) and the engine's own complaints
             log = trio.engines[name].log_path.read_text(errors="replace").splitlines()
