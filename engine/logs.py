@@ -22,6 +22,11 @@ class JsonFormatter(logging.Formatter):
         # only plain fields: libraries (kopf) attach whole objects as extras
         out.update({k: v for k, v in vars(record).items()
                     if k not in _STANDARD and isinstance(v, str | int | float | bool | type(None))})
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            # kopf's records of one object: say which (its reference is a dict, left out above)
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else str(ref["name"])
+            out["object"] = f"{ref.get('kind', '')} {where}".strip()
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

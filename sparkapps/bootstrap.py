@@ -49,6 +49,7 @@ from reptables.engine.httpconn import ConnectionPool, HttpTransportError, dumps_
 from .options import ReptablesSparkError, SourceOptions
 from .reader import KeyRange, ReptablesReader, plan_partitions
 from .schema_mapping import JSON_TYPES, batch_to_rows, parse_columns, spark_schema
+from .session import job_session
 from .tables import TableInfo
 
 log = logging.getLogger("reptables.sparkapps.bootstrap")
@@ -289,25 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("bootstrap of replica %s of %s: copying %s:%s as of %#x into %s:%s", plan.replica_id,
                      plan.table_path, plan.source_proxy, plan.source_path, plan.timestamp, plan.target_proxy,
                      plan.target_path)
-            from pyspark.sql import SparkSession
-
-            from . import register
-
-            builder = SparkSession.builder.appName(f"reptables-bootstrap-{plan.replica_id}")
-            # under spark-submit (a SparkApplication) the master is given; run directly, local Spark
-            # whose Python workers are this interpreter (it has reptables and pyarrow)
-            submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-            if args.master or not submitted:
-                builder = builder.master(args.master or "local[*]")
-                os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            spark = builder.getOrCreate()
-            register(spark)
-            started = time.monotonic()
-            try:
+            with job_session(f"reptables-bootstrap-{plan.replica_id}", args.master) as spark:
+                started = time.monotonic()
                 totals = copy(spark, plan, source_credential, target_credential, args.partitions, args.chunk_rows)
-            finally:
-                if not submitted:
-                    spark.stop()
             seconds = time.monotonic() - started
             log.info("bootstrap copied %d rows in %d partitions (%d chunks applied, %d already there) in %.1f s, "
                      "%.0f rows/s", totals["rows"], totals["partitions"], totals["chunks_applied"],

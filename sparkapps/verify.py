@@ -39,6 +39,7 @@ from reptables.engine.errors import YtError
 from .options import ReptablesSparkError, SourceOptions
 from .reader import KeyRange, ReptablesReader, plan_partitions
 from .schema_mapping import spark_schema
+from .session import job_session
 from .tables import TableInfo
 
 log = logging.getLogger("reptables.sparkapps.verify")
@@ -157,20 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = _options(args.left_proxy, args.left_token_file, "REPTABLES_LEFT_TOKEN", args.left_path, args.timestamp)
         right = _options(args.right_proxy, args.right_token_file, "REPTABLES_RIGHT_TOKEN", args.right_path,
                          args.timestamp)
-        from pyspark.sql import SparkSession
-
-        builder = SparkSession.builder.appName("reptables-verify")
-        submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-        if args.master or not submitted:
-            builder = builder.master(args.master or "local[*]")
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        spark = builder.getOrCreate()
-        started = time.monotonic()
-        try:
+        with job_session("reptables-verify", args.master) as spark:
+            started = time.monotonic()
             results = verify(spark, left, right, args.timestamp, args.partitions, args.max_keys)
-        finally:
-            if not submitted:
-                spark.stop()
     except (ReptablesSparkError, YtError) as exc:
         log.error("verify failed: %s", exc)
         return 2

@@ -35,6 +35,7 @@ from reptables.engine.client import Client
 from reptables.engine.errors import ErrorCode, YtError
 
 from .options import ReptablesSparkError
+from .session import job_session
 
 log = logging.getLogger("reptables.sparkapps.xdcr_join")
 
@@ -124,21 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.proxy:
             raise ReptablesSparkError("xdcr join: no joining cluster: give --proxy URL or set YT_PROXY")
         token = _token(args.token_file)
-        from pyspark.sql import SparkSession
-
-        builder = SparkSession.builder.appName(f"reptables-xdcr-join-{args.path}")
-        submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-        if args.master or not submitted:
-            builder = builder.master(args.master or "local[*]")
-            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        spark = builder.getOrCreate()
-        started = time.monotonic()
-        try:
+        with job_session(f"reptables-xdcr-join-{args.path}", args.master) as spark:
+            started = time.monotonic()
             totals = join(spark, args.proxy, token, args.path, args.source, args.partitions, args.page_rows,
                           args.restart)
-        finally:
-            if not submitted:
-                spark.stop()
         seconds = time.monotonic() - started
         log.info("xdcr join of %s from %s done: %d rows and %d tombstones in %d pages (%d loaded now, %d already "
                  "there) in %.1f s", args.path, totals["source"], totals["rows"], totals["tombstones"], totals["pages"],
