@@ -559,20 +559,34 @@ class XdcrCommands(RowCommands):
 
     # -- operations ----------------------------------------------------------------------------------
 
-    def _newest_position(self, table: DynamicTable) -> Position:
+    @staticmethod
+    def _owed(conn: sa.Connection, table: DynamicTable, position: Position, own: int) -> sa.ColumnElement[bool]:
+        """The logged changes of ``table`` after ``position`` that were made on this cluster (what
+        a peer at ``position`` still misses; the changes this cluster only received are never
+        shipped, so never owed, though the peer's record passes them only every half second)."""
         c = changes_table.c
-        with self.storage.read() as conn:
-            row = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table.table_id)
-                               .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
-        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+        if conn.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            origin: sa.ColumnElement[Any] = sa.func.jsonb_extract_path_text(sa.cast(c.payload, JSONB), "o", "1")
+            mine: sa.ColumnElement[bool] = origin == str(own)
+        else:
+            mine = sa.func.json_extract(c.payload, "$.o[1]") == own
+        after = sa.or_(c.timestamp > position[0], sa.and_(c.timestamp == position[0], c.seq > position[1]))
+        # (the redundant ``timestamp >= position`` is the index's lower bound, as in ``changes.read``)
+        return sa.and_(c.table_id == table.table_id, c.timestamp >= position[0], after, mine)
 
     def _undelivered(self) -> list[str]:
-        """(peer: table) pairs whose peer misses some of this cluster's changes."""
+        """(peer: table) pairs whose peer misses some of this cluster's own changes."""
+        own = self._own_id()
         missing = []
         for table, path in self._xdcr_tables():
-            newest = self._newest_position(table)
             for peer in self.xdcr_connections():
-                if self._progress(peer, table.table_id) < newest:
+                position = self._progress(peer, table.table_id)
+                with self.storage.read() as conn:
+                    owed = conn.execute(sa.select(changes_table.c.seq).where(
+                        self._owed(conn, table, position, own)).limit(1)).first()
+                if owed is not None:
                     missing.append(f"{peer}: {path}")
         return missing
 
@@ -660,6 +674,7 @@ class XdcrCommands(RowCommands):
     def dr_status(self) -> dict[str, Any]:
         peers: dict[str, Any] = {}
         now = time.time()
+        own = self.cluster_id if self.cluster_id is not None else -1
         for peer in self.xdcr_connections():
             state = self._xdcr_peer_state.get(peer) or PeerState()
             queued_rows = queued_bytes = 0
@@ -667,11 +682,11 @@ class XdcrCommands(RowCommands):
             for table, _ in self._xdcr_tables():
                 position = self._progress(peer, table.table_id)
                 c = changes_table.c
-                after = sa.or_(c.timestamp > position[0], sa.and_(c.timestamp == position[0], c.seq > position[1]))
                 with self.storage.read() as conn:
+                    # this cluster's own changes the peer misses (received ones are never shipped)
                     count, size, first = conn.execute(sa.select(
                         sa.func.count(), sa.func.coalesce(sa.func.sum(sa.func.length(c.payload)), 0),
-                        sa.func.min(c.timestamp)).where(c.table_id == table.table_id, after)).one()
+                        sa.func.min(c.timestamp)).where(self._owed(conn, table, position, own))).one()
                 queued_rows += int(count)
                 queued_bytes += int(size)
                 if first is not None:

@@ -100,10 +100,37 @@ def test_changes_flow_both_ways_once_and_are_never_echoed(pair: XdcrGroup) -> No
         assert len(origins) == len(set(origins)) == 11
         assert sum(1 for o in origins if o[0] == own) == (6 if own == 1 else 5)
         assert sum(1 for o in origins if o[0] == peer) == (5 if own == 1 else 6)
-    # (changes a only received count as queued until a's next empty batch moves b's record past
-    # them, at most 0.5 s later: docs/xdcr.md)
+    # (a saves b's progress once b answered: a moment after b shows the rows)
     wait_for(lambda: (lambda peer: peer["state"] == "connected" and peer["queued_rows"] == 0)(
         a.call("dr_status", {})["peers"]["b"]), 10, "a's queue to b empty")
+
+
+def test_a_cluster_that_only_receives_owes_its_peer_nothing(pair: XdcrGroup) -> None:
+    """What b only received from a is never shipped back, so b's status never shows it queued for a,
+    nor a lag, nor does b's drain wait for it (docs/xdcr.md: the peer's record of b's log passes
+    such changes only every half second)."""
+    path = pair.table(fresh_path())
+    a, b = pair.client("a"), pair.client("b")
+    seen: list[dict[str, Any]] = []
+    for i in range(20):
+        a.insert_rows(path, [{"id": 100 * i + j, "name": "from-a", "password": "p"} for j in range(10)])
+        if i >= 2:
+            seen.append(b.call("dr_status", {})["peers"]["a"])
+        time.sleep(0.05)
+    wait_for(lambda: len(pair.rows("b", path)) == 200, 20, "a's rows on b")
+    seen.append(b.call("dr_status", {})["peers"]["a"])
+    assert all(s["queued_rows"] == 0 and s["queued_bytes"] == 0 and s["lag_seconds"] == 0.0 for s in seen), seen
+    started = time.monotonic()
+    b.call("dr_pause", {})  # drained at once: b owes a nothing
+    try:
+        assert time.monotonic() - started < 5
+        assert b.call("dr_status", {})["paused"]
+    finally:
+        b.call("dr_resume", {})
+    # b's own change is owed until a has it
+    b.insert_rows(path, [{"id": 5, "name": "from-b", "password": "p"}])
+    wait_for(lambda: {"id": 5, "name": "from-b", "password": "p"} in pair.rows("a", path), 20, "b's row on a")
+    wait_for(lambda: b.call("dr_status", {})["peers"]["a"]["queued_rows"] == 0, 10, "b's queue to a empty")
 
 
 def _seed_row(pair: XdcrGroup, path: str) -> None:
