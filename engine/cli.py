@@ -134,6 +134,8 @@ def serve(
     except ValueError as exc:  # a malformed REPTABLES_* setting: named, no traceback
         print(exc, file=sys.stderr)
         raise typer.Exit(2) from None
+    # (the process' own setting: an engine run in a test's or benchmark's process leaves it alone)
+    sys.setswitchinterval(config.gil_switch_interval)
     problem = _transport_problem(config, port, metrics_port)
     if problem is not None:
         print(problem, file=sys.stderr)
