@@ -346,6 +346,8 @@ class LocalRunner:
                 request.unlink()
             ok, message = self._control(str(body.get("action")), str(body.get("cluster")))
             print(message)
+            # state.json first: once the command has its answer, `reptables status` shows the change
+            self.write_state()
             write_private(request.with_name(request.name.replace(".request.", ".result.")),
                           json.dumps({"ok": ok, "message": message}))
 
