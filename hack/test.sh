@@ -9,5 +9,6 @@ source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 # two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps each module
-# on one worker, in order, and all Spark tests on one (one Spark session per run)
+# on one worker, in order, and all Spark tests on one (one Spark session per run), and starts the
+# minutes-long modules first (tests/conftest.py HEAVY_FIRST) so that both workers finish together
 exec .venv/bin/python -m pytest -n 2 --durations=25 "$@"
