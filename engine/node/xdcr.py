@@ -560,11 +560,12 @@ class XdcrCommands(RowCommands):
     # -- operations ----------------------------------------------------------------------------------
 
     @staticmethod
-    def _owed(conn: sa.Connection, table: DynamicTable, position: Position, own: int) -> sa.ColumnElement[bool]:
-        """The logged changes of ``table`` after ``position`` that were made on this cluster (what
-        a peer at ``position`` still misses; the changes this cluster only received are never
-        shipped, so never owed, though the peer's record passes them only every half second)."""
+    def _owed(conn: sa.Connection, table: DynamicTable, position: Position) -> sa.ColumnElement[bool]:
+        """The logged changes of XDCR table ``table`` after ``position`` that were made on this
+        cluster (what a peer at ``position`` still misses; the changes this cluster only received
+        are never shipped, so never owed, though the peer's record passes them only every half second)."""
         c = changes_table.c
+        own = table.xdcr_cluster_id
         if conn.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import JSONB
 
@@ -578,14 +579,13 @@ class XdcrCommands(RowCommands):
 
     def _undelivered(self) -> list[str]:
         """(peer: table) pairs whose peer misses some of this cluster's own changes."""
-        own = self._own_id()
         missing = []
         for table, path in self._xdcr_tables():
             for peer in self.xdcr_connections():
                 position = self._progress(peer, table.table_id)
                 with self.storage.read() as conn:
                     owed = conn.execute(sa.select(changes_table.c.seq).where(
-                        self._owed(conn, table, position, own)).limit(1)).first()
+                        self._owed(conn, table, position)).limit(1)).first()
                 if owed is not None:
                     missing.append(f"{peer}: {path}")
         return missing
@@ -674,7 +674,6 @@ class XdcrCommands(RowCommands):
     def dr_status(self) -> dict[str, Any]:
         peers: dict[str, Any] = {}
         now = time.time()
-        own = self.cluster_id if self.cluster_id is not None else -1
         for peer in self.xdcr_connections():
             state = self._xdcr_peer_state.get(peer) or PeerState()
             queued_rows = queued_bytes = 0
@@ -686,7 +685,7 @@ class XdcrCommands(RowCommands):
                     # this cluster's own changes the peer misses (received ones are never shipped)
                     count, size, first = conn.execute(sa.select(
                         sa.func.count(), sa.func.coalesce(sa.func.sum(sa.func.length(c.payload)), 0),
-                        sa.func.min(c.timestamp)).where(self._owed(conn, table, position, own))).one()
+                        sa.func.min(c.timestamp)).where(self._owed(conn, table, position))).one()
                 queued_rows += int(count)
                 queued_bytes += int(size)
                 if first is not None:

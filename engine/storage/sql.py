@@ -153,9 +153,8 @@ xdcr_rows_table = sa.Table(
     #: after it, which this tells (docs/xdcr.md)
     sa.Column("parent_timestamp", sa.BigInteger, nullable=True),
     sa.Column("parent_cluster_id", sa.Integer, nullable=True),
-    # small rows found only by their key: kept in the key's B-tree itself (SQLite), no rowid table
-    # beside a copy of the key in an index - 40 % less space for the same CPU (measured: 300,000
-    # upserts in commits of 100, 26 instead of 43 MB). A data directory made before keeps its table
+    # small rows found only by their key: kept in the key's B-tree itself (SQLite), with no rowid
+    # table beside a second copy of the key in an index. A data directory made before keeps its table
     sqlite_with_rowid=False,
 )
 
