@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from reptables.engine.client import Client
-from reptables.engine.errors import YtError
+from reptables.engine.errors import LockConflict, YtError
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.operator.test_operator_e2e import API, CREDENTIALS, NS, OperatorProcess
@@ -181,7 +181,14 @@ def test_conflicts_are_counted_and_reported_as_a_warning_event(env: Env, group: 
         def write(cluster: str, key: int = key, barrier: threading.Barrier = barrier) -> None:
             with env.client(cluster) as client:
                 barrier.wait()
-                client.insert_rows(USERS, [{"id": key, "name": cluster}])
+                # (the peer's insert of the key may be applied here at that moment: a lock conflict,
+                # 1700, retried as a client does)
+                for _ in range(5):
+                    try:
+                        client.insert_rows(USERS, [{"id": key, "name": cluster}])
+                        return
+                    except LockConflict:
+                        time.sleep(0.05)
 
         threads = [threading.Thread(target=write, args=(c,)) for c in ("chicago", "sf")]
         for t in threads:
