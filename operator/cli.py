@@ -45,12 +45,15 @@ def up(
     live: Annotated[bool | None, typer.Option(
         "--live/--no-live", help="A live status view, redrawn every second (implies --keep-running; default: "
                                  "on when stdout is a terminal)", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=1, help="Seconds to wait for every object to become Ready; a Spark job that still "
+                                 "runs (a bootstrap copy or verify) extends the wait, up to 600 s")] = 90.0,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
     from .local import run
 
     live_view = sys.stdout.isatty() if live is None else live
-    raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running, live=live_view))
+    raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running, timeout=timeout, live=live_view))
 
 
 @app.command()

@@ -87,6 +87,10 @@ def _cluster_scoped(kind: str) -> bool:
     return model is not None and model.info.scope is models.Scope.CLUSTER
 
 
+#: how long ``up`` waits for objects whose Spark job still runs (JVM start, copy, verify on a busy laptop)
+JOB_WAIT_SECONDS = 600.0
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -390,14 +394,24 @@ class LocalRunner:
     def all_ready(self) -> bool:
         return all(is_ready(r.status) for kind in ORDER for r in self.registry.of_kind(kind))
 
-    def converge(self, timeout: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def jobs_running(self) -> bool:
+        """Whether a Spark job (bootstrap copy or verify, XDCR join) this runner started still runs."""
+        launcher = self.registry.launcher
+        return isinstance(launcher, LocalLauncher) and bool(launcher.pids())
+
+    def converge(self, timeout: float = 60.0, job_timeout: float = JOB_WAIT_SECONDS) -> bool:
+        """Reconcile until every object is Ready: ``timeout`` seconds, and while a Spark job runs, up to
+        ``job_timeout`` (a copy on a slow machine is progress, not a hang; a job that fails is retried
+        or reported by its own status, so the wait never outlasts it by much)."""
+        start = time.monotonic()
+        while True:
             self.reconcile_all()
             if self.all_ready():
                 return True
+            waited = time.monotonic() - start
+            if waited >= timeout and (waited >= job_timeout or not self.jobs_running()):
+                return False
             time.sleep(0.5)
-        return False
 
     def print_status(self) -> None:
         for kind in ORDER:

@@ -290,12 +290,20 @@ def _correct_drift(client: Any, path: str, spec: Any, attrs: dict[str, Any]) -> 
 
 
 def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
-    by_replica_id = {r.status.get("replicaId"): r for r in world.of_kind("TableReplica", res.namespace)
-                     if r.spec.table == res.name and r.status.get("replicaId")}
+    mine = [r for r in world.of_kind("TableReplica", res.namespace) if r.spec.table == res.name and not r.deleting]
+    by_replica_id = {r.status.get("replicaId"): r for r in mine if r.status.get("replicaId")}
+    # a TableReplica whose status does not hold its replicaId yet (the replica was just created, its
+    # status patch is on its way) is known by where its replica lives, as its reconciler finds it
+    unrecorded: dict[tuple[str, str], list[Resource]] = {}
+    for r in mine:
+        if not r.status.get("replicaId"):
+            unrecorded.setdefault((r.spec.cluster, r.spec.replica_path), []).append(r)
     replicas_attr: dict[str, Any] = client.get(f"{path}/@replicas")
     summaries, sync, errors, max_lag = [], [], [], 0
     for replica_id, info in sorted(replicas_attr.items()):
         owner = by_replica_id.get(replica_id)
+        if owner is None and (claimants := unrecorded.get((info["cluster_name"], info["replica_path"]))):
+            owner = oldest_claimant(claimants)
         name = owner.name if owner is not None else replica_id
         lag = int(info.get("replication_lag_time", 0)) // 1000
         max_lag = max(max_lag, lag)

@@ -412,7 +412,7 @@ def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None,
                 api.delete(kind, name, ns)
                 # generous: a failed refresh timer of the object (kopf's 60 s backoff) delays its deletion
                 api.wait_for_deletion(kind, name, ns, timeout=150)
-            requests = [r for r in list(api.emulator._requests) if "kopf" in r.headers.get("User-Agent", "")]
+            requests = [r for r in list(api.emulator.history) if "kopf" in r.headers.get("User-Agent", "")]
             return [a for a in (_rbac_attributes(str(getattr(r.method, "value", r.method)).upper(), r.url.path,
                                                  dict(r.params)) for r in requests) if a is not None]
     finally:

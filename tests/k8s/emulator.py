@@ -1124,6 +1124,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _watchers: set[asyncio.Queue[Any]] = attrs.field(factory=set, init=False)
     _active_watches: dict[int, tuple[str, str, str, str | None]] = attrs.field(factory=dict, init=False)
     _stopping: bool = attrs.field(default=False, init=False)
+    #: every request served, oldest first (``request_log``). kmock's own log (``_requests``) holds only
+    #: the requests in flight: kmock matches each request by scanning its log (``request in view``),
+    #: so a log of every request made each request slower than the last (quadratic: an operator
+    #: module's tens of thousands of requests left the emulator's thread at 100 % CPU, and kopf's
+    #: retries waited a minute)
+    history: list[rendering.Request] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1158,6 +1164,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             request = await self._parse_request(raw_request)
+            self.history.append(request)
             self._requests.append(request)
             try:
                 return await self._handle(request)
@@ -1166,6 +1173,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 if e.__cause__ is not None:
                     raise e.__cause__ from None
                 raise
+            finally:
+                self._requests[:] = [r for r in self._requests if r is not request]
         except Exception as e:
             if not isinstance(e, kmock.KubernetesError):
                 logger.exception("Unexpected emulator error for %s %s", raw_request.method, raw_request.path_qs)
@@ -1203,7 +1212,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 elif method == "DELETE":
                     action = enums.action.DELETE
         return rendering.Request(
-            id=len(self._requests), raw_request=raw, url=raw.url, method=raw.method, params=dict(raw.query),
+            id=len(self.history), raw_request=raw, url=raw.url, method=raw.method, params=dict(raw.query),
             headers=dict(raw.headers), cookies=dict(raw.cookies), body=body, text=text, data=data,
             action=action, resource=resource,
             namespace=parsed["namespace"] if parsed else None, name=parsed["name"] if parsed else None,
@@ -2249,7 +2258,7 @@ class K8sApi:
         """Every request the emulator has served so far: method, path, params and decoded body."""
         assert self.emulator is not None, "the emulator is not started"
         return [{"method": str(getattr(r.method, "value", r.method)).upper(), "path": r.url.path,
-                 "params": dict(r.params), "data": r.data} for r in list(self.emulator._requests)]
+                 "params": dict(r.params), "data": r.data} for r in list(self.emulator.history)]
 
     def server_errors(self) -> list[Exception]:
         """Unexpected (non-Kubernetes) exceptions raised inside the emulator: should stay empty."""

@@ -396,7 +396,7 @@ def test_promote_disable_enable_patch_only_the_replica_spec(api: K8sApi, kubecon
     assert api.get("tablereplicas", "scratch-remote-1", "lab")["spec"]["enabled"] is True
     # every request carried the plugin's user agent (kmock's request objects keep the headers)
     assert api.emulator is not None
-    agents = {r.headers.get("User-Agent") for r in list(api.emulator._requests)[mark:]}
+    agents = {r.headers.get("User-Agent") for r in list(api.emulator.history)[mark:]}
     assert {a for a in agents if not str(a).startswith("python-httpx")} == {"kubectl-reptables"}  # not ours
 
 

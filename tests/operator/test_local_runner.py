@@ -53,7 +53,8 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
     The first run writes 1000 rows; with ``minReplicationLogTtl: 0s`` the queue is trimmed once both
     replicas have them. The second run (the same data directory: the engines keep their tables)
     finds a new TableReplica of that table: the local launcher copies the rows with local Spark,
-    verifies them, enables the replica, and the demo shows it holds every row.
+    verifies them, enables the replica, and the demo shows it holds every row. The second run's
+    ``--timeout`` is shorter than the two Spark jobs: ``up`` waits on while a job of its own runs.
     """
     manifests = copy_examples(tmp_path, min_replication_log_ttl="0s")
     command = [sys.executable, "-m", "reptables.operator.cli", "up", str(manifests), "--data-dir",
@@ -78,7 +79,8 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
         "apiVersion": "reptables.io/v1alpha1", "kind": "TableReplica", "metadata": {"name": "orders-copy"},
         "spec": {"table": "orders", "cluster": "remote-1", "replicaPath": "//home/shop/orders_copy",
                  "mode": "async", "bootstrap": {"parallelism": 2}}}))
-    second = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    # a short --timeout: the copy and verify jobs (two Spark JVMs) outlast it, and up waits for them
+    second = subprocess.run([*command, "--timeout", "15"], capture_output=True, text=True, timeout=700)
     out = second.stdout
     assert second.returncode == 0, out[-4000:] + second.stderr[-3000:]
     assert "TableReplica default/orders-copy: BootstrapPending: the history of //home/shop/orders was trimmed" in out

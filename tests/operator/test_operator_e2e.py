@@ -255,7 +255,7 @@ def test_credentials_the_operator_may_not_use_are_refused(env: Env) -> None:
 
 
 def test_the_operator_lists_and_watches_only_labelled_secrets(env: Env) -> None:
-    secrets = [r for r in list(env.api.emulator._requests)
+    secrets = [r for r in list(env.api.emulator.history)
                if "kopf" in r.headers.get("User-Agent", "") and r.url.path.endswith("/secrets")]
     assert secrets, "the operator never listed Secrets"
     assert {dict(r.params).get("labelSelector") for r in secrets} == {"reptables.io/credentials=true"}

@@ -299,7 +299,7 @@ def test_the_operator_bootstraps_a_replica_through_spark_applications(tmp_path: 
             # the launcher's requests: only what the chart grants it, only in the replica's namespace
             assert api.emulator is not None
             ours = [(str(getattr(r.method, "value", r.method)).upper(), r.url.path)
-                    for r in list(api.emulator._requests) if USER_AGENT in r.headers.get("User-Agent", "")]
+                    for r in list(api.emulator.history) if USER_AGENT in r.headers.get("User-Agent", "")]
             used = {(method, path.rsplit("/", 1)[0] if method != "POST" else path) for method, path in ours}
             assert used == {("POST", f"/apis/sparkoperator.k8s.io/v1beta2/namespaces/{NS}/sparkapplications"),
                             ("POST", f"/api/v1/namespaces/{NS}/secrets"),
