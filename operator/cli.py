@@ -46,8 +46,8 @@ def up(
         "--live/--no-live", help="A live status view, redrawn every second (implies --keep-running; default: "
                                  "on when stdout is a terminal)", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=1, help="Seconds to wait for every object to become Ready; a Spark job that still "
-                                 "runs (a bootstrap copy or verify) extends the wait, up to 600 s")] = 90.0,
+        "--timeout", min=1, help="Seconds to wait for every object to become Ready, counted again after each "
+                                 "Spark job (a bootstrap copy or verify) that up runs; 600 s at most in all")] = 90.0,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
     from .local import run

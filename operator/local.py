@@ -400,16 +400,19 @@ class LocalRunner:
         return isinstance(launcher, LocalLauncher) and bool(launcher.pids())
 
     def converge(self, timeout: float = 60.0, job_timeout: float = JOB_WAIT_SECONDS) -> bool:
-        """Reconcile until every object is Ready: ``timeout`` seconds, and while a Spark job runs, up to
-        ``job_timeout`` (a copy on a slow machine is progress, not a hang; a job that fails is retried
-        or reported by its own status, so the wait never outlasts it by much)."""
-        start = time.monotonic()
+        """Reconcile until every object is Ready, for ``timeout`` seconds counted from the start or from
+        the last moment a Spark job of this runner ran, whichever is later, and ``job_timeout`` in all
+        (a copy and its verify on a slow machine are progress, not a hang, and enabling the replica
+        after them takes its own seconds; a job that fails is retried or reported by its own status)."""
+        start = busy = time.monotonic()
         while True:
             self.reconcile_all()
             if self.all_ready():
                 return True
-            waited = time.monotonic() - start
-            if waited >= timeout and (waited >= job_timeout or not self.jobs_running()):
+            now = time.monotonic()
+            if self.jobs_running():
+                busy = now
+            if now - busy >= timeout or now - start >= job_timeout:
                 return False
             time.sleep(0.5)
 
