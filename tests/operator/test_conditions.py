@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reptables.engine.errors import YtError
+from reptables.operator.reconcile import reconcile
 from reptables.operator.registry import CredentialPolicy, Registry
 from reptables.operator.world import Engines, Resource
 from tests.harness import EngineProcess
@@ -99,3 +100,19 @@ def test_a_read_only_table_cluster_makes_its_engine_refuse_client_writes(op: Ope
         op.until(lambda: source.get("//sys/@read_only") is False, 30, "writable again")
         source.insert_rows("//tmp/ro", [{"k": 1, "v": "x"}])
     assert "Writable" in [e.reason for e in op.events["source"]]
+
+
+def test_a_replica_is_named_by_its_table_replica_before_its_status_records_the_replica_id(op: Operator) -> None:
+    """The table's status lists each replica by its TableReplica's name, also in the moment between the
+    replica's creation on the engine and the patch that records its ``replicaId`` (kopf applies a
+    status patch after the handler returns; the table's reconcile can run in between)."""
+    op.add(table("named"))
+    op.until(lambda: "tableId" in replicated_table(op, "named").status, 30, "the table")
+    op.add(replica("named-r", "named", "source"))
+    table_res = replicated_table(op, "named")
+    replica_res = op.replica("named-r")
+    # the replica's reconcile runs; its status (with replicaId) is not merged back yet
+    created = reconcile(replica_res, op.registry.world())
+    assert created.status.get("replicaId") and not op.replica("named-r").status.get("replicaId")
+    listed = reconcile(table_res, op.registry.world()).status["replicas"]
+    assert [(r["name"], r["cluster"]) for r in listed] == [("named-r", "source")]
