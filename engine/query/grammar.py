@@ -7,8 +7,14 @@ terms: they point at a line:column of the text and name the grammar's terminals 
 
 from __future__ import annotations
 
-from typing import cast
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, cast
 
+import lark
 from lark import Lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -144,9 +150,53 @@ _WS: /\s+/
 %ignore _WS
 """
 
+_OPTIONS: dict[str, Any] = {"parser": "lalr", "lexer": "basic", "propagate_positions": True,
+                            "maybe_placeholders": False}
+
+
+def _cache_dir() -> Path | None:
+    """This user's cache directory for the parser tables, if it is private (the file is unpickled)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reptables"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = base.stat()
+    except (OSError, RuntimeError):  # no home directory, a read-only file system
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return base
+
+
+def _build_parser() -> Lark:
+    """The LALR parser. Building its tables takes ~0.4 s, paid by every engine start; they are kept in
+    a file of this user's cache directory, named by a hash of the grammar, options and lark version
+    (so a changed grammar never reads old tables), written whole or not at all (``os.replace``)."""
+    key = hashlib.sha256(repr((_GRAMMAR, sorted(_OPTIONS.items()), lark.__version__)).encode()).hexdigest()[:32]
+    directory = _cache_dir()
+    path = directory / f"yql-parser-{key}.lark" if directory is not None else None
+    if path is not None and path.is_file():
+        try:
+            with path.open("rb") as f:
+                return Lark.load(f)
+        except Exception:  # noqa: BLE001  # an unreadable cache is rebuilt below, never an error
+            pass
+    parser = Lark(_GRAMMAR, **_OPTIONS)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".yql-parser-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    parser.save(f)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+    return parser
+
+
 # Built once at import, read-only after: Lark.parse keeps its lexer and parser state per call (the basic
 # lexer builds its scanner lazily on first use, idempotently), so concurrent parses may share it.
-_PARSER = Lark(_GRAMMAR, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=False)
+_PARSER = _build_parser()
 
 _TERMINAL_NAMES = {  # read-only
     "NAME": "identifier",

@@ -702,3 +702,27 @@ def test_empty_query_is_a_syntax_error():
 def test_statement_compiles_for_postgresql(compiled, text):
     sql = str(compiled(text).statement.compile(dialect=postgresql.dialect()))
     assert sql.startswith("SELECT")
+
+
+# --- the parser's cached tables -------------------------------------------------------------------
+
+
+def test_the_parser_tables_are_cached_per_user_and_a_bad_cache_file_is_rebuilt(tmp_path, monkeypatch):
+    """An engine start loads the parser tables from this user's cache; a damaged file is built anew and
+    replaced, and a cache directory others may write to is not used at all (the file is unpickled)."""
+    from reptables.engine.query import grammar
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    text = "select k, v from [//t] where k in (1, 2) order by k limit 3"
+    expected = grammar._PARSER.parse(text)
+    grammar._build_parser()
+    (cached,) = (tmp_path / "reptables").iterdir()
+    assert cached.stat().st_mode & 0o077 == 0
+    assert grammar._build_parser().parse(text) == expected  # loaded from the file
+    cached.write_bytes(b"not a parser")
+    assert grammar._build_parser().parse(text) == expected
+    assert cached.read_bytes() != b"not a parser"  # replaced by good tables
+    cached.unlink()
+    (tmp_path / "reptables").chmod(0o777)
+    assert grammar._build_parser().parse(text) == expected
+    assert not any((tmp_path / "reptables").iterdir())  # nothing written where others could write
