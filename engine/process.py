@@ -15,10 +15,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
+
+E = TypeVar("E", bound="LocalEngine")
 
 
 def free_port() -> int:
@@ -56,6 +60,10 @@ class LocalEngine:
 
     def start(self, timeout: float = 30.0) -> LocalEngine:
         """Start the engine and wait until ``/readyz`` answers; a clear error with its log if not."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> LocalEngine:
+        """Start the engine's process without waiting for it (:meth:`wait_ready` waits)."""
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, like everything in it
         env = {**os.environ, **self.env}
         if self.token is not None:
@@ -66,6 +74,12 @@ class LocalEngine:
                  self.cluster_name, "--data-dir", str(self.data_dir), "--port", str(self.port),
                  "--log-level", self.log_level, *self.extra_args],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> LocalEngine:
+        """Wait until the spawned engine answers ``/readyz``; stopped, and a clear error with its log, if not."""
+        if self.proc is None:
+            raise RuntimeError(f"engine {self.cluster_name} was not started")
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=1.0) as http:
             while time.monotonic() < deadline:
@@ -104,3 +118,21 @@ class LocalEngine:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def start_all(engines: Iterable[E], timeout: float = 30.0) -> list[E]:
+    """Start several engines side by side: every process is spawned before any is waited for, so
+    their imports and recoveries overlap (``benchmarks/engine_start.py`` measures it). If one fails,
+    every engine of the call is stopped and the first error is raised."""
+    started: list[E] = []
+    try:
+        for engine in engines:
+            engine.spawn()
+            started.append(engine)
+        for engine in started:
+            engine.wait_ready(timeout)
+    except BaseException:
+        for engine in started:
+            engine.stop()
+        raise
+    return started

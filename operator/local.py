@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from reptables.engine.errors import YtError
-from reptables.engine.process import LocalEngine
+from reptables.engine.process import LocalEngine, start_all
 
 from . import models
 from .bootstrap import LocalLauncher
@@ -167,11 +167,19 @@ class LocalRunner:
         self.registry.upsert(doc)
 
     def start_engines(self) -> None:
-        for res in self.registry.of_kind("TableCluster"):
-            if res.name not in self.processes:
-                self._start_engine(res.name)
+        """Start an engine for every TableCluster without one, side by side (``start_all``)."""
+        new = [self._engine_for(res.name) for res in self.registry.of_kind("TableCluster")
+               if res.name not in self.processes]
+        for engine in start_all(new):
+            self.processes[engine.cluster_name] = engine
+            print(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})")
 
     def _start_engine(self, name: str) -> None:
+        engine = self._engine_for(name).start()
+        self.processes[name] = engine
+        print(f"engine {name} serving {engine.url} (data in {engine.data_dir})")
+
+    def _engine_for(self, name: str) -> LocalEngine:
         problem = self.registry.refresh_cluster(name)
         if problem is not None:
             raise RuntimeError(f"TableCluster {name}: {problem}")
@@ -181,9 +189,8 @@ class LocalRunner:
             raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
                                f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
         # the XDCR cluster id (docs/xdcr.md): stored in the data directory at the first start
-        self.processes[name] = LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token,
-                                           extra_args=["--cluster-id", str(ref.cluster_id)]).start()
-        print(f"engine {name} serving {ref.endpoint} (data in {self.data_dir / name})")
+        return LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token,
+                           extra_args=["--cluster-id", str(ref.cluster_id)])
 
     def record(self, type_: str, kind: str, namespace: str | None, name: str, reason: str, message: str) -> None:
         """Print one event line and keep it, Kubernetes-shaped, for state.json."""

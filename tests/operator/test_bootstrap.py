@@ -23,6 +23,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
+from reptables.engine.process import start_all
 from reptables.operator.bootstrap import JobSpec, JobState, LocalLauncher
 from reptables.operator.reconcile import ORDER, reconcile
 from reptables.operator.registry import CredentialPolicy, Registry
@@ -125,7 +126,8 @@ def op(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     registry.launcher = launcher
     try:
         for name in NAMES:
-            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789abcdef").start()
+            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789abcdef")
+        start_all(engines.values())
         operator = Operator(engines, registry, launcher)
         for index, name in enumerate(NAMES):
             registry.upsert_secret(secret(f"{name}-token", engines[name].read_token()))

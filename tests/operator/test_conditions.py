@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reptables.engine.errors import YtError
+from reptables.engine.process import start_all
 from reptables.operator.reconcile import reconcile
 from reptables.operator.registry import CredentialPolicy, Registry
 from reptables.operator.world import Engines, Resource
@@ -30,7 +31,8 @@ def op(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     registry = Registry(Engines(), OPS, CredentialPolicy(frozenset({OPS})))
     try:
         for name in NAMES:
-            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789abcdef").start()
+            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789abcdef")
+        start_all(engines.values())
         operator = Operator(engines, registry, launcher=None)  # type: ignore[arg-type]  # no jobs here
         for index, name in enumerate(NAMES):
             registry.upsert_secret(secret(f"{name}-token", engines[name].read_token()))

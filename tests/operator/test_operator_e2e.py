@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from reptables.engine.client import Client
+from reptables.engine.process import start_all
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.operator.rogue import Recorder
@@ -129,7 +130,8 @@ def replica(name: str, table_name: str, cluster: str, path: str, mode: str = "as
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("operator-e2e")
-    engines = {name: EngineProcess(name, base / name, token=f"token-{name}-0123456789").start() for name in CLUSTERS}
+    engines = {name: EngineProcess(name, base / name, token=f"token-{name}-0123456789") for name in CLUSTERS}
+    start_all(engines.values())
     with K8sApi(namespaces=[NS, ELSEWHERE]) as api:
         operator = OperatorProcess(api.kubeconfig(base / "kubeconfig"), base / "operator.log").start()
         environment = Env(api, engines, operator)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from reptables.engine.process import start_all
 from tests.harness import EngineProcess
 from tests.k8s.emulator import K8sApi
 from tests.operator.test_operator_e2e import API, CLUSTERS, CREDENTIALS, NS, Env, OperatorProcess, replica
@@ -31,7 +32,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     engines: dict[str, EngineProcess] = {}
     try:
         for name in CLUSTERS:
-            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789").start()
+            engines[name] = EngineProcess(name, base / name, token=f"token-{name}-0123456789")
+        start_all(engines.values())
         with K8sApi(namespaces=[NS]) as api:
             operator = OperatorProcess(api.kubeconfig(base / "kubeconfig"), base / "operator.log").start()
             try:

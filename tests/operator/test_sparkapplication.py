@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client
+from reptables.engine.process import start_all
 from reptables.operator.bootstrap import JobSpec, JobState, LaunchError, Owner
 from reptables.operator.settings import SparkJobSettings
 from reptables.operator.sparkapp import SECRET_DIR, USER_AGENT, SparkApplicationLauncher, app_name
@@ -221,8 +222,8 @@ CLUSTERS = ("meta", "source", "target")
 
 
 def test_the_operator_bootstraps_a_replica_through_spark_applications(tmp_path: Path) -> None:
-    engines = {name: EngineProcess(name, tmp_path / name, token=f"token-{name}-0123456789").start()
-               for name in CLUSTERS}
+    engines = {name: EngineProcess(name, tmp_path / name, token=f"token-{name}-0123456789") for name in CLUSTERS}
+    start_all(engines.values())
     proc: subprocess.Popen[bytes] | None = None
     log_path = tmp_path / "operator.log"
     try:

@@ -19,6 +19,7 @@ import pytest
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
+from reptables.engine.process import start_all
 from tests.harness import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
@@ -40,7 +41,8 @@ class ClusterSet:
             for name in self.names:
                 kwargs = {"token": f"token-{name}-0123456789abcdef"} if own_tokens else {}
                 self.engines[name] = EngineProcess(name, self.base / name, env=dict(env or {}),
-                                                   extra_args=list(extra_args or []), **kwargs).start()
+                                                   extra_args=list(extra_args or []), **kwargs)
+            start_all(self.engines.values())
             self.publish_directory()
         except BaseException:
             self.stop()
