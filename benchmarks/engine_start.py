@@ -2,7 +2,8 @@
 
 Every test module, ``reptables up`` and the tour start engines, so their start time is paid
 hundreds of times per test run. This measures it: the time from spawning ``engine serve`` to its
-``/readyz`` answering, for one engine alone, for three started one after another (``LocalEngine.start``
+``/readyz`` answering, for one engine alone (with the query parser's tables in the user's cache, as
+after any first start, and without them), for three started one after another (``LocalEngine.start``
 each), and for three started side by side (``reptables.engine.process.start_all``). Each figure is
 the median of ``--rounds`` rounds; the engines run on free loopback ports, in a temporary directory,
 each in its own process group, and are stopped by pid after each round.
@@ -29,6 +30,13 @@ def _one(base: Path) -> list[LocalEngine]:
     return [engine]
 
 
+def _uncached(base: Path) -> list[LocalEngine]:
+    # an empty cache directory: the engine builds the YT QL parser's tables (engine/query/grammar.py)
+    engine = LocalEngine("uncached", base / "uncached", env={"XDG_CACHE_HOME": str(base / "empty-cache")})
+    engine.start()
+    return [engine]
+
+
 def _sequential(base: Path) -> list[LocalEngine]:
     engines = [LocalEngine(f"seq{i}", base / f"seq{i}") for i in range(3)]
     for engine in engines:
@@ -42,7 +50,8 @@ def _side_by_side(base: Path) -> list[LocalEngine]:
 
 def measure(rounds: int) -> dict[str, list[float]]:
     cases: dict[str, Callable[[Path], list[LocalEngine]]] = {
-        "1 engine": _one, "3 engines, one after another": _sequential, "3 engines, start_all": _side_by_side}
+        "1 engine": _one, "1 engine, parser not cached": _uncached,
+        "3 engines, one after another": _sequential, "3 engines, start_all": _side_by_side}
     times: dict[str, list[float]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory(prefix="engine-start-") as tmp:
         for index in range(rounds):

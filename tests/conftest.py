@@ -14,8 +14,8 @@ from tests.harness import EngineProcess
 #: the JVM options of every local Spark the tests start (the session of tests/sparkapps, and the jobs
 #: that the launchers, ``reptables up`` and the spark-operator stand-in run as processes): the client
 #: compiler only and the serial collector. A job's JVM lives seconds on small data, where C2's
-#: compilations and G1's threads cost more than they return: 12 s of CPU per start instead of 20 s
-#: on this 2-core machine (``perf stat -e task-clock`` of a session start, one job, stop).
+#: compilations and G1's threads cost more than they return (``bash hack/spark-jvm-cost.sh`` measures
+#: the CPU and wall time of a start with and without them).
 SPARK_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 

@@ -139,12 +139,16 @@ def op(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
             engine.stop()
 
 
-def trimmed_table(op: Operator, name: str, rows: int) -> str:
-    """A ReplicatedTable with one replica on ``source`` whose queue lost ``rows`` rows to trimming."""
+def trimmed_table(op: Operator, name: str, rows: int, also_on: tuple[str, ...] = ()) -> str:
+    """A ReplicatedTable with one replica on ``source`` (and one on each cluster of ``also_on``, all
+    filled by replication) whose queue lost ``rows`` rows to trimming."""
     op.add(table(name))
-    op.add(replica(f"{name}-source", name, "source"))
-    op.until(lambda: op.replica(f"{name}-source").status.get("state") == "enabled", 60, "the source replica")
-    assert "bootstrap" not in op.replica(f"{name}-source").status  # nothing trimmed yet: no bootstrap
+    for cluster in ("source", *also_on):
+        op.add(replica(f"{name}-{cluster}", name, cluster))
+    for cluster in ("source", *also_on):
+        op.until(lambda c=cluster: op.replica(f"{name}-{c}").status.get("state") == "enabled", 60,
+                 f"the replica on {cluster}")
+        assert "bootstrap" not in op.replica(f"{name}-{cluster}").status  # nothing trimmed yet: no bootstrap
     path = f"//home/{name}"
     with op.client("meta") as meta:
         for start in range(0, rows, 1000):
@@ -243,9 +247,7 @@ def test_a_source_that_cannot_be_read_fails_after_the_retry_limit_naming_the_job
 
 def test_a_replica_table_removed_after_it_was_filled_is_refilled_with_every_row(op: Operator) -> None:
     # two replicas filled by replication, then the history is trimmed
-    path = trimmed_table(op, "lost", 2000)
-    op.add(replica("lost-target", "lost", "target"))
-    op.until(lambda: op.replica("lost-target").status.get("state") == "enabled", 240, "the second replica")
+    path = trimmed_table(op, "lost", 2000, also_on=("target",))
     with op.client("meta") as meta:
         meta.insert_rows(path, [{"k": i, "v": f"late{i}", "a": None} for i in range(5000, 5100)],
                          require_sync_replica=False)
