@@ -161,7 +161,8 @@ def serve(
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         run_servers(create_app(cluster, secret), host, port, config,
-                    metrics=(metrics_app(cluster.metrics.registry), metrics_port) if metrics_port else None)
+                    metrics=(metrics_app(cluster.metrics.registry), metrics_port) if metrics_port else None,
+                    on_exit=cluster.begin_stop)
     finally:
         cluster.close()
         log.info("engine stopped", extra={"cluster": cluster_name})

@@ -41,6 +41,8 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -111,14 +113,31 @@ def _config(app: ASGIApp, host: str, port: int, **extra: Any) -> uvicorn.Config:
     return server_config
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that says when a stop begins: ``on_exit`` runs at the first SIGTERM or
+    SIGINT, before the server waits for in-flight requests (long stream pulls end then)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._on_exit is not None and not self.should_exit:
+            # a thread of its own: this runs in a signal handler, which may have interrupted a
+            # holder of a lock that ``on_exit`` takes
+            threading.Thread(target=self._on_exit, name="stop-begins", daemon=True).start()
+        super().handle_exit(sig, frame)
+
+
 def run_servers(app: ASGIApp, host: str, port: int, config: EngineConfig,
-                metrics: tuple[ASGIApp, int] | None = None) -> None:
+                metrics: tuple[ASGIApp, int] | None = None, on_exit: Callable[[], None] | None = None) -> None:
     """Serve ``app`` on ``host:port`` (HTTPS if ``config`` names a certificate) until SIGTERM or
     SIGINT, and ``metrics`` = (app, port) on a plain-HTTP listener of the same host beside it.
+    ``on_exit`` runs when the signal comes, before the wait for in-flight requests.
 
     Returns when the API server stopped; exits the process (status 3, as ``uvicorn.run``) if a
     listener could not start."""
-    main = uvicorn.Server(_config(app, host, port, timeout_graceful_shutdown=10, **server_options(config)))
+    main = _Server(_config(app, host, port, timeout_graceful_shutdown=10, **server_options(config)), on_exit)
     metrics_server: uvicorn.Server | None = None
     thread: threading.Thread | None = None
     if metrics is not None:

@@ -204,7 +204,13 @@ class Cluster(XdcrJoinCommands):
         self.replication.start()
         self.start_xdcr()
 
+    def begin_stop(self) -> None:
+        """The engine is about to stop (SIGTERM): waiting stream pulls answer now, and later ones at
+        once, so that in-flight requests end within the server's grace period."""
+        self.change_feed.close()
+
     def close(self) -> None:
+        self.change_feed.close()
         self._stop.set()
         self._xdcr_stop.set()
         self.replication.close()

@@ -158,8 +158,8 @@ class StreamCommands(TabletCommands):
             if found:
                 return self._answer(table, table_path, found, bound, limited=len(found) >= limit)
             now = time.monotonic()
-            if now >= deadline:
-                break
+            if now >= deadline or feed.closed:
+                break  # (closed: the engine is stopping, the client pulls again from this answer's token)
             if self.transactions.visible_bound(fresh) < fresh:
                 # a commit is in flight (the one whose notice woke us, say): read again once it is
                 # applied instead of waiting for the next one
@@ -170,8 +170,8 @@ class StreamCommands(TabletCommands):
                 continue
             until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
             if not feed.wait_after(version, until):
-                if until == deadline:
-                    break  # no slot to wait in: answer now
+                if until == deadline or feed.closed:
+                    break  # no slot to wait in, or the engine is stopping: answer now
                 time.sleep(max(0.0, min(_REPLICA_POLL, until - time.monotonic())))  # (a replica: poll)
             if feed.version != version and self.config.pull_linger > 0:
                 # woken by a commit: let the next few join it in one answer

@@ -108,13 +108,20 @@ class ChangeTable(Protocol):
 class ChangeFeed:
     """Wakes stream pulls waiting for changes: every commit that changes a table bumps a counter.
 
-    ``_cond`` guards ``_version`` only: a **leaf** lock, taken by ``notify`` after a commit (an
-    ``on_commit`` hook, under ``Storage.write_lock``) and by waiting pulls holding nothing else."""
+    ``_cond`` guards ``_version`` and ``_closed`` only: a **leaf** lock, taken by ``notify`` after a
+    commit (an ``on_commit`` hook, under ``Storage.write_lock``), by ``close`` and by waiting pulls
+    holding nothing else.
+
+    ``close`` (the engine is stopping) wakes every waiting pull and makes later waits return at once:
+    a pull answers with what it has (a heartbeat at the least) instead of holding its connection,
+    and the engine's stop, up to ``MAX_WAIT_MS`` later, until then."""
 
     def __init__(self, max_waiting: int) -> None:
         self._cond = threading.Condition()
         #: guarded by _cond
         self._version = 0
+        #: guarded by _cond; set once, never cleared
+        self._closed = False
         #: pulls that may wait at once (each holds a worker thread); more answer at once instead
         self._waiting = threading.BoundedSemaphore(max_waiting)
 
@@ -123,18 +130,30 @@ class ChangeFeed:
             self._version += 1
             self._cond.notify_all()
 
+    def close(self) -> None:
+        """The engine is stopping: wake every waiting pull; later waits return at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     @property
     def version(self) -> int:
         return self._version
 
     def wait_after(self, version: int, deadline: float) -> bool:
-        """Wait until a commit after ``version`` or ``deadline`` (monotonic); False if no slot
-        to wait in was free (the caller answers at once)."""
+        """Wait until a commit after ``version``, ``deadline`` (monotonic) or ``close``; False if no
+        slot to wait in was free or the feed is closed (the caller answers at once)."""
         if not self._waiting.acquire(blocking=False):
             return False
         try:
             with self._cond:
-                while self._version == version:
+                if self._closed:
+                    return False
+                while self._version == version and not self._closed:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break

@@ -395,3 +395,40 @@ async def test_the_async_client_streams_too(engine: EngineProcess) -> None:
         event = await anext(stream)
         assert event["kind"] == "delete" and event["key"] == {"k": 1}
         await stream.aclose()
+
+
+def test_a_stopping_engine_answers_its_waiting_pulls_and_stops_at_once(tmp_path: Path) -> None:
+    """SIGTERM while a consumer waits (``wait_timeout`` of a minute): the pull is answered with a
+    heartbeat at once, its token good to resume from, and the engine exits without waiting out the
+    minute (before, the server's 10 s grace ran out and the pull's worker held the exit until its end)."""
+    engine = EngineProcess("stopping", tmp_path / "engine").start()
+    try:
+        with Client(engine.url, engine.token, timeout=90) as c:
+            path = table(c)
+            c.insert_rows(path, [{"k": 1, "v": "before", "n": 0}])
+            token = c.pull_changes(path, wait_timeout=0)["event_token"]
+        got: dict[str, Any] = {}
+
+        def wait() -> None:
+            with Client(engine.url, engine.token, timeout=90) as waiting:
+                got["answer"] = waiting.pull_changes(path, from_event_token=token, wait_timeout=60_000)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.0)  # the pull is waiting in the engine
+        started = time.monotonic()
+        engine.stop(timeout=30)
+        stopped_in = time.monotonic() - started
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert stopped_in < 8, f"the engine took {stopped_in:.1f} s to stop"
+        assert engine.proc is not None and engine.proc.returncode == 0
+        assert [e["kind"] for e in got["answer"]["events"]] == ["heartbeat"]
+        assert compare_tokens(got["answer"]["event_token"], token) >= 0
+        engine.start()  # the data directory was closed cleanly: the rows are there, the token resumes
+        with Client(engine.url, engine.token, timeout=30) as c:
+            c.insert_rows(path, [{"k": 2, "v": "after", "n": 0}])
+            resumed = c.pull_changes(path, from_event_token=got["answer"]["event_token"], wait_timeout=0)
+            assert [e["row"]["v"] for e in resumed["events"] if e["kind"] != "heartbeat"] == ["after"]
+    finally:
+        engine.stop()
