@@ -156,8 +156,8 @@ _OPTIONS: dict[str, Any] = {"parser": "lalr", "lexer": "basic", "propagate_posit
 
 def _cache_dir() -> Path | None:
     """This user's cache directory for the parser tables, if it is private (the file is unpickled)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reptables"
     try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reptables"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = base.stat()
     except (OSError, RuntimeError):  # no home directory, a read-only file system
