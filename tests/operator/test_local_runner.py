@@ -80,7 +80,7 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
         "spec": {"table": "orders", "cluster": "remote-1", "replicaPath": "//home/shop/orders_copy",
                  "mode": "async", "bootstrap": {"parallelism": 2}}}))
     # a short --timeout: the copy and verify jobs (two Spark JVMs) outlast it, and up waits for them
-    second = subprocess.run([*command, "--timeout", "15"], capture_output=True, text=True, timeout=700)
+    second = subprocess.run([*command, "--timeout", "20"], capture_output=True, text=True, timeout=700)
     out = second.stdout
     assert second.returncode == 0, out[-4000:] + second.stderr[-3000:]
     assert "TableReplica default/orders-copy: BootstrapPending: the history of //home/shop/orders was trimmed" in out
