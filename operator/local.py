@@ -168,16 +168,16 @@ class LocalRunner:
 
     def start_engines(self) -> None:
         """Start an engine for every TableCluster without one, side by side (``start_all``)."""
-        new = [self._engine_for(res.name) for res in self.registry.of_kind("TableCluster")
-               if res.name not in self.processes]
-        for engine in start_all(new):
-            self.processes[engine.cluster_name] = engine
-            print(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})")
+        self._start([self._engine_for(res.name) for res in self.registry.of_kind("TableCluster")
+                     if res.name not in self.processes])
 
     def _start_engine(self, name: str) -> None:
-        engine = self._engine_for(name).start()
-        self.processes[name] = engine
-        print(f"engine {name} serving {engine.url} (data in {engine.data_dir})")
+        self._start([self._engine_for(name)])
+
+    def _start(self, engines: list[LocalEngine]) -> None:
+        for engine in start_all(engines):
+            self.processes[engine.cluster_name] = engine
+            print(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})")
 
     def _engine_for(self, name: str) -> LocalEngine:
         problem = self.registry.refresh_cluster(name)

@@ -290,13 +290,13 @@ def _correct_drift(client: Any, path: str, spec: Any, attrs: dict[str, Any]) -> 
 
 
 def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
-    mine = [r for r in world.of_kind("TableReplica", res.namespace) if r.spec.table == res.name and not r.deleting]
+    mine = [r for r in world.of_kind("TableReplica", res.namespace) if r.spec.table == res.name]
     by_replica_id = {r.status.get("replicaId"): r for r in mine if r.status.get("replicaId")}
     # a TableReplica whose status does not hold its replicaId yet (the replica was just created, its
     # status patch is on its way) is known by where its replica lives, as its reconciler finds it
     unrecorded: dict[tuple[str, str], list[Resource]] = {}
     for r in mine:
-        if not r.status.get("replicaId"):
+        if not r.status.get("replicaId") and not r.deleting:
             unrecorded.setdefault((r.spec.cluster, r.spec.replica_path), []).append(r)
     replicas_attr: dict[str, Any] = client.get(f"{path}/@replicas")
     summaries, sync, errors, max_lag = [], [], [], 0
