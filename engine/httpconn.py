@@ -8,9 +8,12 @@ keep httpx where it costs nothing extra: the asyncio client, and custom transpor
 
 A :class:`ConnectionPool` talks to one origin. Idle connections are reused (keep-alive) after a
 check that the server has not closed them meanwhile, so a request is never sent on a connection
-known to be dead; a request that fails is not retried here (a write may have been applied), the
-caller gets :class:`HttpTransportError` and decides. Connect and read timeouts are separate: an
-unreachable peer fails within the connect timeout whatever the read timeout of a big request.
+known to be dead, and only if they were idle less than ``max_idle_seconds`` (4 s, under the
+engine's 5 s ``keep_alive_timeout``): a connection the server is closing at that very moment would
+take the request and answer with a reset, which the check cannot see coming. A request that fails
+is not retried here (a write may have been applied), the caller gets :class:`HttpTransportError`
+and decides. Connect and read timeouts are separate: an unreachable peer fails within the connect
+timeout whatever the read timeout of a big request.
 
 ``https://`` origins go through ``http.client.HTTPSConnection`` with an ``ssl.SSLContext`` that
 verifies the server's certificate *and* its name (``check_hostname``): the caller's context (a CA
@@ -30,6 +33,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +143,7 @@ class ConnectionPool:
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout: float = 30.0,
                  connect_timeout: float | None = None, max_idle: int = 8,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_idle_seconds: float = 4.0) -> None:
         parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"Not an http(s) URL: {base_url!r}")
@@ -153,9 +157,11 @@ class ConnectionPool:
         self.timeout = timeout
         self.connect_timeout = connect_timeout if connect_timeout is not None else timeout
         self._max_idle = max_idle
+        self._max_idle_seconds = max_idle_seconds
         #: guards _idle and _closed; a leaf lock, never held during a request
         self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []  # guarded by _lock
+        #: (connection, when it went idle), most recent last; guarded by _lock
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
         self._closed = False  # guarded by _lock
 
     def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None,
@@ -188,7 +194,7 @@ class ConnectionPool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
@@ -209,15 +215,15 @@ class ConnectionPool:
             with self._lock:
                 if not self._idle:
                     return None
-                conn = self._idle.pop()
-            if _still_open(conn):
+                conn, since = self._idle.pop()
+            if time.monotonic() - since < self._max_idle_seconds and _still_open(conn):
                 return conn
             conn.close()
 
     def _give_back(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 

@@ -252,3 +252,27 @@ def test_async_client_raises_the_same_errors(engine):
 
     with pytest.raises(ResolveError):
         asyncio.run(scenario())
+
+
+def test_a_connection_idle_near_the_servers_keep_alive_limit_is_not_reused(engine: EngineProcess) -> None:
+    """The server closes a keep-alive connection after 5 idle seconds; one idle nearly that long could
+    be closing just as a request goes out on it (a reset the caller sees as an unreachable cluster),
+    so the pool opens a new one instead. A connection idle a moment is reused."""
+    import time
+
+    from reptables.engine.httpconn import ConnectionPool
+
+    pool = ConnectionPool(engine.url, max_idle_seconds=0.5)
+    try:
+        def port_of_next_request() -> int:
+            assert pool.request("GET", "/readyz").status_code == 200
+            [(conn, _)] = pool._idle
+            assert conn.sock is not None
+            return int(conn.sock.getsockname()[1])
+
+        first = port_of_next_request()
+        assert port_of_next_request() == first  # reused at once
+        time.sleep(0.8)
+        assert port_of_next_request() != first  # idle past the limit: a new connection
+    finally:
+        pool.close()

@@ -267,11 +267,11 @@ def test_https_pool_keeps_connections_alive(engine):
     pool = ConnectionPool(engine.url, ssl_context=engine_context(engine))
     try:
         assert pool.request("GET", "/healthz").status_code == 200
-        (first,) = pool._idle
+        ((first, _),) = pool._idle
         assert isinstance(first.sock, ssl.SSLSocket)
         for _ in range(3):
             assert pool.request("GET", "/readyz").status_code == 200
-        assert pool._idle == [first]  # one TLS connection served every request
+        assert [conn for conn, _ in pool._idle] == [first]  # one TLS connection served every request
     finally:
         pool.close()
 
