@@ -2,7 +2,13 @@
 
 The token is taken from ``--token``, else ``REPTABLES_TOKEN``, else generated and written to
 ``DATA_DIR/token`` (mode 0600) *before* the port opens, so ``YT_TOKEN=$(cat DATA_DIR/token)``
-works for the official client as soon as the engine answers.
+works for the official client as soon as the engine answers. It is written once the data directory
+is open, and so locked (``storage.datadir``): a second engine started on a directory that a running
+engine serves is refused with one line, and never rewrites the running engine's token file.
+
+Everything the process creates is private: ``serve`` sets the umask to 0o077 before anything else,
+so no file or directory it (or a library) creates is readable by other users, whatever mode the
+code that creates it asks for.
 
 Transport (docs/security.md): ``--tls-cert-file``/``--tls-key-file`` make the API listener HTTPS
 only; ``--tls-ca-file`` is the CA bundle that verifies peers with an ``https://`` proxy_url;
@@ -34,7 +40,7 @@ from . import logs
 from .api import create_app
 from .api.server import check_tls_files, metrics_app, run_servers
 from .config import DEFAULT_CONFIG, EngineConfig
-from .errors import DataDirError
+from .errors import DataDirError, DataDirInUseError
 from .httpconn import client_ssl_context
 from .node import Cluster
 
@@ -115,6 +121,14 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
+    # first: every file and directory this process creates is its user's alone (0600 files, 0700
+    # directories). The data directory holds tokens (the token file, the peer directory in the
+    # database and its WAL) and table rows (XDCR conflict logs, snapshot pages), and files are
+    # created in many places - some with an explicit mode, some (Path.write_text, open(..., "a"),
+    # mkdir without a mode, SQLite's and libraries' own files) with the default 0644/0755; the umask
+    # makes "nothing readable by others" hold for all of them, including the ones added later. The
+    # explicit modes stay: they also hold for a cluster opened in another process (tests, tools)
+    os.umask(0o077)
     logs.configure(log_level)
     # a 10,000-row batch allocates ~100k objects: with the default thresholds the cyclic collector
     # runs several full passes per batch (tens of ms); the engine creates few reference cycles
@@ -140,13 +154,18 @@ def serve(
     if problem is not None:
         print(problem, file=sys.stderr)
         raise typer.Exit(2)
-    secret = resolve_token(data_dir, token)
     try:
         cluster = Cluster.open(cluster_name, data_dir, config)
+    except DataDirInUseError as exc:
+        # another engine serves the directory (its pid in the message); nothing was touched
+        print(exc.message, file=sys.stderr)
+        raise typer.Exit(1) from None
     except DataDirError as exc:
         # logged once by Cluster.open; the reason, without a traceback, and a failed exit
         print(exc.message, file=sys.stderr)
         raise typer.Exit(1) from None
+    # after the directory's lock: a refused second engine must not rewrite the serving one's token
+    secret = resolve_token(data_dir, token)
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
         cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"

@@ -195,6 +195,16 @@ class DataDirError(YtError):
         super().__init__(message, **kwargs)
 
 
+class DataDirInUseError(YtError):
+    """Another engine (or this process, once already) serves the data directory: it holds the
+    directory's lock. Not a ``DataDirError``: nothing about the directory is wrong and nothing was
+    checked, so it is not logged as a refused directory; the command line prints it as one line."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("code", ErrorCode.UNAVAILABLE)
+        super().__init__(message, **kwargs)
+
+
 class StorageCorruptedError(YtError):
     """The database answered that its file is damaged (SQLite's "database disk image is
     malformed"): a server fault, not the request's, so 500; not retriable either."""

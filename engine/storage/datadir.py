@@ -20,6 +20,16 @@ The files (the directory 0700, every file 0600: the database and its WAL hold pe
   find the WAL still there; if it is gone, it was deleted, and with it every commit since the last
   checkpoint. Removing the marker is the explicit way to accept what is there (or to start empty).
 * ``token``, ``timestamp.reservation`` (and the local runner's ``engine.log``).
+* ``engine.lock`` - one engine at a time: the engine that serves the directory holds an advisory
+  lock (``flock``) on it from the first step of start-up until it closes the database, and writes
+  its pid into it once it holds the lock. A second engine on the directory (another process, or
+  this process opening it twice) is refused at once, naming the holder's pid
+  (``DataDirInUseError``), before it reads or creates anything else: SQLite alone would let it
+  start and fail later with "database is locked", or worse, check a database another engine is
+  writing. The kernel releases the lock when its holder dies, so the file a killed engine leaves
+  behind never blocks a restart: only the lock decides, not the file's existence or the pid in it.
+  The file is never removed (a stopping engine that removed it could let the next two engines
+  lock two different files of one name).
 
 What start-up checks, in order: the marker's promises (database present, not empty, the WAL of an
 unclean stop present), the database's first bytes (SQLite's magic: a file of garbage is refused
@@ -33,28 +43,32 @@ unnoticed by any check short of comparing with a replica.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
 import stat
 import time
 import uuid
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from ..errors import DataDirError
+from ..errors import DataDirError, DataDirInUseError
 from .sql import Storage, meta_table, nodes_table
 
 log = logging.getLogger("reptables.engine.storage")
 
 DATABASE = "engine.sqlite"
 MARKER = "engine.marker"
+LOCK = "engine.lock"
 #: files of a data directory that no other user may read (tokens: the token file, the peer
 #: directory inside the database and its WAL)
 PRIVATE_FILES = (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "token", "timestamp.reservation", MARKER,
-                 "engine.log")
+                 LOCK, "engine.log")
 #: the tables without which a database that held a cluster is not that cluster's any more (the
 #: others are created when missing: a newer engine may add system tables)
 ESSENTIAL_TABLES = ("_rt_meta", "_rt_nodes", "_rt_tablets")
@@ -67,6 +81,9 @@ RUNNING = "running"
 STOPPED = "stopped"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 RECOVERY = 'see "Corruption and recovery" in docs/engine.md'
+#: how long a refused start waits for the lock's holder to write its pid (it does so right after
+#: taking the lock: only a start that loses the race by microseconds reads the file before)
+_HOLDER_WAIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,9 @@ class DataDir:
         #: the marker as found at start-up, then as last written (only the start-up thread and
         #: close() write it, one after the other)
         self.marker: Marker | None = None
+        #: closes the descriptor of ``engine.lock`` that holds the directory's lock (None until
+        #: :meth:`prepare` took it); also run if this object is dropped still holding it
+        self._unlock: weakref.finalize | None = None
 
     def refuse(self, reason: str) -> DataDirError:
         """The start-up error for this directory: its path, the reason, and where recovery is."""
@@ -98,8 +118,10 @@ class DataDir:
     # -- before SQLite opens anything ------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Make the directory private, read the marker, check what it promises, create the
-        database file (0600) when there is none and nothing says there was one."""
+        """Take the directory's lock, make the directory private, read the marker, check what it
+        promises, create the database file (0600) when there is none and nothing says there was one."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock()
         self._private_directory()
         self.marker = self._read_marker()
         exists = self.database.exists()
@@ -128,7 +150,6 @@ class DataDir:
         self._private_files()
 
     def _private_directory(self) -> None:
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         mode = stat.S_IMODE(self.path.stat().st_mode)
         if not mode & 0o077:
             return
@@ -139,6 +160,71 @@ class DataDir:
         except OSError as exc:
             log.warning("the data directory is open to other users and cannot be made private",
                         extra={"data_dir": str(self.path), "mode": oct(mode), "error": str(exc)})
+
+    # -- the lock ----------------------------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        """Take the lock on ``engine.lock`` for as long as this engine serves the directory, or
+        refuse (``DataDirInUseError``, naming the holder's pid) if another holds it."""
+        if self._unlock is not None:
+            return
+        try:
+            # not truncated on open: until the lock is ours, the pid in the file is the holder's
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise self.refuse(f"its lock file {LOCK} cannot be opened ({exc.strerror})") from exc
+        try:
+            if not self._flock(fd):
+                raise self._in_use(self._holder())
+        except BaseException:
+            os.close(fd)
+            raise
+        self._unlock = weakref.finalize(self, os.close, fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+    def _flock(self, fd: int) -> bool:
+        """Whether the lock was taken (False: someone holds it)."""
+        try:
+            # flock, not fcntl's POSIX locks: an flock lock belongs to the open file, so a second
+            # open of the directory in the same process is refused too, and the lock is not dropped
+            # when something else in the process opens and closes the file (POSIX locks are)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise self.refuse(f"its lock file {LOCK} cannot be locked ({exc.strerror})") from exc
+        return True
+
+    def release(self) -> None:
+        """Release the directory's lock (a later engine may serve it); nothing if not held."""
+        if self._unlock is not None:
+            self._unlock()
+            self._unlock = None
+
+    def _in_use(self, pid: int | None) -> DataDirInUseError:
+        if pid == os.getpid():
+            who, then = f"this process ({pid}) serves it already", "close the cluster it opened first"
+        else:
+            who = "another process serves it (its pid is not in the file)" if pid is None \
+                else f"the process {pid} serves it"
+            then = "stop that engine first, or serve another directory"
+        return DataDirInUseError(f"Refusing to serve the data directory {self.path}: {who} and holds its lock "
+                                 f"{LOCK}; {then}", attributes={"data_dir": str(self.path), "pid": pid})
+
+    def _holder(self) -> int | None:
+        """The pid in ``engine.lock``, once it is a live process's (or after a moment, as it is:
+        a holder in another pid namespace is not one of ours)."""
+        deadline = time.monotonic() + _HOLDER_WAIT
+        while True:
+            try:
+                text = (self.path / LOCK).read_text().strip()
+            except OSError:
+                text = ""
+            pid = int(text) if text.isdigit() else None
+            if (pid is not None and _alive(pid)) or time.monotonic() >= deadline:
+                return pid
+            time.sleep(0.02)
 
     def _private_files(self) -> None:
         loose = []
@@ -218,9 +304,13 @@ class DataDir:
         self._write_marker(Marker(cluster_name=cluster_name, database_id=database_id, state=RUNNING))
 
     def mark_stopped(self) -> None:
-        """After the database was closed (its WAL checkpointed and removed)."""
-        if self.marker is not None:
-            self._write_marker(Marker(self.marker.cluster_name, self.marker.database_id, STOPPED))
+        """After the database was closed (its WAL checkpointed and removed): the marker says so,
+        and the directory's lock is released - the last thing the engine does with the directory."""
+        try:
+            if self.marker is not None:
+                self._write_marker(Marker(self.marker.cluster_name, self.marker.database_id, STOPPED))
+        finally:
+            self.release()
 
     def _write_marker(self, marker: Marker) -> None:
         tmp = self.marker_path.with_name(f"{MARKER}.tmp")
@@ -239,19 +329,39 @@ class DataDir:
         self.marker = marker
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 def new_database_id() -> str:
     return uuid.uuid4().hex
 
 
 def open_data_dir(data_dir: DataDir) -> Storage:
-    """The storage of a checked data directory, its system tables created; a ``DataDirError``
-    (nothing created) when the directory is not what it should be."""
-    data_dir.prepare()
-    storage = Storage(f"sqlite:///{data_dir.database}", create_schema=False)
+    """The storage of a checked data directory, its system tables created, the directory locked; a
+    ``DataDirInUseError`` when another engine serves it, a ``DataDirError`` (nothing created) when
+    the directory is not what it should be.
+
+    The lock is released by ``data_dir.mark_stopped`` (``Cluster.close``), or, for a storage opened
+    without the ``DataDir`` being kept (``Storage.for_data_dir``), once the storage is garbage."""
+    try:
+        data_dir.prepare()
+        storage = Storage(f"sqlite:///{data_dir.database}", create_schema=False)
+    except BaseException:
+        data_dir.release()
+        raise
     try:
         data_dir.verify(storage)
         storage.create_schema()
     except BaseException:
         storage.close()
+        data_dir.release()
         raise
+    weakref.finalize(storage, data_dir.release)
     return storage
