@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 import yaml
@@ -25,6 +27,11 @@ import yaml
 from reptables.engine.cli import app as engine_app
 
 from . import settings
+from .terminal import display
+
+if TYPE_CHECKING:
+    from reptables.engine.client import Client
+    from reptables.engine.errors import YtError
 
 app = typer.Typer(help="reptables: replicated tables on Kubernetes", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
@@ -80,6 +87,7 @@ def status(
 ) -> None:
     """The status of the running `reptables up`: the same view as `kubectl reptables status`."""
     from rich.console import Console
+    from rich.text import Text
 
     from . import statusview
     from .local_state import LocalStateError, read_state
@@ -100,12 +108,15 @@ def status(
         typer.echo(yaml.safe_dump({**view, "local": local}, sort_keys=True), nl=False)
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
-    console.print(f"reptables up (pid {local['pid']}) on {local['dataDir']}, state of {local['updated']}")
+    # (names and paths from manifests and engines: escaped, and never read as rich markup)
+    console.print(Text(display(f"reptables up (pid {local['pid']}) on {local['dataDir']}, "
+                               f"state of {local['updated']}")))
     statusview.render(view, console)
     engines = local["engines"] or {}
     for name, engine in sorted(engines.items()):
-        state_word = "[green]running[/]" if engine.get("running") else "[red]stopped[/]"
-        console.print(f"engine {name}: {engine.get('endpoint')} pid {engine.get('pid')} {state_word}")
+        line = Text(display(f"engine {name}: {engine.get('endpoint')} pid {engine.get('pid')} "))
+        line.append(*(("running", "green") if engine.get("running") else ("stopped", "red")))
+        console.print(line)
 
 
 cluster_app = typer.Typer(help="Stop or start an engine of the running `reptables up` (watch the tracker fail over)",
@@ -122,7 +133,7 @@ def _control(action: str, name: str, data_dir: Path) -> None:
         _fail(str(exc))
     if not ok:
         _fail(message)
-    typer.echo(message)
+    typer.echo(display(message))
 
 
 @cluster_app.command("stop")
@@ -157,10 +168,17 @@ def env(
     except LocalStateError as exc:
         _fail(str(exc))
     if not pid_alive(state.get("pid")) or not (state.get("engines") or {}).get(name, {}).get("running"):
-        typer.echo(f"warning: the engine of {name} is not running (start `reptables up --keep-running "
+        typer.echo(f"warning: the engine of {display(name)} is not running (start `reptables up --keep-running "
                    f"--data-dir {data_dir}`)", err=True)
     for line in lines:
         typer.echo(line)
+
+
+#: seconds to connect to the engine; a pull may take its wait (--heartbeat-interval) plus the client's margin
+STREAM_TIMEOUT = 10.0
+#: the first pause between tries of an unavailable engine (doubling each try), and the longest
+STREAM_RETRY_DELAY = 0.2
+STREAM_RETRY_MAX_DELAY = 2.0
 
 
 @app.command()
@@ -173,28 +191,105 @@ def stream(
     from_token: Annotated[str | None, typer.Option("--from-token",
                                                    help="Start after this event token (resume)")] = None,
     heartbeats: Annotated[bool, typer.Option("--heartbeats", help="Print idle heartbeats too")] = False,
+    heartbeat_interval: Annotated[float, typer.Option(
+        "--heartbeat-interval", min=0.1, max=60.0,
+        help="Seconds a pull waits for a change before the engine answers with a heartbeat: while the table "
+             "is idle, --heartbeats prints one about this often (60 at most)")] = 5.0,
+    retry_for: Annotated[float, typer.Option(
+        "--retry-for", min=0.0,
+        help="Seconds to keep retrying an engine that restarts or cannot be reached, resuming where the "
+             "output stopped; then exit 1 (0: exit at the first failure)")] = 60.0,
 ) -> None:
     """Print the table's change stream, one JSON event per line, as changes commit (docs/streams.md).
 
     The token is read from $YT_TOKEN. Each line carries its event_token: restart with
-    --from-token LAST_TOKEN to go on exactly after the last line written."""
+    --from-token LAST_TOKEN to go on exactly after the last line written. An engine that restarts or
+    cannot be reached is retried for --retry-for seconds, from the position of the last answer
+    printed, so no change is printed twice or skipped; stderr says when it went away and came back."""
     from reptables.engine.client import Client
     from reptables.engine.errors import YtError
+
+    from .terminal import display
 
     if not proxy:
         _fail("no engine to stream from: give --proxy URL or set YT_PROXY")
     if from_timestamp is not None and from_token is not None:
         _fail("give --from-timestamp or --from-token, not both")
     try:
-        with Client(proxy, timeout=90) as client:
-            for event in client.stream_changes(path, from_event_token=from_token, from_timestamp=from_timestamp,
-                                               heartbeats=heartbeats, wait_timeout=30_000):
-                sys.stdout.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
-                sys.stdout.flush()
+        with Client(proxy, timeout=STREAM_TIMEOUT) as client:
+            _follow(client, path, from_token, from_timestamp, heartbeats, round(heartbeat_interval * 1000),
+                    retry_for)
     except YtError as exc:
-        _fail(exc.message)
+        _fail(display(exc.message))
     except (KeyboardInterrupt, BrokenPipeError):
         pass
+
+
+@dataclass
+class _Outage:
+    """An engine that stopped answering ``reptables stream``: since when, and the pause before the next try."""
+
+    since: float
+    delay: float = STREAM_RETRY_DELAY
+
+
+def _follow(client: Client, path: str, token: str | None, timestamp: int | None, heartbeats: bool,
+            wait_ms: int, retry_for: float) -> NoReturn:
+    """Print the stream of ``path`` until interrupted. A pull that fails because the engine is unavailable
+    is retried from the same position - the last answer's token, after every line printed - until
+    ``retry_for`` seconds have passed since the first failure of the outage (then exit 1)."""
+    from reptables.engine.errors import YtError
+
+    outage: _Outage | None = None
+    while True:
+        try:
+            answer = client.pull_changes(path, from_event_token=token, from_timestamp=None if token else timestamp,
+                                         wait_timeout=wait_ms)
+        except YtError as exc:
+            if not _retriable(exc):
+                raise
+            outage = _wait_out(outage, client.proxy_url, exc, retry_for, token)
+            continue
+        if outage is not None:
+            where = f"after event token {token}" if token else "from the start"
+            typer.echo(f"reptables stream: the engine at {client.proxy_url} answers again after "
+                       f"{time.monotonic() - outage.since:.1f} s; resuming {where}", err=True)
+            outage = None
+        for event in answer["events"]:
+            if heartbeats or event["kind"] != "heartbeat":
+                sys.stdout.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
+                sys.stdout.flush()
+        token = answer["event_token"]
+
+
+def _retriable(exc: YtError) -> bool:
+    """Whether asking again may succeed: the engine is unreachable (``TransportError``), restarting or
+    overloaded (HTTP 503: ``UnavailableError``, code 105, also as an inner error), or it says so."""
+    from reptables.engine.errors import ErrorCode
+
+    return exc.find(ErrorCode.UNAVAILABLE) is not None or exc.attributes.get("retriable") is True
+
+
+def _wait_out(outage: _Outage | None, url: str, exc: YtError, retry_for: float, token: str | None) -> _Outage:
+    """One failed pull of an outage: say that it began (on its first failure), give up once it has lasted
+    ``retry_for`` seconds, else sleep before the next try (never past the bound)."""
+    from .terminal import display
+
+    now = time.monotonic()
+    reason = display(str(exc.message).splitlines()[0] if exc.message else type(exc).__name__)
+    if outage is None:
+        outage = _Outage(now)
+        if retry_for > 0:
+            typer.echo(f"reptables stream: the engine at {url} is unavailable ({reason}); retrying for up to "
+                       f"{retry_for:g} s", err=True)
+    left = outage.since + retry_for - now
+    if left <= 0:
+        resume = f"; resume with --from-token {token}" if token else ""
+        _fail(f"the engine at {url} is still unavailable after {now - outage.since:.1f} s of retries "
+              f"(--retry-for {retry_for:g}): {reason}{resume}")
+    time.sleep(min(outage.delay, left))
+    outage.delay = min(outage.delay * 2, STREAM_RETRY_MAX_DELAY)
+    return outage
 
 
 dr_app = typer.Typer(help="Active-active replication (XDCR, docs/xdcr.md): pause, resume, reset, drop, status",
@@ -284,7 +379,7 @@ def dr_join(path: Annotated[str, typer.Option("--path", help="The XDCR table to 
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {display(message)}", err=True)
     raise typer.Exit(1)
 
 

@@ -8,6 +8,11 @@ user's kubeconfig and RBAC) and never talks to an engine. The view itself is
 :mod:`reptables.operator.statusview`, shared with the local runner. ``promote``/``disable``/``enable``
 are merge patches of a TableReplica's spec — the operator applies them, exactly as it applies a
 ``kubectl edit``. Every failure is one line on stderr and exit code 1, never a traceback.
+
+Names, paths and messages in the text output come from the objects and the API server; every line
+the plugin prints passes them through :func:`~.terminal.display` (the status views do it in
+``statusview``), so escape sequences in them are shown, not obeyed. ``-o json``/``-o yaml`` print
+the objects' values exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from rich.console import Console
 
 from . import statusview
 from .models_common import GROUP, VERSION
+from .terminal import display
 
 __all__ = ["USER_AGENT", "app", "main"]
 
@@ -165,8 +171,8 @@ class Kube:
                                                                        _request_timeout=REQUEST_TIMEOUT)
             except ApiException as exc:
                 if kind in OPTIONAL_KINDS and exc.status in (403, 404):  # RBAC, or an install older than the kind
-                    typer.echo(f"warning: cannot list {plural}.{GROUP} ({_message(exc)}): {kind}s are not shown",
-                               err=True)
+                    typer.echo(display(f"warning: cannot list {plural}.{GROUP} ({_message(exc)}): {kind}s are not "
+                                       "shown"), err=True)
                     continue
                 raise
             for item in _as_dict(answer).get("items") or []:
@@ -186,7 +192,7 @@ class Kube:
                                                            _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status in (401, 403, 404):
-                typer.echo(f"warning: cannot read Events ({_message(exc)}): tracker switches are not shown",
+                typer.echo(display(f"warning: cannot read Events ({_message(exc)}): tracker switches are not shown"),
                            err=True)
                 return []
             raise
@@ -250,7 +256,7 @@ def _connected(ctx: typer.Context, kubeconfig: str | None, context: str | None, 
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {display(message)}", err=True)
     raise typer.Exit(1)
 
 
@@ -345,17 +351,17 @@ def _edit(ctx: typer.Context, name: str, field: str, value: Any, what: str, kube
         default = {"mode": "async", "enabled": True}[field]
         ref = f"tablereplica.{GROUP}/{name}"
         if spec.get(field, default) == value:
-            typer.echo(f"{ref} unchanged: spec.{field} is already {json.dumps(value)}")
+            typer.echo(display(f"{ref} unchanged: spec.{field} is already {json.dumps(value)}"))
             return
         kube.patch_replica_spec(name, {field: value})
-        typer.echo(f"{ref} patched: spec.{field}: {json.dumps(value)} ({what}; the operator applies it)")
+        typer.echo(display(f"{ref} patched: spec.{field}: {json.dumps(value)} ({what}; the operator applies it)"))
         if field == "mode" and spec.get("enableReplicatedTableTracker", True):
             table = kube.get_table(str(spec.get("table")))
             options = ((table or {}).get("spec") or {}).get("replicatedTableOptions") or {}
             if options.get("enableReplicatedTableTracker"):
-                typer.echo(f"note: the tracker of ReplicatedTable {kube.namespace}/{spec.get('table')} owns this "
-                           "replica's mode and may switch it back; set spec.enableReplicatedTableTracker: false on "
-                           "the replica to keep it", err=True)
+                typer.echo(display(f"note: the tracker of ReplicatedTable {kube.namespace}/{spec.get('table')} owns "
+                                   "this replica's mode and may switch it back; set "
+                                   "spec.enableReplicatedTableTracker: false on the replica to keep it"), err=True)
 
 
 @app.command()

@@ -24,6 +24,12 @@ its engines — never a Secret or token), which ``reptables status`` renders wit
 :mod:`~.statusview` the kubectl plugin uses; ``reptables cluster stop|start`` leave a request file
 in ``DATA_DIR/control/`` that the ``up`` loop carries out (only that process holds the engines'
 pids). ``up`` also watches its manifest paths, like a ``kubectl apply``/``delete`` on each edit.
+
+The data directory is private (``local_state.make_private_dir``: 0700, files 0600, tightened with a
+notice when it is not), and ``up`` runs with the umask 0o077, so the files that it, its engines and
+its Spark jobs create later are private too, whatever mode the code creating them asks for. Every
+line ``up`` prints passes names, paths and messages through :func:`~.terminal.display`: a manifest's
+table path may hold terminal escape sequences, and they are shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from .local_state import (
     CONTROL_DIR,
     LOOPBACK,
     STATE_FILE,
+    make_private_dir,
     running_up,
     write_private,
 )
@@ -65,6 +72,7 @@ from .registry import (
     Registry,
 )
 from .runtime import Runtime
+from .terminal import display
 from .tracking import TrackerLoop
 from .world import Engines, Resource
 
@@ -103,7 +111,9 @@ class LocalRunner:
         self.namespace = namespace
         # the manifests are the user's own files, not a shared API: any namespace, and a Secret
         # without the credentials label is used with a warning (the operator would not read it)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        notice = make_private_dir(data_dir)
+        if notice is not None:
+            print(display(notice), file=sys.stderr)
         self.runtime = Runtime.start(namespace, policy=CredentialPolicy(None, require_label=False),
                                      launcher=LocalLauncher(base_dir=data_dir))
         self.processes: dict[str, LocalEngine] = {}
@@ -149,8 +159,8 @@ class LocalRunner:
             meta.setdefault("namespace", self.namespace)
             self.registry.upsert_secret(doc)
             if (meta.get("labels") or {}).get(CREDENTIALS_LABEL) != CREDENTIALS_LABEL_VALUE:
-                print(f"warning: Secret {meta['namespace']}/{meta.get('name')} lacks the label "
-                      f"{CREDENTIALS_SELECTOR}: the operator on Kubernetes would not use it", file=sys.stderr)
+                print(display(f"warning: Secret {meta['namespace']}/{meta.get('name')} lacks the label "
+                              f"{CREDENTIALS_SELECTOR}: the operator on Kubernetes would not use it"), file=sys.stderr)
             return
         if kind not in ORDER:
             raise ValueError(f"{kind} {meta.get('name')}: the local runner manages {', '.join(ORDER)} and Secrets")
@@ -177,7 +187,7 @@ class LocalRunner:
     def _start(self, engines: list[LocalEngine]) -> None:
         for engine in start_all(engines):
             self.processes[engine.cluster_name] = engine
-            print(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})")
+            print(display(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})"))
 
     def _engine_for(self, name: str) -> LocalEngine:
         problem = self.registry.refresh_cluster(name)
@@ -194,8 +204,8 @@ class LocalRunner:
 
     def record(self, type_: str, kind: str, namespace: str | None, name: str, reason: str, message: str) -> None:
         """Print one event line and keep it, Kubernetes-shaped, for state.json."""
-        display = f"{kind} {namespace + '/' if namespace else ''}{name}"
-        print(f"  {type_:7} {display}: {reason}: {message}")
+        what = f"{kind} {namespace + '/' if namespace else ''}{name}"
+        print(display(f"  {type_:7} {what}: {reason}: {message}"))
         self.events.append({"type": type_, "reason": reason, "message": message,
                             "involvedObject": {"kind": kind, "namespace": namespace, "name": name},
                             "lastTimestamp": _now()})
@@ -239,7 +249,7 @@ class LocalRunner:
                     self._deleting.discard(key)
                     if kind == "TableCluster" and key[2] in self.processes:
                         self.processes.pop(key[2]).stop()
-                    print(f"{res.display} deleted")
+                    print(display(f"{res.display} deleted"))
 
     def delete(self, key: Key) -> None:
         """Delete an object as ``kubectl delete`` would: mark it, and let the finalizer run on the next passes."""
@@ -280,12 +290,13 @@ class LocalRunner:
             try:
                 docs = load_file(file)
             except ManifestError as exc:
-                print(f"error: {exc}; the previous version stays", file=sys.stderr, flush=True)
+                print(display(f"error: {exc}; the previous version stays", multiline=True), file=sys.stderr,
+                      flush=True)
                 continue
             self._apply_file(file, docs)
         for file in removed:
             self._mtimes.pop(file, None)
-            print(f"manifest {file} removed")
+            print(display(f"manifest {file} removed"))
             self._apply_file(file, [])
             self._file_keys.pop(file, None)
             self._secret_keys.pop(file, None)
@@ -307,11 +318,12 @@ class LocalRunner:
             old = self.bodies.get(key)
             if old is None:
                 self.add(doc)
-                print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} created (manifest {file.name})")
+                print(display(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} created (manifest {file.name})"))
                 if key[0] == "TableCluster":
                     new_clusters.append(key[2])
             elif key in self._deleting:
-                print(f"warning: {key[0]} {key[2]} is being deleted; apply it again once it is gone", file=sys.stderr)
+                print(display(f"warning: {key[0]} {key[2]} is being deleted; apply it again once it is gone"),
+                      file=sys.stderr)
             elif old.get("spec") != doc.get("spec") or _labels(old) != _labels(doc):
                 meta = old["metadata"]
                 meta["generation"] = int(meta.get("generation") or 1) + (old.get("spec") != doc.get("spec"))
@@ -322,15 +334,16 @@ class LocalRunner:
                         meta.pop(field, None)
                 old["spec"] = doc.get("spec")
                 self.registry.upsert(old)
-                print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} configured (manifest {file.name})")
+                print(display(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} configured (manifest "
+                              f"{file.name})"))
                 if key[0] == "TableCluster":
-                    print(f"warning: TableCluster {key[2]}: its engine keeps its endpoint until `reptables up` "
-                          "restarts", file=sys.stderr)
+                    print(display(f"warning: TableCluster {key[2]}: its engine keeps its endpoint until `reptables "
+                                  "up` restarts"), file=sys.stderr)
         self._file_keys[file] = new_keys
         self._secret_keys[file] = new_secrets
         elsewhere = {k for f, keys in self._file_keys.items() if f != file for k in keys}
         for key in sorted(old_keys - set(new_keys) - elsewhere):
-            print(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]}: its manifest is gone; deleting it")
+            print(display(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]}: its manifest is gone; deleting it"))
             self.delete(key)
         secrets_elsewhere = {k for f, keys in self._secret_keys.items() if f != file for k in keys}
         for ns, name in sorted(old_secrets - set(new_secrets) - secrets_elsewhere):
@@ -339,7 +352,7 @@ class LocalRunner:
             try:
                 self._start_engine(name)
             except RuntimeError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                print(display(f"error: {exc}", multiline=True), file=sys.stderr)
 
     # -- requests from other commands ---------------------------------------------------------------
 
@@ -356,7 +369,7 @@ class LocalRunner:
             with contextlib.suppress(OSError):
                 request.unlink()
             ok, message = self._control(str(body.get("action")), str(body.get("cluster")))
-            print(message)
+            print(display(message))
             # state.json first: once the command has its answer, `reptables status` shows the change
             self.write_state()
             write_private(request.with_name(request.name.replace(".request.", ".result.")),
@@ -429,8 +442,8 @@ class LocalRunner:
                 ready: dict[str, Any] = next(
                     (c for c in res.status.get("conditions", []) if c.get("type") == "Ready"), {})
                 extra = _status_summary(res)
-                print(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
-                      f"({ready.get('reason', '')}: {ready.get('message', '')})")
+                print(display(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
+                              f"({ready.get('reason', '')}: {ready.get('message', '')})"))
 
     def demo(self, rows: int = 1000) -> None:
         """Write rows to every table with the official client and show every copy gets them
@@ -493,7 +506,7 @@ def _live_frame(runner: LocalRunner, console: Any) -> Any:
     view = statusview.build_view(state["objects"], state["events"])
     with console.capture() as capture:
         statusview.render(view, console)
-    running = ", ".join(f"{n} {'up' if e['running'] else 'STOPPED'}" for n, e in state["engines"].items())
+    running = display(", ".join(f"{n} {'up' if e['running'] else 'STOPPED'}" for n, e in state["engines"].items()))
     return Text.from_ansi(capture.get() + f"\nengines: {running}   updated {state['updated']}   "
                           f"(Ctrl-C stops the engines)")
 
@@ -508,22 +521,27 @@ def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 
     """``reptables up``: start, converge, demo; with ``keep_running`` (or ``live``) watch and reconcile till stopped."""
     # SIGTERM ends the runner like Ctrl-C: the engines it started are stopped on the way out
     signal.signal(signal.SIGTERM, _terminate)
+    # everything up creates from here on is its user's alone, whatever mode the code creating it asks
+    # for: the state file and control answers (0600 anyway), and what its engines and Spark jobs write
+    # (job logs, the jobs' own files) under the data directory
+    os.umask(0o077)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a log file follows the run line by line
     keep_running = keep_running or live
     other = running_up(data_dir)
     if other is not None:
-        print(f"error: another `reptables up` (pid {other}) runs on {data_dir}; stop it first", file=sys.stderr)
+        print(display(f"error: another `reptables up` (pid {other}) runs on {data_dir}; stop it first"),
+              file=sys.stderr)
         return 1
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        print(f"error: no such manifest file or directory: {', '.join(missing)}", file=sys.stderr)
+        print(display(f"error: no such manifest file or directory: {', '.join(missing)}"), file=sys.stderr)
         return 1
     try:
         manifests = [doc for file in manifest_files(paths) for doc in load_file(file)]
         runner = LocalRunner(manifests, data_dir)
     except (ManifestError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(display(f"error: {exc}", multiline=True), file=sys.stderr)
         return 1
     runner.watch(paths)
     try:
@@ -551,12 +569,12 @@ def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 
                     time.sleep(1)
                     _tick(runner)
                     view.update(_live_frame(runner, console))
-        print(f"reconciling every second, watching {', '.join(map(str, paths))}; Ctrl-C stops the engines")
+        print(display(f"reconciling every second, watching {', '.join(map(str, paths))}; Ctrl-C stops the engines"))
         while True:
             time.sleep(1)
             _tick(runner)
     except (YtError, RuntimeError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(display(f"error: {exc}", multiline=True), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

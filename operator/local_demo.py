@@ -2,7 +2,9 @@
 replicated table and XDCR group of the manifests, and shown on every copy.
 
 Kept apart from ``local.py`` (the runner: engines, manifests, reconciles, state) because it is what
-a user watches, not how the product runs; it only reads the runner's registry and engines.
+a user watches, not how the product runs; it only reads the runner's registry and engines. Its
+lines name paths from the manifests and quote the engines: they go through
+:func:`~.terminal.display`, as every line of ``up`` does.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .terminal import display
 from .world import Resource
 
 if TYPE_CHECKING:
@@ -32,10 +35,10 @@ def demo(runner: LocalRunner, rows: int = 1000) -> None:
             except yt.YtError as exc:
                 if attempt == 99:
                     raise
-                print(f"  waiting to write {table.spec.path}: {str(exc).splitlines()[0]}")
+                print(display(f"  waiting to write {table.spec.path}: {str(exc).splitlines()[0]}"))
                 runner.reconcile_all()
                 time.sleep(0.2)
-        print(f"wrote {rows} rows to {table.spec.cluster}:{table.spec.path} with yt.wrapper")
+        print(display(f"wrote {rows} rows to {table.spec.cluster}:{table.spec.path} with yt.wrapper"))
         for replica in runner.registry.of_kind("TableReplica"):
             if replica.spec.table != table.name or not replica.spec.enabled:
                 continue
@@ -52,7 +55,7 @@ def demo(runner: LocalRunner, rows: int = 1000) -> None:
                 runner.reconcile_all()
                 time.sleep(0.2)
             mode = runner.engines.client(table.spec.cluster).get(f"#{replica.status.get('replicaId')}/@mode")
-            print(f"  replica {replica.name} on {replica.spec.cluster} ({mode}): {count} rows")
+            print(display(f"  replica {replica.name} on {replica.spec.cluster} ({mode}): {count} rows"))
         if keys:
             _show_lookup(runner, client, table, {k.name: 0 for k in keys})
     for group in runner.registry.of_kind("XdcrGroup"):
@@ -64,7 +67,7 @@ def _demo_xdcr(runner: LocalRunner, group: Resource, rows: int) -> None:
 
     members = list(group.spec.members)
     if group.spec.paused or not members:
-        print(f"XdcrGroup {group.name} is paused: client writes are refused, nothing written")
+        print(display(f"XdcrGroup {group.name} is paused: client writes are refused, nothing written"))
         return
     clients = {m: yt.YtClient(proxy=runner.engines.ref(m).endpoint, token=runner.engines.ref(m).token)
                for m in members}
@@ -73,7 +76,7 @@ def _demo_xdcr(runner: LocalRunner, group: Resource, rows: int) -> None:
         for index, (member, client) in enumerate(clients.items()):
             batch = [_demo_row(table.table_schema, index * per_member + i) for i in range(per_member)]
             client.insert_rows(table.path, batch)
-            print(f"wrote {per_member} rows to {member}:{table.path} with yt.wrapper")
+            print(display(f"wrote {per_member} rows to {member}:{table.path} with yt.wrapper"))
         total = per_member * len(members)
         query = f"sum(1) as n from [{table.path}] group by 1"
         for member, client in clients.items():
@@ -85,7 +88,7 @@ def _demo_xdcr(runner: LocalRunner, group: Resource, rows: int) -> None:
                 if count >= total:
                     break
                 time.sleep(0.2)
-            print(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows")
+            print(display(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows"))
 
 def _show_lookup(runner: LocalRunner, client: Any, table: Resource, key: dict[str, Any]) -> None:
     """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
@@ -98,13 +101,13 @@ def _show_lookup(runner: LocalRunner, client: Any, table: Resource, key: dict[st
     while True:
         try:
             found = list(client.lookup_rows(table.spec.path, [key]))
-            print(f"  lookup {key} on {table.spec.path} (served by the sync replica): {found}")
+            print(display(f"  lookup {key} on {table.spec.path} (served by the sync replica): {found}"))
             return
         except yt_errors.YtError as exc:
             if time.monotonic() > deadline:
                 raise
             inner = exc.inner_errors[0].get("message") if exc.inner_errors else exc.message
-            print(f"  waiting for an in-sync replica (the tracker picks one): {inner}")
+            print(display(f"  waiting for an in-sync replica (the tracker picks one): {inner}"))
             runner.reconcile_all()
             time.sleep(0.5)
 

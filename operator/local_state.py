@@ -3,8 +3,14 @@
 ``reptables up`` keeps ``state.json`` (objects with status, recent events, engines, its pid) and a
 ``control/`` directory in its data directory; ``reptables status``, ``cluster stop|start`` and ``env``
 are separate processes that read the one and write requests into the other (docs/local.md). This
-module is that shared ground: the file names, atomic private writes, whether the ``up`` process still
-runs, and the readers' side. It imports nothing of the runner, so the commands stay light.
+module is that shared ground: the file names, the private data directory, atomic private writes,
+whether the ``up`` process still runs, and the readers' side. It imports nothing of the runner, so
+the commands stay light.
+
+The data directory is its user's alone (0700, every file in it 0600): it holds the engines' tokens,
+the Spark jobs' credentials, table rows and the logs that may quote them. A directory made by an
+older ``up``, by hand or by ``mkdir -p`` is 0755; :func:`make_private_dir` tightens it and what is in
+it, and says so, rather than serve from it as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +42,44 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+def make_private_dir(data_dir: Path) -> str | None:
+    """Create ``data_dir`` (and missing parents) with mode 0700, or make an existing one private: the
+    directory and the directories in it 0700, the files in it without the group's and others' bits
+    (0600; symbolic links are left alone, and not followed). Returns a one-line notice of what was
+    tightened, or None when everything was private already."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    failed: list[str] = []
+
+    def tighten(path: Path, is_dir: bool) -> int | None:
+        """The mode ``path`` had if it was open to others (and is now private), else None."""
+        try:
+            info = path.lstat()
+            mode = stat.S_IMODE(info.st_mode)
+            if stat.S_ISLNK(info.st_mode) or not mode & 0o077:
+                return None
+            os.chmod(path, 0o700 if is_dir else mode & 0o700)
+            return mode
+        except FileNotFoundError:
+            return None  # removed meanwhile (a temporary file)
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+            return None
+
+    top = tighten(data_dir, True)
+    inside = 0
+    for root, dirs, files in os.walk(data_dir):  # never into a link to a directory
+        inside += sum(tighten(Path(root) / name, True) is not None for name in dirs)
+        inside += sum(tighten(Path(root) / name, False) is not None for name in files)
+    if top is None and not inside and not failed:
+        return None
+    what = [f"{data_dir} (mode {top:04o}) is now 0700"] if top is not None else []
+    if inside:
+        what.append(f"{inside} files and directories in it are now 0600/0700")
+    if failed:
+        what.append(f"{len(failed)} could not be changed ({'; '.join(failed[:3])})")
+    return f"notice: the data directory was open to other users: {', '.join(what)}"
 
 
 def pid_alive(pid: object) -> bool:

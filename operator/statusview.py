@@ -8,6 +8,12 @@ and nothing here talks to Kubernetes or an engine. :func:`build_view` turns the 
 plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read the same facts the text
 shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap` print it with rich.
 Everything is sorted so that the output is deterministic.
+
+The view holds what manifests and engines said, exactly (``-o json`` stays exact); the renderers
+print a copy whose every string went through :func:`~.terminal.display`, so a table path with
+terminal escapes in it shows them as ``\\x1b`` instead of obeying them, and they hand every string
+to rich as :class:`~rich.text.Text`, never as markup: a path like ``//tmp/[/x]`` is text, not a
+closing tag (which rich would refuse with an error, or apply as a style).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from .terminal import display
 
 __all__ = ["KINDS", "MAX_SWITCHES", "build_view", "find_replica", "render", "render_bootstrap", "render_tracker"]
 
@@ -291,6 +299,22 @@ def find_replica(view: Mapping[str, Any], replica: str) -> tuple[dict[str, Any],
 # --- rendering ----------------------------------------------------------------------------------
 
 
+def _escaped(value: Any) -> Any:
+    """A copy of (part of) a view with every string made safe for a terminal (:func:`~.terminal.display`)."""
+    if isinstance(value, str):
+        return display(value)
+    if isinstance(value, Mapping):
+        return {key: _escaped(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(item) for item in value]
+    return value
+
+
+def _row(grid: Table, *cells: str | Text) -> None:
+    """A row of a table whose strings are text, never rich markup."""
+    grid.add_row(*(Text(cell) if isinstance(cell, str) else cell for cell in cells))
+
+
 def _dash(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
@@ -356,10 +380,10 @@ def _replica_table(table: Mapping[str, Any]) -> Table:
         state = _dash(rep["state"])
         if rep["enabled"] is False and rep["state"] != "disabled":
             state += " (disabling)"
-        grid.add_row(_dash(rep["name"]), _dash(rep["cluster"]), _dash(rep["replicaPath"]),
-                     Text(mode, style="bold" if rep["mode"] == "sync" else ""), state, _lag(rep["lagSeconds"]),
-                     _dash(rep["rowsBehind"]), Text(rep["ready"], style=_status_style(rep["ready"])),
-                     _progress(rep["bootstrap"]), _dash(rep["lastError"]))
+        _row(grid, _dash(rep["name"]), _dash(rep["cluster"]), _dash(rep["replicaPath"]),
+             Text(mode, style="bold" if rep["mode"] == "sync" else ""), state, _lag(rep["lagSeconds"]),
+             _dash(rep["rowsBehind"]), Text(rep["ready"], style=_status_style(rep["ready"])),
+             _progress(rep["bootstrap"]), _dash(rep["lastError"]))
     return grid
 
 
@@ -382,9 +406,8 @@ def _pair_table(group: Mapping[str, Any]) -> Table:
     for column in ("From", "To", "State", "Lag", "Queued rows", "Conflicts", "Paused", "Last error"):
         grid.add_column(column, no_wrap=column != "Last error", overflow="fold")
     for pair in group["pairs"]:
-        grid.add_row(_dash(pair["from"]), _dash(pair["to"]), _dash(pair["state"]), _lag(pair["lagSeconds"]),
-                     _dash(pair["queuedRows"]), _dash(pair["conflicts"]),
-                     _yes_no(pair["paused"]), _dash(pair["lastError"]))
+        _row(grid, _dash(pair["from"]), _dash(pair["to"]), _dash(pair["state"]), _lag(pair["lagSeconds"]),
+             _dash(pair["queuedRows"]), _dash(pair["conflicts"]), _yes_no(pair["paused"]), _dash(pair["lastError"]))
     return grid
 
 
@@ -403,6 +426,7 @@ def _render_group(group: Mapping[str, Any], console: Console) -> None:
 def render(view: Mapping[str, Any], console: Console) -> None:
     """The human view: per table a summary line, its problems, tracker decision and replica table; then per
     XdcrGroup its summary and pairs; then clusters and collocations."""
+    view = _escaped(view)
     if not view.get("tables") and not view.get("clusters") and not view.get("xdcrGroups"):
         console.print("No reptables objects found.")
     for table in view.get("tables", []):
@@ -411,8 +435,8 @@ def render(view: Mapping[str, Any], console: Console) -> None:
             console.print(line)
         tracker = table["tracker"]
         if tracker["lastDecision"]:
-            console.print(f"  tracker: {tracker['lastDecision']} ({_dash(tracker['reason'])}) at "
-                          f"{_dash(tracker['time'])}", highlight=False)
+            console.print(Text(f"  tracker: {tracker['lastDecision']} ({_dash(tracker['reason'])}) at "
+                               f"{_dash(tracker['time'])}"))
         elif tracker["enabled"]:
             console.print("  tracker: enabled, no switch yet", highlight=False)
         if table["replicas"]:
@@ -430,7 +454,7 @@ def render(view: Mapping[str, Any], console: Console) -> None:
                     detail += f", job {boot['jobRef']}"
                 if boot.get("lastError"):
                     detail += f", last error: {boot['lastError']}"
-                console.print(detail, highlight=False)
+                console.print(Text(detail))
         console.print()
     for group in view.get("xdcrGroups", []):
         _render_group(group, console)
@@ -442,10 +466,10 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         for cluster in view["clusters"]:
             ready: dict[str, Any] = next((c for c in cluster["conditions"] if c["type"] == "Ready"), {})
             healthy = {True: "yes", False: "no"}.get(cluster["healthy"], "-")
-            grid.add_row(cluster["name"], _dash(cluster["endpoint"]), _dash(cluster["clusterId"]),
-                         Text(healthy, style={"yes": "green", "no": "red"}.get(healthy, "")),
-                         _dash(cluster["version"]), Text(cluster["ready"], style=_status_style(cluster["ready"])),
-                         "" if cluster["ready"] == "True" else _dash(ready.get("message")))
+            _row(grid, cluster["name"], _dash(cluster["endpoint"]), _dash(cluster["clusterId"]),
+                 Text(healthy, style={"yes": "green", "no": "red"}.get(healthy, "")),
+                 _dash(cluster["version"]), Text(cluster["ready"], style=_status_style(cluster["ready"])),
+                 "" if cluster["ready"] == "True" else _dash(ready.get("message")))
         console.print(grid)
     if view.get("collocations"):
         console.print()
@@ -454,25 +478,26 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         for column in ("Collocation", "Tables", "Preferred sync clusters", "Ready"):
             grid.add_column(column)
         for col in view["collocations"]:
-            grid.add_row(_display(col["namespace"], col["name"]), ", ".join(col["tables"]),
-                         ", ".join(col["preferredSyncReplicaClusters"]) or "-",
-                         Text(col["ready"], style=_status_style(col["ready"])))
+            _row(grid, _display(col["namespace"], col["name"]), ", ".join(col["tables"]),
+                 ", ".join(col["preferredSyncReplicaClusters"]) or "-",
+                 Text(col["ready"], style=_status_style(col["ready"])))
         console.print(grid)
     for orphan in view.get("orphanReplicas", []):
         console.print(Text(f"TableReplica {_display(orphan['namespace'], orphan['name'])}: its ReplicatedTable "
-                           f"{orphan['table']!r} does not exist", style="yellow"))
+                           f"'{orphan['table']}' does not exist", style="yellow"))
 
 
 def render_tracker(view: Mapping[str, Any], console: Console) -> None:
     """Each table's tracker state and last decision, then the recent switches (newest first) and why."""
+    view = _escaped(view)
     grid = Table(title="Tracker", title_justify="left", show_edge=False, pad_edge=False, box=None, header_style="bold")
     for column in ("Table", "Tracker", "Sync replicas", "Last decision", "Reason", "Time"):
         grid.add_column(column, overflow="fold")
     for table in view.get("tables", []):
         tracker = table["tracker"]
-        grid.add_row(_display(table["namespace"], table["name"]), "enabled" if tracker["enabled"] else "disabled",
-                     ", ".join(table["syncReplicas"]) or "-", _dash(tracker["lastDecision"]),
-                     _dash(tracker["reason"]), _dash(tracker["time"]))
+        _row(grid, _display(table["namespace"], table["name"]), "enabled" if tracker["enabled"] else "disabled",
+             ", ".join(table["syncReplicas"]) or "-", _dash(tracker["lastDecision"]),
+             _dash(tracker["reason"]), _dash(tracker["time"]))
     console.print(grid)
     console.print()
     switches = view.get("trackerSwitches", [])
@@ -485,21 +510,20 @@ def render_tracker(view: Mapping[str, Any], console: Console) -> None:
         grid.add_column(column, overflow="fold")
     for switch in switches:
         replica = switch["replica"] or switch["replicaId"] or "-"
-        grid.add_row(_dash(switch["time"]), _display(switch["namespace"], _dash(switch["table"])), replica,
-                     _dash(switch["mode"]), _dash(switch["reason"]))
+        _row(grid, _dash(switch["time"]), _display(switch["namespace"], _dash(switch["table"])), replica,
+             _dash(switch["mode"]), _dash(switch["reason"]))
     console.print(grid)
 
 
 def render_bootstrap(view: Mapping[str, Any], console: Console, replica: str) -> None:
     """The bootstrap of one replica (``"REPLICA"`` or ``"TABLE/REPLICA"``): phase, rows, job, errors, next attempt."""
-    table, rep = find_replica(view, replica)
+    table, rep = (_escaped(found) for found in find_replica(view, replica))
     title = f"TableReplica {_display(table['namespace'], rep['name'])} of {table['name']} on {_dash(rep['cluster'])}"
     console.print(Text(title, style="bold"))
     boot = rep["bootstrap"]
     if not boot:
-        console.print(f"  not bootstrapped: state {_dash(rep['state'])}, mode {_dash(rep['mode'])} (the replica "
-                      "started from the replication queue, or its bootstrap has not been planned yet)",
-                      highlight=False)
+        console.print(Text(f"  not bootstrapped: state {_dash(rep['state'])}, mode {_dash(rep['mode'])} (the "
+                           "replica started from the replication queue, or its bootstrap has not been planned yet)"))
         return
     grid = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
     grid.add_column(style="bold")
@@ -518,5 +542,5 @@ def render_bootstrap(view: Mapping[str, Any], console: Console, replica: str) ->
             ("Message", _dash(boot["message"])),
             ("Replica state", f"{_dash(rep['state'])}, mode {_dash(rep['mode'])}")]
     for label, value in rows:
-        grid.add_row(label, value)
+        _row(grid, label, value)
     console.print(grid)

@@ -13,7 +13,9 @@ that does not get the outcome it shows stops the tour with the step's number and
 status 1). Whatever happens, every engine and Spark job the tour started is stopped on the way out.
 
 Run it with ``python -m reptables.operator.tour`` (``bash hack/up.sh`` does); ``--free-ports``
-moves the three clusters off 9012-9014 onto free loopback ports (the tests use it).
+moves the three clusters off 9012-9014 onto free loopback ports (the tests use it). Its data
+directory is private like ``up``'s (0700, its files 0600), and the lines that quote the manifests or
+the engines go through :func:`~.terminal.display`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from reptables.engine.process import free_port
 
 from .local import LocalRunner
 from .local_manifests import load_manifests
+from .local_state import make_private_dir, write_private
+from .terminal import display
 from .world import Resource
 
 #: the quickstart manifests of the repository this module was installed from (editable install), else
@@ -159,7 +163,8 @@ class Tour:
         finally:
             for rep in self.replicas(table):
                 mode = rep.status.get("mode", "-")
-                print(f"   {table} replica {rep.name} on {rep.spec.cluster} ({mode}): {counts.get(rep.name, 0)} rows")
+                print(display(f"   {table} replica {rep.name} on {rep.spec.cluster} ({mode}): "
+                              f"{counts.get(rep.name, 0)} rows"))
         return counts
 
     # --- the steps -------------------------------------------------------------------------------
@@ -187,12 +192,12 @@ class Tour:
         rows = "\n".join(json.dumps({"id": i, "kind": "signup" if i % 3 else "order", "payload": f"event {i}"})
                          for i in range(EVENT_ROWS))
         self.yt(events.spec.cluster, "insert-rows", events.spec.path, "--format", "json", stdin=rows)
-        print(f"   yt insert-rows {events.spec.path} --format json: {EVENT_ROWS} rows (sorted table)")
+        print(display(f"   yt insert-rows {events.spec.path} --format json: {EVENT_ROWS} rows (sorted table)"))
         rows = "\n".join(json.dumps({"actor": f"user-{i % 7}", "action": f"action {i}"}) for i in range(AUDIT_ROWS))
         self.yt(audit.spec.cluster, "insert-rows", audit.spec.path, "--format", "json", stdin=rows)
-        print(f"   yt insert-rows {audit.spec.path} --format json: {AUDIT_ROWS} rows (ordered table)")
+        print(display(f"   yt insert-rows {audit.spec.path} --format json: {AUDIT_ROWS} rows (ordered table)"))
         first = self.yt(SYNC_CLUSTER, "select-rows", f"* from [{events.spec.path}] where id = 1", "--format", "json")
-        print(f"   yt select-rows on remote-0: {first.strip()}")
+        print(display(f"   yt select-rows on remote-0: {first.strip()}"))
 
     def show_replicas(self) -> None:
         self.announce("show the rows on every replica",
@@ -263,7 +268,7 @@ class Tour:
             return sum(int(t.get("trimmed_row_count", 0)) for t in meta.get(f"{events.spec.path}/@tablets"))
 
         self.wait(f"the queue of {events.spec.path} being trimmed", lambda: trimmed() > 0, 60)
-        print(f"   the replication queue of {events.spec.path} was trimmed: {trimmed()} rows are gone from it")
+        print(display(f"   the replication queue of {events.spec.path} was trimmed: {trimmed()} rows are gone from it"))
         doc = {"apiVersion": "reptables.io/v1alpha1", "kind": "TableReplica", "metadata": {"name": NEW_REPLICA},
                "spec": {"table": SORTED_TABLE, "cluster": SYNC_CLUSTER, "replicaPath": NEW_REPLICA_PATH,
                         "mode": "async", "bootstrap": {"parallelism": 2}}}
@@ -309,7 +314,7 @@ class Tour:
         events = self.table(SORTED_TABLE)
         client = self.yt_client(events.spec.cluster)
         client.freeze_table(events.spec.path)
-        print(f"   freeze-table {events.spec.path}")
+        print(display(f"   freeze-table {events.spec.path}"))
         try:
             self.wait("tablet_state frozen", lambda: client.get(f"{events.spec.path}/@tablet_state") == "frozen",
                       30, reconcile=False)
@@ -332,7 +337,7 @@ class Tour:
             client.unfreeze_table(events.spec.path)
             self.wait("tablet_state mounted", lambda: client.get(f"{events.spec.path}/@tablet_state") == "mounted",
                       30, reconcile=False)
-            print(f"   unfreeze-table {events.spec.path}: mounted again")
+            print(display(f"   unfreeze-table {events.spec.path}: mounted again"))
         self.facts.append("queue check: flushed_row_count == current_replication_row_index on every replica")
 
 
@@ -390,8 +395,10 @@ def _prepare(manifests: Path, data_dir: Path, ports_from: int | None) -> list[di
             raise ValueError(f"data directory {data_dir} is not empty and was not made by the tour; "
                              f"give another --data-dir")
         shutil.rmtree(data_dir)  # the tour starts from empty clusters every time
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / MARKER).write_text("made by python -m reptables.operator.tour; removed when the tour runs again\n")
+    notice = make_private_dir(data_dir)
+    if notice is not None:
+        print(display(notice), file=sys.stderr)
+    write_private(data_dir / MARKER, "made by python -m reptables.operator.tour; removed when the tour runs again\n")
     return docs
 
 
@@ -414,10 +421,10 @@ def run_tour(data_dir: Path, manifests: Path = QUICKSTART, ports_from: int | Non
         docs = _prepare(manifests, data_dir, ports_from)
         runner = LocalRunner(docs, data_dir)
     except (ValueError, RuntimeError) as exc:
-        print(f"the tour could not start: {exc}", file=sys.stderr)
+        print(display(f"the tour could not start: {exc}", multiline=True), file=sys.stderr)
         return 1
     tour = Tour(runner, yt_cli)
-    print(f"reptables tour: manifests {manifests}, data in {data_dir}")
+    print(display(f"reptables tour: manifests {manifests}, data in {data_dir}"))
     try:
         for step in (tour.start, tour.write, tour.show_replicas, tour.failover, tour.bootstrap, tour.queue_check):
             step()
@@ -429,7 +436,7 @@ def run_tour(data_dir: Path, manifests: Path = QUICKSTART, ports_from: int | Non
         return 1
     except Exception as exc:  # noqa: BLE001 - any failure ends the tour with its step and reason
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"\nstep {tour.step} ({tour.title}) failed: {reason}", file=sys.stderr)
+        print(f"\nstep {tour.step} ({tour.title}) failed: {display(reason)}", file=sys.stderr)
         print(f"(engine logs: {data_dir}/<cluster>/engine.log)", file=sys.stderr)
         return 1
     finally:
@@ -456,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # SIGTERM ends the tour like Ctrl-C: the engines it started are stopped on the way out
     signal.signal(signal.SIGTERM, _terminate)
+    os.umask(0o077)  # what the tour, its engines and Spark jobs create is private, as under `reptables up`
     return run_tour(args.data_dir, args.manifests, 0 if args.free_ports else None)
 
 

@@ -33,6 +33,10 @@ The tricky parts of the protocol, all handled here:
   ``unique_keys``) in ``.attributes`` and is sent back in the attributed form when passed as a
   parameter or value, so ``create("table", p2, attributes={"schema": client.get(p1 + "/@schema")})``
   copies a schema exactly.
+* **Long pulls**: ``pull_changes`` and ``pull_consumer`` may wait ``wait_timeout`` ms (up to 60 s)
+  for a change before they answer, longer than the client's per-request timeout (30 s by default).
+  Their requests get a read timeout of at least ``wait_timeout`` plus 15 s; every other request
+  keeps the client's, and connecting always does.
 * **Errors**: one hierarchy. A failed command answers with a YT error (JSON body and the
   ``X-YT-Error`` header; a ``X-YT-Response-Code`` other than ``0`` also means failure), rebuilt by
   :meth:`YtError.from_dict` into the most specific class (``ResolveError``, ``LockConflict``, ...).

@@ -18,7 +18,8 @@ class AsyncClient:
     """The asyncio twin of :class:`Client`: the same constructor and methods, as coroutines.
 
     ``transport`` is an ``httpx.AsyncBaseTransport``; use as ``async with``, or ``await close()``;
-    ``transaction`` is an async context manager.
+    ``transaction`` is an async context manager. A long pull's timeout is extended to its
+    ``wait_timeout`` plus 15 s, as :class:`Client`'s is.
     """
 
     def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
@@ -43,7 +44,8 @@ class AsyncClient:
 
     async def _send(self, req: _Request) -> Any:
         try:
-            response = await self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+            response = await self._http.request(req.method, req.url, headers=req.headers, content=req.body,
+                                                timeout=self._config.httpx_timeout(req))
         except httpx.TransportError as exc:
             raise TransportError(self.proxy_url + req.url, exc) from exc
         return _result(req, response)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -115,8 +116,19 @@ _KNOWN_SPECS: dict[str, _Spec] = {
     "advance_consumer": _ACTION,
 }
 
+#: the commands that may wait ``wait_timeout`` milliseconds for a change before they answer
+_LONG_PULLS = frozenset({"pull_changes", "pull_consumer"})
+#: the engine's ``wait_timeout`` when a pull gives none (docs/streams.md)
+_DEFAULT_WAIT_TIMEOUT_MS = 1000
+#: seconds a long pull's answer may take beyond its ``wait_timeout`` (the engine's linger, a loaded
+#: machine, a large answer) before the client gives up on it as a transport timeout
+LONG_PULL_MARGIN = 15.0
+
 
 # -- event tokens (docs/streams.md) ---------------------------------------------------------------
+
+#: a token's position: its commit timestamp and sequence number, 16 hex digits each
+_TOKEN_POSITION = re.compile(r"[0-9a-f]{32}")
 
 
 def token_timestamp(token: str) -> int:
@@ -125,10 +137,24 @@ def token_timestamp(token: str) -> int:
 
 
 def compare_tokens(a: str, b: str) -> int:
-    """-1, 0 or 1 as change ``a`` came before, with, or after change ``b`` (tokens of one table;
-    across a meta-cluster and its replicas compare ``token_timestamp`` instead)."""
+    """-1, 0 or 1 as change ``a`` came before, with, or after change ``b``: tokens of one table.
+
+    Tokens of two tables have no order of their own (a meta-cluster's and its replicas' tokens
+    compare by ``token_timestamp``), so they are a ValueError naming both table ids rather than an
+    answer that looks right; so is a string that is not an event token."""
+    table_a, table_b = _token_table(a), _token_table(b)
+    if table_a != table_b:
+        raise ValueError(f"Cannot compare event tokens of two tables: {a!r} is of table {table_a}, {b!r} of table "
+                         f"{table_b} (across a meta-cluster and its replicas compare token_timestamp)")
     pa, pb = a[:32], b[:32]
     return (pa > pb) - (pa < pb)
+
+
+def _token_table(token: str) -> str:
+    """The table id of an event token (what follows its 32 hex digits); ValueError if it is not one."""
+    if not isinstance(token, str) or len(token) <= 32 or _TOKEN_POSITION.fullmatch(token, 0, 32) is None:
+        raise ValueError(f"Invalid event token {token!r}: expected 32 hex digits followed by the table id")
+    return token[32:]
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -193,6 +219,9 @@ class _Request:
     body: bytes | None = None
     #: filled with the answer's ``X-YT-Response-Parameters`` (reads with event tokens)
     response_parameters: dict[str, Any] | None = None
+    #: seconds the engine may hold the request before it answers (a long pull's ``wait_timeout``);
+    #: None for every other request
+    wait_seconds: float | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -208,7 +237,8 @@ class _Request:
         """A request of command ``name`` (``spec`` defaults to the known one).
 
         Parameters whose value is None are left out. A structured result is unwrapped from its
-        one-key map ``{unwrap: ...}``, then passed through ``convert``.
+        one-key map ``{unwrap: ...}``, then passed through ``convert``. A long pull carries its
+        ``wait_timeout`` as ``wait_seconds``, for the clients' request timeout.
         """
         spec = spec or _KNOWN_SPECS[name]
         wire_params = {k: v for k, v in params.items() if v is not None}
@@ -221,7 +251,12 @@ class _Request:
             wire_params["output_format"] = _JSON_FORMAT
             parse = _parse_tabular if spec.output_type == "tabular" else partial(
                 _parse_structured, unwrap=unwrap, convert=convert)
-        return cls(spec.http_method, f"/api/v4/{name}", parse, wire_params, body)
+        wait_seconds = None
+        if name in _LONG_PULLS:
+            wait = wire_params.get("wait_timeout", _DEFAULT_WAIT_TIMEOUT_MS)
+            valid = isinstance(wait, int | float) and not isinstance(wait, bool)
+            wait_seconds = max(0.0, float(wait if valid else _DEFAULT_WAIT_TIMEOUT_MS)) / 1000
+        return cls(spec.http_method, f"/api/v4/{name}", parse, wire_params, body, wait_seconds=wait_seconds)
 
 
 # -- decoding -------------------------------------------------------------------------------------
@@ -507,6 +542,22 @@ class _Config:
         self.proxy_url = proxy_url.rstrip("/")
         token = token if token is not None else os.environ.get("YT_TOKEN")
         self.headers = {"Authorization": f"OAuth {token}"} if token else {}
+        #: the per-request timeout, in seconds (httpx's form below)
+        self.seconds = timeout
         self.timeout = httpx.Timeout(timeout)
         #: command descriptors; ``call`` adds the proxy's own on meeting an unknown command
         self.specs: dict[str, _Spec] = dict(_KNOWN_SPECS)
+
+    def read_timeout(self, req: _Request) -> float:
+        """How long ``req`` may wait for its answer: the client's timeout, and for a long pull at least
+        its ``wait_timeout`` plus :data:`LONG_PULL_MARGIN` (a pull that waits 60 s is not late at 30 s).
+        Connecting keeps the client's timeout either way."""
+        if req.wait_seconds is None:
+            return self.seconds
+        return max(self.seconds, req.wait_seconds + LONG_PULL_MARGIN)
+
+    def httpx_timeout(self, req: _Request) -> httpx.Timeout:
+        """:meth:`read_timeout` in httpx's form (connect, write and pool timeouts stay the client's)."""
+        if req.wait_seconds is None:
+            return self.timeout
+        return httpx.Timeout(self.seconds, read=self.read_timeout(req))

@@ -19,7 +19,8 @@ class Client:
     """A synchronous client of one YT HTTP proxy (one reptables engine).
 
     ``proxy_url`` is e.g. ``http://127.0.0.1:9012`` (``http://`` is assumed when no scheme is given);
-    ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds; ``transport`` is
+    ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds (a long pull may take
+    its ``wait_timeout`` plus 15 s whatever the timeout, see :meth:`pull_changes`); ``transport`` is
     passed to ``httpx`` (tests, proxies, retries). Each method runs the YT command of the same name
     and takes YT's parameter names as keyword arguments. Use as a context manager, or ``close()``.
     """
@@ -58,13 +59,15 @@ class Client:
         response: _Answer
         if self._pool is not None:
             try:
-                response = self._pool.request(req.method, req.url, headers=req.headers, body=req.body)
+                response = self._pool.request(req.method, req.url, headers=req.headers, body=req.body,
+                                              timeout=self._config.read_timeout(req))
             except HttpTransportError as exc:
                 raise TransportError(self.proxy_url + req.url, exc.cause) from exc.cause
         else:
             assert self._http is not None
             try:
-                response = self._http.request(req.method, req.url, headers=req.headers, content=req.body)
+                response = self._http.request(req.method, req.url, headers=req.headers, content=req.body,
+                                              timeout=self._config.httpx_timeout(req))
             except httpx.TransportError as exc:
                 raise TransportError(self.proxy_url + req.url, exc) from exc
         return _result(req, response)
@@ -165,7 +168,10 @@ class Client:
     def pull_changes(self, path: str, from_event_token: str | None = None, from_timestamp: int | None = None,
                      max_row_count: int | None = None, wait_timeout: int | None = None) -> dict[str, Any]:
         """One answer of the change stream of ``path`` after a token or a timestamp (or from now):
-        ``{"events", "event_token", "timestamp"}``; waits up to ``wait_timeout`` ms for a change."""
+        ``{"events", "event_token", "timestamp"}``; waits up to ``wait_timeout`` ms for a change.
+
+        The request's timeout is at least ``wait_timeout`` plus ``LONG_PULL_MARGIN`` (15 s), so a
+        long pull on an idle table answers with its heartbeat rather than a transport timeout."""
         return self._send(_Build.pull_changes(path, from_event_token, from_timestamp, max_row_count,
                                               wait_timeout))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from reptables.engine.client import (
     Schema,
     TransportError,
     YtError,
+    compare_tokens,
 )
 from reptables.engine.errors import ErrorCode
 from tests.harness import EngineProcess, free_port
@@ -276,3 +278,83 @@ def test_a_connection_idle_near_the_servers_keep_alive_limit_is_not_reused(engin
         assert port_of_next_request() != first  # idle past the limit: a new connection
     finally:
         pool.close()
+
+
+# --- long pulls and event tokens -------------------------------------------------------------------
+
+
+def test_a_long_pull_beyond_the_client_timeout_answers_with_its_heartbeat(engine: EngineProcess) -> None:
+    """A pull may wait up to a minute for a change: its request outlives the client's timeout by design."""
+    with Client(engine.url, token=engine.token, timeout=2) as c:
+        mounted_table(c)
+        started = time.monotonic()
+        answer = c.pull_changes(TABLE, wait_timeout=4000)
+    assert [e["kind"] for e in answer["events"]] == ["heartbeat"]
+    assert time.monotonic() - started >= 3.5  # it did wait (the engine answers an idle pull at its timeout)
+
+
+def test_the_async_client_long_pull_beyond_its_timeout_answers_with_its_heartbeat(engine: EngineProcess) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with AsyncClient(engine.url, token=engine.token, timeout=2) as c:
+            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA}, recursive=True)
+            await c.mount_table(TABLE)
+            return await c.pull_changes(TABLE, wait_timeout=4000)
+
+    answer = asyncio.run(scenario())
+    assert [e["kind"] for e in answer["events"]] == ["heartbeat"]
+
+
+class TimeoutRecordingTransport(httpx.HTTPTransport):
+    """A real transport that keeps the timeouts of every request it sends, by command."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: dict[str, dict[str, float]] = {}
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.timeouts[request.url.path.rsplit("/", 1)[-1]] = dict(request.extensions["timeout"])
+        return super().handle_request(request)
+
+
+def test_only_long_pulls_get_a_longer_read_timeout(engine: EngineProcess) -> None:
+    transport = TimeoutRecordingTransport()
+    with Client(engine.url, token=engine.token, timeout=2, transport=transport) as c:
+        mounted_table(c)
+        c.insert_rows(TABLE, [{"k": 1}])
+        c.pull_changes(TABLE, from_timestamp=0, wait_timeout=40_000)  # answers at once: there is a change
+        c.call("pull_changes", {"path": TABLE, "from_timestamp": 0, "wait_timeout": 50_000})
+    assert transport.timeouts["pull_changes"] == {"connect": 2, "read": 65, "write": 2, "pool": 2}
+    assert transport.timeouts["insert_rows"] == {"connect": 2, "read": 2, "write": 2, "pool": 2}
+
+
+def test_compare_tokens_orders_the_changes_of_one_table(client: Client) -> None:
+    mounted_table(client)
+    client.insert_rows(TABLE, [{"k": 1}])
+    client.insert_rows(TABLE, [{"k": 2}])
+    first, second = (e["event_token"] for e in client.pull_changes(TABLE, from_timestamp=0)["events"])
+    assert compare_tokens(first, second) == -1
+    assert compare_tokens(second, first) == 1
+    assert compare_tokens(first, first) == 0
+
+
+def test_compare_tokens_refuses_tokens_of_two_tables_naming_both(client: Client) -> None:
+    mounted_table(client)
+    mounted_table(client, "//tmp/other")
+    client.insert_rows(TABLE, [{"k": 1}])
+    client.insert_rows("//tmp/other", [{"k": 1}])
+    mine = client.pull_changes(TABLE, from_timestamp=0)["events"][0]["event_token"]
+    other = client.pull_changes("//tmp/other", from_timestamp=0)["events"][0]["event_token"]
+    table_id, other_id = client.get(f"{TABLE}/@id"), client.get("//tmp/other/@id")
+    assert mine.endswith(table_id) and other.endswith(other_id)
+    with pytest.raises(ValueError, match="two tables") as info:
+        compare_tokens(mine, other)
+    assert table_id in str(info.value) and other_id in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["", "0123", "g" * 32 + "1-2-3-4", "0" * 32])
+def test_compare_tokens_refuses_a_string_that_is_not_an_event_token(bad: str) -> None:
+    good = "0" * 32 + "1-2-3-4"
+    with pytest.raises(ValueError, match="Invalid event token"):
+        compare_tokens(good, bad)
+    with pytest.raises(ValueError, match="Invalid event token"):
+        compare_tokens(bad, good)

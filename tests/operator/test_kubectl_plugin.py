@@ -9,6 +9,7 @@ local runner renders the same view from its own state.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -524,3 +525,65 @@ def test_render_is_plain_text_for_a_file() -> None:
     assert "TableReplica shop/stray: its ReplicatedTable 'invoices' does not exist" in text
     with pytest.raises(ValueError, match="TableReplica 'nope' not found"):
         statusview.render_bootstrap(view, console, "nope")
+
+
+# --- names that hold terminal escape sequences ----------------------------------------------------
+
+#: a valid table path (any character but whitespace) that would recolour the terminal, retitle its
+#: window, close a rich markup tag that was never opened, and reverse the text after it
+HOSTILE_PATH = "//tmp/a\x1b[31mred\x1b]0;title\x07[/x]\u202eoops"
+HOSTILE_SHOWN = "//tmp/a\\x1b[31mred\\x1b]0;title\\x07[/x]\\u202eoops"
+
+
+def _hostile_objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A table on the hostile path whose status, replica, cluster and tracker events quote it, as the
+    operator writes them when the engine's errors name the table."""
+    orders = table("orders", "shop")
+    orders["spec"]["path"] = HOSTILE_PATH
+    orders["status"] = {
+        "syncReplicas": ["orders-remote-0"], "maxLagSeconds": 1,
+        "tracker": {"lastDecision": "orders-remote-0: async -> sync", "reason": f"{HOSTILE_PATH} lags",
+                    "time": T0},
+        "conditions": [condition("Ready", "False", "CreateFailed", f"cannot create {HOSTILE_PATH}: \x1b[2J")]}
+    rep = replica("orders-remote-0", "shop", "orders", "remote-0", replicaPath=HOSTILE_PATH)
+    rep["status"] = replica_status(
+        "1-2-3-a", "sync", "enabled", 0, errors=[{"code": 1, "message": f"replica table {HOSTILE_PATH} is unmounted"}],
+        bootstrap={**BOOTSTRAP, "lastError": f"copy of {HOSTILE_PATH} failed"},
+        ready=condition("Ready", "False", "ReplicationError", f"replica table {HOSTILE_PATH} is unmounted"))
+    remote, status = cluster("remote-0", 1, healthy=False)
+    status["conditions"][0]["message"] = f"remote-0: cannot open {HOSTILE_PATH}"
+    events = [switch_event("orders.9", "shop", "orders", f"replica 1-2-3-a is now sync: {HOSTILE_PATH} caught up",
+                           T0)]
+    return [orders, rep, {**remote, "status": status}], events
+
+
+def test_text_views_show_escape_sequences_in_names_as_text() -> None:
+    objects, events = _hostile_objects()
+    view = statusview.build_view(objects, events)
+    out = io.StringIO()
+    console = Console(file=out, width=300, force_terminal=False)
+    statusview.render(view, console)
+    statusview.render_tracker(view, console)
+    statusview.render_bootstrap(view, console, "orders/orders-remote-0")
+    text = out.getvalue()
+    for control in ("\x1b", "\x07", "\u202e"):
+        assert control not in text
+    assert f"ReplicatedTable shop/orders  {HOSTILE_SHOWN} on primary" in text
+    assert f"CreateFailed: cannot create {HOSTILE_SHOWN}: \\x1b[2J" in text
+    assert f"Last error          copy of {HOSTILE_SHOWN} failed" in text  # the bootstrap view
+    assert f"remote-0: cannot open {HOSTILE_SHOWN}" in text  # the clusters' table
+    assert f"{HOSTILE_SHOWN} caught up" in text  # the tracker's switches
+
+
+def test_json_view_keeps_names_exact() -> None:
+    objects, events = _hostile_objects()
+    view = statusview.build_view(objects, events)
+    assert json.loads(json.dumps(view)) == view
+    assert view["tables"][0]["path"] == HOSTILE_PATH
+    assert view["tables"][0]["replicas"][0]["replicaPath"] == HOSTILE_PATH
+
+
+def test_a_failure_naming_what_the_user_typed_is_one_escaped_line(kubeconfig: Path) -> None:
+    result = run(kubeconfig, "promote", "ghost\x1b]0;pwned\x07")
+    assert result.returncode == 1
+    assert result.stderr == "error: TableReplica shop/ghost\\x1b]0;pwned\\x07 not found\n"

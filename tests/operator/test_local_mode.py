@@ -6,6 +6,10 @@ free loopback ports) serves the whole module; the tests then use it as a user wo
 gives the yt CLI its proxy and token, ``cluster stop`` makes the tracker fail over, manifest edits
 are applied while it runs, SIGTERM stops every engine, and a second ``up`` on the same directory
 finds its rows and objects again. The tests run in file order and build on one another.
+
+The data directory is private: what the running ``up`` wrote is checked once, and the function that
+prepares the directory (a new one, or one left open to other users) is tested directly at the end,
+without an ``up``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 import yaml
 
 from reptables.engine.process import free_port
+from reptables.operator.local_state import make_private_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BIN = Path(sys.executable).parent
@@ -166,6 +171,19 @@ def test_state_file_holds_objects_status_and_engines_but_no_secret(up: Up) -> No
                for e in state["events"])
 
 
+def test_everything_up_wrote_in_its_data_directory_is_private(up: Up) -> None:
+    assert up.data.stat().st_mode & 0o777 == 0o700
+    checked = 0
+    for root, dirs, files in os.walk(up.data):
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                continue
+            assert path.stat().st_mode & 0o077 == 0, f"{path} is open to other users: {path.stat().st_mode:o}"
+            checked += 1
+    assert checked > 10  # the state file, each engine's directory, log, token and database
+
+
 def test_status_shows_the_table_its_replicas_and_modes(up: Up) -> None:
     orders = table_view(up)
     assert orders is not None and orders["ready"] == "True"
@@ -281,3 +299,54 @@ def test_sigterm_stops_every_engine_and_a_second_up_resumes(up: Up) -> None:
     assert found.returncode == 0 and '"yt-cli"' in found.stdout, found.stderr
     again = reptables(up, "cluster", "stop", "remote-1")  # the new up carries requests out too
     assert again.returncode == 0, again.stderr
+
+
+# --- the data directory, prepared without an up ------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_new_data_directory_is_created_private(tmp_path: Path) -> None:
+    data = tmp_path / "new" / "local"
+    assert make_private_dir(data) is None
+    assert _mode(data) == 0o700
+
+
+def test_a_data_directory_open_to_others_is_made_private_with_a_notice(tmp_path: Path) -> None:
+    data = tmp_path / "local"
+    (data / "primary").mkdir(parents=True)
+    (data / "state.json").write_text("{}")
+    (data / "primary" / "engine.log").write_text("log")
+    outside = tmp_path / "shared.txt"  # reached through a link: not the data directory's to change
+    outside.write_text("x")
+    (data / "link").symlink_to(outside)
+    for path, mode in ((data, 0o755), (data / "primary", 0o755), (data / "state.json", 0o644),
+                       (data / "primary" / "engine.log", 0o664), (outside, 0o644)):
+        path.chmod(mode)
+
+    notice = make_private_dir(data)
+
+    assert notice is not None and "\n" not in notice
+    assert notice == (f"notice: the data directory was open to other users: {data} (mode 0755) is now 0700, "
+                      "3 files and directories in it are now 0600/0700")
+    assert [_mode(p) for p in (data, data / "primary", data / "state.json", data / "primary" / "engine.log")] == [
+        0o700, 0o700, 0o600, 0o600]
+    assert _mode(outside) == 0o644
+    assert make_private_dir(data) is None  # private now: nothing to say
+
+
+def test_reptables_up_tightens_its_data_directory_and_says_so(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from reptables.operator.local import LocalRunner
+
+    data = tmp_path / "local"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    (data / "state.json").write_text("{}")
+    (data / "state.json").chmod(0o644)
+    LocalRunner([], data).stop()
+    err = capsys.readouterr().err
+    assert err.count("notice: the data directory was open to other users") == 1
+    assert _mode(data) == 0o700 and _mode(data / "state.json") == 0o600
