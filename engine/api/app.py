@@ -348,7 +348,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "release_snapshot": cluster.release_snapshot,
         "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
             str(body["transaction_id"])),
-        "table_info": lambda body, caller: cluster.replication.table_info(str(body["path"]), caller),
+        "table_info": lambda body, caller: cluster.replication.table_info(body.get("path"), caller),
         "xdcr_apply": cluster.handle_xdcr_apply,
         "xdcr_forget": cluster.handle_xdcr_forget,
         "xdcr_snapshot": cluster.handle_xdcr_snapshot,

@@ -39,6 +39,7 @@ from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
 from ..timestamps import (
     COUNTER_BITS,
+    MAX_TIMESTAMP,
     ReservationFile,
     TimestampProvider,
 )
@@ -87,6 +88,7 @@ class Cluster(XdcrJoinCommands):
         self._xdcr_advanced: dict[tuple[str, str], float] = {}
         self._xdcr_progress: dict[tuple[str, str], tuple[int, int]] = {}
         self._xdcr_stop = threading.Event()
+        self._xdcr_identities: dict[tuple[str, str], int] = {}
         self.metrics.register_state(self.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
@@ -105,6 +107,7 @@ class Cluster(XdcrJoinCommands):
                 cluster = cls(name, storage, data_dir, config)
             except BaseException:
                 storage.close()
+                directory.release()  # refused after its checks: the directory is free again
                 raise
         except (DataDirError, StorageCorruptedError) as exc:
             # every refusal names the directory: _load's errors and a damaged page met while loading
@@ -231,8 +234,9 @@ class Cluster(XdcrJoinCommands):
             self.check_peer_read(caller, "lookup_rows", {"path": path})
         table, table_path, _ = self._table(path)
         ts, seconds, lease_id = body.get("timestamp"), body.get("seconds", 600), body.get("lease_id")
-        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-            raise YtError("lease_snapshot: timestamp must be a non-negative integer", code=ErrorCode.INVALID_PARAMETER)
+        if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= MAX_TIMESTAMP:
+            raise YtError(f"lease_snapshot: timestamp must be a timestamp, an integer in [0, {MAX_TIMESTAMP:#x}]",
+                          code=ErrorCode.INVALID_PARAMETER)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_LEASE_SECONDS:
             raise YtError(f"lease_snapshot: seconds must be in (0, {MAX_LEASE_SECONDS:g}]",
                           code=ErrorCode.INVALID_PARAMETER)
@@ -241,14 +245,14 @@ class Cluster(XdcrJoinCommands):
         with self.storage.write():
             # under the writer, as compaction: a snapshot already compacted away cannot be leased back
             table.check_snapshot(ts, table_path)
-            lease = self.snapshot_leases.grant(table.table_id, ts, float(seconds), lease_id)
+            lease = self.snapshot_leases.grant(table.table_id, ts, float(seconds), lease_id, holder=caller or "")
         return {"lease_id": lease.lease_id, "timestamp": lease.timestamp, "seconds": float(seconds)}
 
     def release_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         lease_id = body.get("lease_id")
         if not isinstance(lease_id, str):
             raise YtError("release_snapshot: lease_id must be a string", code=ErrorCode.INVALID_PARAMETER)
-        self.snapshot_leases.release(lease_id)
+        self.snapshot_leases.release(lease_id, holder=caller or "")
         return {}
 
     def compact(self) -> int:

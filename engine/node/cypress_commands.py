@@ -38,7 +38,7 @@ from ..replication import (
     validate_throttler,
 )
 from ..schema import TableSchema
-from ..storage import meta_table, on_rollback, tablets_table
+from ..storage import meta_table, on_commit, on_rollback, tablets_table
 from ..tablets import (
     TabletState,
     parse_pivot_keys,
@@ -55,6 +55,15 @@ from .base import (
     _flag,
 )
 from .reads import CypressReads
+
+
+def _xdcr_flag(value: Any, path: str) -> bool:
+    """The value of a table's ``@xdcr``: a boolean (``%true``), nothing else."""
+    if not isinstance(value, bool):
+        raise YtError(f"Attribute \"xdcr\" of {path} must be a boolean (%true or %false), not "
+                      f"{yson_util.type_name(value)}", code=ErrorCode.INVALID_PARAMETER,
+                      attributes={"path": path, "attribute": "xdcr"})
+    return value
 
 
 class CypressCommands(CypressReads):
@@ -177,7 +186,7 @@ class CypressCommands(CypressReads):
         if upstream is not None and not isinstance(upstream, str):
             raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",
                           code=ErrorCode.INVALID_PARAMETER)
-        if _flag(attrs.get("xdcr")):
+        if _xdcr_flag(attrs.get("xdcr", False), path):
             self._check_xdcr_table(schema, attrs, path, replicated)
         if replicated:
             if attrs.get("atomicity", "full") != "full":
@@ -205,7 +214,7 @@ class CypressCommands(CypressReads):
 
     def _set_xdcr(self, conn: sa.Connection, node: Node, table: Any, value: Any) -> None:
         """``set @xdcr %true`` makes a table an XDCR table, only while it is empty (seed 001)."""
-        wanted = _flag(value)
+        wanted = _xdcr_flag(value, node.path)
         if wanted == (table.xdcr_cluster_id is not None):
             return
         if not wanted:
@@ -313,6 +322,8 @@ class CypressCommands(CypressReads):
                 n.table.sql.drop(conn)
                 conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
                 drop_log(conn, n.id)
+                # stream pulls waiting on the table wake up and answer that it is gone
+                on_commit(conn, self.change_feed.notify)
         removed = self.cypress.detach(node, conn)
         self.cypress.delete(conn, removed)
 
@@ -374,6 +385,9 @@ class CypressCommands(CypressReads):
             self._check_names(ypath.attribute_path, action, kind="attribute name")
         # the value is checked whole before the writer lock, its depth at its place below
         value = self._checked(value, action, yson_util.MAX_DEPTH, node_keys=ypath.attribute_path is None)
+        if ypath.attribute_path:
+            # settings whose check asks other clusters: before the writer lock (network, no lock held)
+            self._check_setting(ypath, value)
         directory = False
         with self.storage.write() as conn:
             if ypath.attribute_path is not None:
@@ -402,6 +416,10 @@ class CypressCommands(CypressReads):
                 self._build_value_node(conn, parent, name, value)
         if directory:
             self._refresh_directory()
+
+    def _check_setting(self, ypath: YPath, value: Any) -> None:
+        """An attribute set that a command group above checks first (``node/xdcr.py``: the XDCR
+        settings of ``//sys``); nothing here. Runs before the writer lock is taken."""
 
     def _directory(self) -> Node:
         clusters = self._clusters_node()

@@ -142,17 +142,22 @@ class RowCommands(StreamCommands):
 
         self._run_write(tx, implicit, fill)
 
-    def _check_direct_write(self, table: DynamicTable, path: str) -> None:
-        """A client's row write: refused on a read-only cluster and on replica tables."""
-        sys_node = self.cypress.resolve(_SYS, missing_ok=True)
+    def check_accepts_writes(self, path: str) -> None:
+        """This cluster takes writes to its own tables now: not paused (dr_pause, --paused), not
+        read-only (``ReplicationHost.check_accepts_writes``: also what a push into a plain table meets)."""
         if self.xdcr_paused:
             raise YtError(f"Cluster {self.name} is paused (dr_pause, or started with --paused): the write to {path} "
                           "is refused; resume it with `reptables dr resume`", code=ErrorCode.READ_ONLY,
                           attributes={"path": path, "cluster_name": self.name})
+        sys_node = self.cypress.resolve(_SYS, missing_ok=True)
         if sys_node is not None and sys_node.attributes.get("read_only") is True:
             raise YtError(f"Cluster {self.name} is read-only (//sys/@read_only): the write to {path} is refused; "
                           "write on a writable cluster", code=ErrorCode.READ_ONLY,
                           attributes={"path": path, "cluster_name": self.name})
+
+    def _check_direct_write(self, table: DynamicTable, path: str) -> None:
+        """A client's row write: refused on a read-only cluster and on replica tables."""
+        self.check_accepts_writes(path)
         node = self.cypress.by_id.get(table.table_id)
         joining = node.attributes.get(JOIN_ATTRIBUTE) if node is not None else None
         if isinstance(joining, dict):

@@ -35,10 +35,11 @@ import sqlalchemy as sa
 from ..cypress import Node
 from ..errors import ErrorCode, YtError
 from ..metrics import ConsumerSample, StateSamples
+from ..replication import UPSTREAM_TABLE_ATTRIBUTE
 from ..storage import consumers_table, on_rollback
 from ..tablets import DynamicTable, changes
 from ..tablets.changes import HEARTBEAT_SEQ, Position, decode_token, encode_token, heartbeat_position
-from ..timestamps import COUNTER_BITS
+from ..timestamps import COUNTER_BITS, MAX_TIMESTAMP
 from .base import CHANGES_TRIMMED_ATTRIBUTE, DEFAULT_CHANGE_RETENTION_MS, log
 from .tablet_commands import TabletCommands
 
@@ -85,12 +86,35 @@ class StreamCommands(TabletCommands):
                           attributes={"path": table_path, "oldest_timestamp": trimmed[0], "oldest_event_token": oldest})
 
     def _position_of(self, table: DynamicTable, table_path: str, token: Any, what: str = "event token") -> Position:
+        """The position of an event token of ``table`` (a token of another table is refused), not
+        ahead of this cluster's clock (``_check_not_ahead``)."""
         position, table_id = decode_token(token, what)
         if table_id != table.table_id:
             raise YtError(f"Invalid {what} for table {table_path}: it belongs to the table with id {table_id}, "
                           f"not to {table_path} ({table.table_id})", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": table_path, "event_token": str(token)[:200]})
+        self._check_not_ahead(table_path, position[0], what)
         return position
+
+    def _check_not_ahead(self, table_path: str, ts: int, what: str) -> None:
+        """A stream position is a time this cluster has reached: every position it hands out is, and
+        one ahead of its clock would be answered with a heartbeat at that future time, after which a
+        consumer resuming from it would skip the changes committed before its clock gets there. One
+        within the current second (another cluster's timestamp of this second, a meta-cluster's on
+        its replica) is taken, and this clock moves past it: later commits here come after it."""
+        if ts > MAX_TIMESTAMP:
+            raise YtError(f"Invalid {what} for table {table_path}: timestamp {ts:#x} is out of the timestamp range",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path, "timestamp": ts})
+        now = self.timestamps.generate()
+        if ts <= now:
+            return
+        if ts >> COUNTER_BITS <= now >> COUNTER_BITS:
+            self.timestamps.observe(ts)
+            return
+        raise YtError(f"Invalid {what} for table {table_path}: its timestamp {ts:#x} is ahead of every commit cluster "
+                      f"{self.name} has made or seen (its clock is at {now:#x}); a position comes from a change, "
+                      "a heartbeat, a read's event token or generate_timestamp", code=ErrorCode.INVALID_PARAMETER,
+                      attributes={"path": table_path, "timestamp": ts, "clock": now})
 
     def _start(self, table: DynamicTable, table_path: str, from_event_token: Any,
                from_timestamp: Any) -> Position:
@@ -101,10 +125,11 @@ class StreamCommands(TabletCommands):
             return self._position_of(table, table_path, from_event_token, "from_event_token")
         if from_timestamp is not None:
             if isinstance(from_timestamp, bool) or not isinstance(from_timestamp, int) or \
-                    not 0 <= from_timestamp < 1 << 64:
+                    not 0 <= from_timestamp <= MAX_TIMESTAMP:
                 raise YtError(f"Invalid from_timestamp {str(from_timestamp)[:100]!r} for table {table_path}: "
-                              "expected a timestamp (an unsigned 64-bit integer)", code=ErrorCode.INVALID_PARAMETER,
-                              attributes={"path": table_path})
+                              f"expected a timestamp (an integer in [0, {MAX_TIMESTAMP:#x}])",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
+            self._check_not_ahead(table_path, from_timestamp, "from_timestamp")
             return heartbeat_position(from_timestamp)
         return heartbeat_position(self.stream_bound(table))
 
@@ -136,51 +161,61 @@ class StreamCommands(TabletCommands):
         self._check_kept(table, table_path, start)
         deadline = time.monotonic() + wait_ms / 1000.0
         feed = self.change_feed
-        while True:
-            version = feed.version
-            fresh = self.timestamps.generate()
-            bound = self.stream_bound(table, fresh)
-            texts: list[tuple[int, str]] = []
-            found: list[changes.Change] = []
-            with self.storage.read() as conn:
-                if raw and changes.can_read_json(table, conn):
-                    try:
-                        texts = changes.read_json(table, conn, start, bound, limit, table_path)
-                    except sa.exc.OperationalError:
-                        # a payload SQLite's JSON cannot read (a NaN or an infinite double): build in Python
+        # a slot for the whole wait: at most ``max_waiting_pulls`` pulls hold a worker thread while
+        # they wait, on any kind of table; without one the pull answers with what it has at once
+        with feed.waiting() as may_wait:
+            while True:
+                version = feed.version
+                fresh = self.timestamps.generate()
+                bound = self.stream_bound(table, fresh)
+                texts: list[tuple[int, str]] = []
+                found: list[changes.Change] = []
+                with self.storage.read() as conn:
+                    if raw and changes.can_read_json(table, conn):
+                        try:
+                            texts = changes.read_json(table, conn, start, bound, limit, table_path)
+                        except sa.exc.OperationalError:
+                            # a payload SQLite's JSON cannot read (a NaN or an infinite double): build in Python
+                            found = changes.read(table, conn, start, bound, limit)
+                    else:
                         found = changes.read(table, conn, start, bound, limit)
-                else:
-                    found = changes.read(table, conn, start, bound, limit)
-            # a trim may have passed between the check and the read: never answer with a gap
-            self._check_kept(table, table_path, start)
-            if texts:
-                return self._answer_json(table, texts, bound, limited=len(texts) >= limit)
-            if found:
-                return self._answer(table, table_path, found, bound, limited=len(found) >= limit)
-            now = time.monotonic()
-            if now >= deadline or feed.closed:
-                break  # (closed: the engine is stopping, the client pulls again from this answer's token)
-            if self.transactions.visible_bound(fresh) < fresh:
-                # a commit is in flight (the one whose notice woke us, say): read again once it is
-                # applied instead of waiting for the next one
-                try:
-                    self.transactions.wait_visible(fresh, timeout=min(0.05, deadline - now))
-                except YtError:
-                    pass
-                continue
-            until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
-            if not feed.wait_after(version, until):
-                if until == deadline or feed.closed:
-                    break  # no slot to wait in, or the engine is stopping: answer now
-                time.sleep(max(0.0, min(_REPLICA_POLL, until - time.monotonic())))  # (a replica: poll)
-            if feed.version != version and self.config.pull_linger > 0:
-                # woken by a commit: let the next few join it in one answer
-                time.sleep(min(self.config.pull_linger, max(0.0, deadline - time.monotonic())))
+                # a trim may have passed between the check and the read: never answer with a gap
+                self._check_kept(table, table_path, start)
+                if texts:
+                    return self._answer_json(table, texts, bound, limited=len(texts) >= limit)
+                if found:
+                    return self._answer(table, table_path, found, bound, limited=len(found) >= limit)
+                now = time.monotonic()
+                if now >= deadline or feed.closed or not may_wait:
+                    break  # (closed: the engine is stopping, the client pulls again from this answer's token)
+                if self.transactions.visible_bound(fresh) < fresh:
+                    # a commit is in flight (the one whose notice woke us, say): read again once it is
+                    # applied instead of waiting for the next one
+                    try:
+                        self.transactions.wait_visible(fresh, timeout=min(0.05, deadline - now))
+                    except YtError:
+                        pass
+                    continue
+                # (a replica table's freshness moves with heartbeats that notify nobody: look again soon)
+                until = min(deadline, now + _REPLICA_POLL) if table.upstream_replica_id else deadline
+                if not feed.wait_after(version, until):
+                    break  # the engine is stopping: answer now
+                self._check_present(table, table_path)
+                if feed.version != version and self.config.pull_linger > 0:
+                    # woken by a commit: let the next few join it in one answer
+                    time.sleep(min(self.config.pull_linger, max(0.0, deadline - time.monotonic())))
         position = max(start, heartbeat_position(bound))
         token = encode_token(position, table.table_id)
         return {"events": [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
                             "path": table_path}],
                 "event_token": token, "timestamp": position[0]}
+
+    def _check_present(self, table: DynamicTable, table_path: str) -> None:
+        """A pull waiting on a table that was removed meanwhile answers at once that it is gone."""
+        node = self.cypress.by_id.get(table.table_id)
+        if node is None or node.table is not table:
+            raise YtError(f"Table {table_path} was removed while a pull of its changes waited",
+                          code=ErrorCode.RESOLVE_ERROR, attributes={"path": table_path})
 
     def _answer(self, table: DynamicTable, table_path: str, found: list[changes.Change], bound: int,
                 limited: bool) -> dict[str, Any]:
@@ -414,8 +449,18 @@ class StreamCommands(TabletCommands):
             return None
         compared = None
         if compare_event_token is not None:
-            # tokens compare across a meta-cluster and its replicas by timestamp
-            compared, _ = decode_token(compare_event_token, "compare_event_token")
+            # tokens compare across a meta-cluster and its replicas by timestamp: a replica table takes
+            # the tokens of its replicated table too (whose id its pushes carry), and no other table's
+            compared, token_table = decode_token(compare_event_token, "compare_event_token")
+            if token_table != table.table_id:
+                node = self.cypress.by_id.get(table.table_id)
+                upstream = node.attributes.get(UPSTREAM_TABLE_ATTRIBUTE) if node is not None else None
+                if not table.upstream_replica_id or upstream not in (None, token_table):
+                    raise YtError(f"Invalid compare_event_token for table {table_path}: it is a token of the table "
+                                  f"with id {token_table}, not of {table_path} ({table.table_id})"
+                                  + (f" or of its replicated table ({upstream})" if upstream else ""),
+                                  code=ErrorCode.INVALID_PARAMETER,
+                                  attributes={"path": table_path, "event_token": str(compare_event_token)[:200]})
         fresh_ts = self.stream_bound(table)
         if timestamp is not None:
             fresh_ts = min(fresh_ts, timestamp)

@@ -28,6 +28,7 @@ import csv
 import io
 import json
 import logging
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..cypress import YPath
 from ..errors import ErrorCode, YtError
 from ..schema import TableSchema
 from ..storage import changes_table, on_commit, on_rollback, xdcr_progress_table, xdcr_sink_table
@@ -51,7 +53,7 @@ CONFLICTS_PATH = "//sys/xdcr_conflicts"
 #: the seed's conflict log columns, in its order, then whether the losing write was local or replicated
 CONFLICT_COLUMNS = ["ROW_TYPE", "ACTION_TYPE", "CONFLICT_TYPE", "CONFLICTS_ON_PRIMARY_KEY", "DECISION", "CLUSTER_ID",
                     "TIMESTAMP", "DIVERGENCE", "TABLE_NAME", "CURRENT_CLUSTER_ID", "CURRENT_TIMESTAMP", "TUPLE",
-                    "LOSING_WRITE"]
+                    "LOSING_WRITE", "KEY"]
 CONFLICT_SCHEMA = [
     {"name": "ROW_TYPE", "type": "string"}, {"name": "ACTION_TYPE", "type": "string"},
     {"name": "CONFLICT_TYPE", "type": "string"}, {"name": "CONFLICTS_ON_PRIMARY_KEY", "type": "int64"},
@@ -59,8 +61,11 @@ CONFLICT_SCHEMA = [
     {"name": "TIMESTAMP", "type": "uint64"}, {"name": "DIVERGENCE", "type": "string"},
     {"name": "TABLE_NAME", "type": "string"}, {"name": "CURRENT_CLUSTER_ID", "type": "int64"},
     {"name": "CURRENT_TIMESTAMP", "type": "uint64"}, {"name": "TUPLE", "type": "string"},
-    {"name": "LOSING_WRITE", "type": "string"},
+    {"name": "LOSING_WRITE", "type": "string"}, {"name": "KEY", "type": "string"},
 ]
+#: seed 001: the TUPLE column is limited to 1 MB; a longer row is truncated (bounds what a peer's
+#: change can make this cluster store, whatever its rows weigh)
+MAX_TUPLE_BYTES = 1_000_000
 DEFAULT_CONFLICT_RETENTION_MS = 7 * 24 * 3600 * 1000
 #: changes one batch carries to a peer
 BATCH_CHANGES = 2000
@@ -68,6 +73,60 @@ _IDLE_WAIT = 0.2
 #: at most this often (seconds) a peer's record of this cluster's log position is moved past changes
 #: this cluster only received (an empty batch)
 _ADVANCE_INTERVAL = 0.5
+
+
+#: the settings of ``//sys`` that ``_check_setting`` checks
+XDCR_SETTINGS = ("xdcr_connections", "xdcr_conflict_retention", "xdcr_preferred_source")
+#: the longest conflict-log retention (100 years, in ms)
+MAX_RETENTION_MS = 100 * 365 * 24 * 3600 * 1000
+
+
+def describe_schema_difference(theirs: Any, mine: list[dict[str, Any]], other: str, own: str) -> str:
+    """How two schema signatures differ, in words, column by column (no Python reprs)."""
+    def columns(signature: Any) -> dict[str, dict[str, Any]]:
+        if not isinstance(signature, list):
+            return {}
+        return {str(c.get("name")): c for c in signature if isinstance(c, dict)}
+
+    def describe(column: dict[str, Any]) -> str:
+        parts = [str(column.get("type"))]
+        if column.get("sort_order"):
+            parts.append(f"key ({column['sort_order']})")
+        if column.get("required"):
+            parts.append("required")
+        return ", ".join(parts)
+
+    if not isinstance(theirs, list):
+        return f"cluster {other} sent no schema"
+    a, b = columns(theirs), columns(mine)
+    out = []
+    for name in list(dict.fromkeys([*a, *b])):
+        if name not in b:
+            out.append(f"column {name} ({describe(a[name])}) exists only on {other}")
+        elif name not in a:
+            out.append(f"column {name} ({describe(b[name])}) exists only on {own}")
+        elif a[name] != b[name]:
+            out.append(f"column {name} is {describe(a[name])} on {other} but {describe(b[name])} on {own}")
+    if not out and list(a) != list(b):
+        out.append(f"the columns are in another order ({', '.join(a)} on {other}; {', '.join(b)} on {own})")
+    return "; ".join(out[:10]) or "the schemas are written differently"
+
+
+def _shown(value: Any) -> str:
+    """A value in an error message: YSON-like, short, control characters escaped."""
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
+def _bounded_json(value: Any) -> str:
+    """``value`` as JSON (keys sorted), cut to ``MAX_TUPLE_BYTES`` of UTF-8 (seed 001's TUPLE)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if len(text) <= MAX_TUPLE_BYTES // 4:
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_TUPLE_BYTES:
+        return text
+    return data[:MAX_TUPLE_BYTES].decode("utf-8", "ignore")
 
 
 def schema_signature(schema: TableSchema) -> list[dict[str, Any]]:
@@ -98,6 +157,8 @@ class XdcrCommands(RowCommands):
     #: writer (by ``_save_progress`` once its transaction commits, and by ``_forget``), read without it
     _xdcr_progress: dict[tuple[str, str], Position]
     _xdcr_stop: threading.Event
+    #: (peer, its URL) -> the XDCR cluster id its engine answered (a cache; request threads write it)
+    _xdcr_identities: dict[tuple[str, str], int]
 
     # -- configuration -------------------------------------------------------------------------------
 
@@ -119,13 +180,135 @@ class XdcrCommands(RowCommands):
                           code=ErrorCode.INVALID_PARAMETER)
         return self.cluster_id
 
+    def _check_setting(self, ypath: YPath, value: Any) -> None:
+        """The XDCR settings of ``//sys`` (docs/xdcr.md), checked when set, so that what cannot work is
+        refused then and not found later by ``dr_status``: ``xdcr_connections`` (a list of distinct
+        //sys/clusters names other than this cluster, each with an XDCR cluster id of its own),
+        ``xdcr_conflict_retention`` (milliseconds) and ``xdcr_preferred_source`` (a name or an id)."""
+        super()._check_setting(ypath, value)
+        assert ypath.attribute_path
+        name = ypath.attribute_path[0]
+        if name not in XDCR_SETTINGS:
+            return
+        node = self.cypress.resolve(ypath)
+        if node is None or node is not self.cypress.root.children.get("sys"):
+            return
+        where = f"//sys/@{name} of cluster {self.name}"
+        if len(ypath.attribute_path) != 1:
+            raise YtError(f"Cannot set a part of {where}: set it whole", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"attribute": name})
+        if name == "xdcr_conflict_retention":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETENTION_MS:
+                raise YtError(f"Invalid {where}: expected milliseconds, an integer in [0, {MAX_RETENTION_MS}], not "
+                              f"{_shown(value)}", code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": name})
+        elif name == "xdcr_preferred_source":
+            if isinstance(value, int) and not isinstance(value, bool):
+                if not 0 <= value <= xdcr.MAX_CLUSTER_ID:
+                    raise YtError(f"Invalid {where}: a cluster id is 0-127, not {value}",
+                                  code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": name})
+            elif not isinstance(value, str) or not self.peers.known(value) or value == self.name:
+                raise YtError(f"Invalid {where}: expected the //sys/clusters name of another cluster, or its XDCR "
+                              f"cluster id (0-127), not {_shown(value)}", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"attribute": name})
+        else:
+            self._check_connections(where, value)
+
+    def _check_connections(self, where: str, value: Any) -> None:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise YtError(f"Invalid {where}: expected a list of //sys/clusters names, not {_shown(value)}",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"attribute": "xdcr_connections"})
+        if not value:
+            return
+        if self.cluster_id is None:
+            raise YtError(f"Cannot set {where}: the cluster has no XDCR cluster id (start its engine with "
+                          "--cluster-id N, 0-127)", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"attribute": "xdcr_connections"})
+        problems = []
+        if len(value) > xdcr.MAX_CLUSTER_ID:
+            problems.append(f"{len(value)} names, more than the {xdcr.MAX_CLUSTER_ID} peers a group can have "
+                            "(cluster ids are 0-127)")
+        else:
+            repeated = sorted({v for v in value if value.count(v) > 1})
+            if repeated:
+                problems.append(f"{', '.join(map(_shown, repeated))} listed twice")
+            if self.name in value:
+                problems.append(f"its own name {_shown(self.name)}")
+            unknown = [v for v in value if v != self.name and not self.peers.known(v)]
+            if unknown:
+                problems.append(f"{', '.join(map(_shown, unknown[:5]))} not in //sys/clusters")
+        if problems:
+            raise YtError(f"Invalid {where}: " + "; ".join(problems), code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"attribute": "xdcr_connections"})
+        # every member has its own id: ask each peer that answers (one that does not is reported by
+        # dr_status once it is asked again, and refused by the others' checks of its changes)
+        ids: dict[int, str] = {self.cluster_id: self.name}
+        for peer in value:
+            try:
+                peer_id = self.peer_cluster_id(peer, timeout=2.0)  # (a set waits little)
+            except YtError:
+                continue
+            if peer_id is None:
+                raise YtError(f"Invalid {where}: cluster {peer} has no XDCR cluster id (start its engine with "
+                              "--cluster-id N, 0-127)", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"attribute": "xdcr_connections", "cluster_name": peer})
+            if peer_id in ids:
+                raise YtError(f"Invalid {where}: clusters {ids[peer_id]} and {peer} both have XDCR cluster id "
+                              f"{peer_id}; every cluster of a group needs its own id",
+                              code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"attribute": "xdcr_connections", "cluster_id": peer_id})
+            ids[peer_id] = peer
+
+    def _conflict_retention_ms(self) -> int:
+        value = self._sys_attr("xdcr_conflict_retention", DEFAULT_CONFLICT_RETENTION_MS)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            # (set checks it; a value stored by an engine that did not must not stop the trimming)
+            return DEFAULT_CONFLICT_RETENTION_MS
+        return value
+
+    # -- who a peer is -------------------------------------------------------------------------------
+
+    def peer_cluster_id(self, peer: str, timeout: float = 10.0) -> int | None:
+        """``peer``'s XDCR cluster id as its own engine says (``xdcr_identity``, called at the URL of
+        this cluster's directory: a request body's claim is checked against the cluster itself), None
+        when it has none. Remembered per (name, URL): a cluster's id never changes (it is stored in
+        its data directory, and a restart with another is refused). Network: call with no lock held."""
+        url = self.peers.connection(peer).proxy_url
+        known = self._xdcr_identities.get((peer, url))
+        if known is not None:
+            return known
+        answer = self.peers.client(peer).call("xdcr_identity", {}, timeout=timeout)
+        cluster_id = answer.get("cluster_id") if isinstance(answer, dict) else None
+        if cluster_id is None:
+            return None
+        if isinstance(cluster_id, bool) or not isinstance(cluster_id, int) or not 0 <= cluster_id <= 127:
+            raise YtError(f"Cluster {peer} answered xdcr_identity with cluster id {str(cluster_id)[:40]!r}, not an "
+                          "XDCR cluster id (0-127)", code=ErrorCode.PROTOCOL_ERROR, attributes={"cluster_name": peer})
+        self._xdcr_identities[(peer, url)] = cluster_id
+        return cluster_id
+
+    def check_peer_identity(self, peer: str, claimed: int) -> None:
+        """Refuse a request in which ``peer`` claims XDCR cluster id ``claimed`` unless its engine has it."""
+        try:
+            actual = self.peer_cluster_id(peer)
+        except YtError as exc:
+            raise YtError(f"Cluster {self.name} cannot confirm the XDCR cluster id of cluster {peer} (its "
+                          f"xdcr_identity did not answer: {exc.message}); its changes wait until it does",
+                          code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"cluster_name": peer}) from None
+        if actual != claimed:
+            raise YtError(f"Cluster {peer} may not act as XDCR cluster id {claimed}: its engine has cluster id "
+                          f"{actual}", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"cluster_name": peer, "cluster_id": claimed})
+
     # -- shipping ------------------------------------------------------------------------------------
 
     def start_xdcr(self) -> None:
         if self.cluster_id is not None:
             # the conflict log is queryable from the start (empty until a conflict)
             with self.storage.write() as conn:
-                self._conflicts_table(conn)
+                conflicts = self._conflicts_table(conn)
+            if "KEY" not in conflicts.schema.by_name:
+                # a log made before it had the KEY column: widened in place, its rows kept
+                self._alter_schema(CONFLICTS_PATH, CONFLICT_SCHEMA)
 
         def supervise() -> None:
             while not self._xdcr_stop.wait(0.5):
@@ -155,9 +338,11 @@ class XdcrCommands(RowCommands):
         a join) starts once they are identical."""
         mine = schema_signature(table.schema)
         if mine != theirs:
+            differences = describe_schema_difference(theirs, mine, other or "the peer", self.name)
             raise YtError(f"The schema of XDCR table {path} differs between cluster {other} and cluster {self.name}: "
-                          f"{theirs} against {mine}; {what} starts once they are identical",
-                          code=ErrorCode.XDCR_SCHEMA_MISMATCH, attributes={"path": path})
+                          f"{differences}; {what} starts once they are identical (seed 001: replication waits for "
+                          "matching schemas)", code=ErrorCode.XDCR_SCHEMA_MISMATCH,
+                          attributes={"path": path, "cluster_name": other or ""})
 
     def _ship_loop(self, peer: str) -> None:
         state = self._xdcr_peer_state.setdefault(peer, PeerState())
@@ -288,23 +473,28 @@ class XdcrCommands(RowCommands):
     # -- receiving ------------------------------------------------------------------------------------
 
     def handle_xdcr_apply(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """A peer's batch of its own changes of one table (``caller``: the cluster its peer credential
+        names; None in process). Who may send what is checked first, then every field (range and
+        size), then the rows against the table's schema; nothing is applied unless all of it holds."""
         own = self._own_id()
-        origin = body.get("origin_cluster")
-        origin_id = body.get("origin_cluster_id")
-        if not isinstance(origin, str) or isinstance(origin_id, bool) or not isinstance(origin_id, int) \
-                or not 0 <= origin_id <= 127:
-            raise YtError("Malformed xdcr_apply: origin_cluster and origin_cluster_id (0-127) are required",
-                          code=ErrorCode.PROTOCOL_ERROR)
+        batch = xdcr.parse_apply(body, xdcr.Bounds.ahead_of_now(self.config.max_peer_clock_skew),
+                                 self.config.max_peer_batch_rows)
+        origin, origin_id = batch.origin, batch.origin_id
         if caller is not None and caller != origin:
             raise YtError(f"Cluster {caller} may not send XDCR changes in the name of {origin}",
-                          code=ErrorCode.AUTHORIZATION_ERROR, http_status=403)
+                          code=ErrorCode.AUTHORIZATION_ERROR, http_status=403, attributes={"cluster_name": caller})
         if origin_id == own:
             raise YtError(f"Cluster {origin} has XDCR cluster id {origin_id}, the id of cluster {self.name} too: "
-                          "every cluster of a group needs its own id", code=ErrorCode.XDCR_NOT_CONNECTED)
+                          "every cluster of a group needs its own id", code=ErrorCode.XDCR_NOT_CONNECTED,
+                          attributes={"cluster_name": origin, "cluster_id": origin_id})
         if origin not in self.xdcr_connections():
             raise YtError(f"Cluster {self.name} is not connected to {origin} for XDCR: add it to "
-                          f"//sys/@xdcr_connections of {self.name}", code=ErrorCode.XDCR_NOT_CONNECTED)
-        table, path, node = self._table(body.get("path"))
+                          f"//sys/@xdcr_connections of {self.name}", code=ErrorCode.XDCR_NOT_CONNECTED,
+                          attributes={"cluster_name": origin})
+        if caller is not None:
+            # the id in the body is a claim: the origin's own engine says which id it has
+            self.check_peer_identity(origin, origin_id)
+        table, path, node = self._table(batch.path)
         if table.xdcr_cluster_id is None:
             raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table (create it with xdcr=%true, "
                           "while empty)", code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
@@ -313,51 +503,42 @@ class XdcrCommands(RowCommands):
             raise YtError(f"Table {path} of cluster {self.name} is joining the group from a snapshot of cluster "
                           f"{joining.get('source')}: changes wait until the join is finished",
                           code=ErrorCode.XDCR_NEEDS_SNAPSHOT, attributes={"path": path})
-        self.check_same_schema(table, path, body.get("schema"), origin, "replication")
-        actions = body.get("actions")
-        end = body.get("end")
-        if not isinstance(actions, list) or not isinstance(end, list) or len(end) != 2:
-            raise YtError("Malformed xdcr_apply: actions and end are required", code=ErrorCode.PROTOCOL_ERROR)
-        end_position = (int(end[0]), int(end[1]))
-        start = body.get("start")
-        start_position = (int(start[0]), int(start[1])) if isinstance(start, list) and len(start) == 2 else None
+        self.check_same_schema(table, path, batch.schema, origin, "replication")
+        end_position, start_position = batch.end, batch.start
         groups: list[tuple[int, list[RowWrite]]] = []
         group_keys: set[tuple[Any, ...]] = set()
-        meta: dict[int, dict[str, Any]] = {}
+        meta: dict[int, xdcr.Action] = {}
+        befores: list[RowWrite] = []
         newest = 0
-        for action in actions:
-            o = action.get("o")
-            kind = action.get("k")
-            if not isinstance(o, list) or len(o) != 2 or kind not in xdcr.ACTION_TYPES:
-                raise YtError("Malformed xdcr_apply action", code=ErrorCode.PROTOCOL_ERROR)
-            row = action.get("row") if kind != "delete" else None
-            key_values = action.get("key")
-            if kind == "delete":
-                if not isinstance(key_values, list):
-                    raise YtError("Malformed xdcr_apply delete: key required", code=ErrorCode.PROTOCOL_ERROR)
-                write_row = dict(zip(table.schema.key_names, key_values, strict=False))
-                write = RowWrite(WriteKind.DELETE, write_row, 1)
+        for action in batch.actions:
+            if action.kind == "delete":
+                write = RowWrite(WriteKind.DELETE, dict(zip(table.schema.key_names, action.key or [], strict=False)), 1)
             else:
-                if not isinstance(row, dict):
-                    raise YtError("Malformed xdcr_apply write: row required", code=ErrorCode.PROTOCOL_ERROR)
-                write = RowWrite(WriteKind.WRITE, dict(row), table.schema.full_lock_mask)
-            write.origin = (int(o[0]), int(o[1]))
+                write = RowWrite(WriteKind.WRITE, dict(action.row or {}), table.schema.full_lock_mask)
+            write.origin = action.origin
             meta[id(write)] = action
-            newest = max(newest, write.origin[0])
+            newest = max(newest, action.origin[0])
+            if action.before is not None:
+                befores.append(RowWrite(WriteKind.WRITE, dict(action.before), table.schema.full_lock_mask))
             # one local commit for a run of changes to distinct keys (each keeps its own version):
             # a key changed twice starts the next commit, so the later change sees the earlier
             key = table.key_of(write.row)
             if not groups or key in group_keys:
-                groups.append((write.origin[0], []))
+                groups.append((action.origin[0], []))
                 group_keys = set()
             groups[-1][1].append(write)
             group_keys.add(key)
         # everything a peer sends is input: its rows are checked against this table's schema as a
-        # client's would be (types, keys, row weight), before anything is applied
+        # client's would be (types, keys, row weight), before anything is applied; so are the rows
+        # the changes were made on (they go to the conflict log)
         self.replication.check_peer_writes(table, path, [w for _, group in groups for w in group],
                                            f"XDCR changes of cluster {origin}")
+        if befores:
+            self.replication.check_peer_writes(table, path, befores,
+                                               f"the earlier rows in XDCR changes of cluster {origin}")
         if newest:
-            # later changes made here are newer than every change seen (versions follow causality)
+            # later changes made here are newer than every change seen (versions follow causality);
+            # ``newest`` is at most max_peer_clock_skew ahead of this host's clock (parse_apply)
             self.xdcr_clock.observe(newest)
         stored_box: dict[str, Position] = {}
 
@@ -391,7 +572,7 @@ class XdcrCommands(RowCommands):
 
         def prepare(conn: sa.Connection, _source_ts: int, commit_ts: int, writes: list[RowWrite]) -> list[RowWrite]:
             stored = stored_box.get("stored", (0, 0))
-            todo = [w for w in writes if tuple(meta[id(w)]["p"]) > stored]
+            todo = [w for w in writes if meta[id(w)].position > stored]
             return self._resolve_actions(conn, table, path, todo, meta, commit_ts, origin)
 
         def record(conn: sa.Connection, _newest: int) -> None:
@@ -411,7 +592,7 @@ class XdcrCommands(RowCommands):
         return {"applied": True, "position": list(end_position)}
 
     def _resolve_actions(self, conn: sa.Connection, table: DynamicTable, path: str, writes: list[RowWrite],
-                 meta: dict[int, dict[str, Any]], commit_ts: int, origin: str) -> list[RowWrite]:
+                         meta: dict[int, xdcr.Action], commit_ts: int, origin: str) -> list[RowWrite]:
         """The seed's rules for each action, against the rows as they are now (under the writer);
         conflicts go to the conflict log in this same transaction."""
         own = self._own_id()
@@ -421,11 +602,10 @@ class XdcrCommands(RowCommands):
         conflicted: list[tuple[RowWrite, tuple[Any, ...], xdcr.Resolution, xdcr.RowVersion | None]] = []
         for write, key in zip(writes, keys, strict=True):
             action = meta[id(write)]
-            e = action.get("e")
-            expected = None if not isinstance(e, list) else xdcr.RowVersion((int(e[0]), int(e[1])), bool(e[2]))
+            expected = action.expected
             assert write.origin is not None
             here = current.get(key)
-            resolution = xdcr.resolve(action["k"], write.origin, expected, here)
+            resolution = xdcr.resolve(action.kind, write.origin, expected, here)
             write.origin_parent = None if expected is None else expected.version
             write.here_known, write.here = True, here
             if resolution.accept:
@@ -437,20 +617,22 @@ class XdcrCommands(RowCommands):
             # the rows as they are here, for the log (read only when there is a conflict)
             rows = dict(zip([k for _, k, _, _ in conflicted],
                             table.lookup(conn, [k for _, k, _, _ in conflicted], None), strict=True))
+            # when the conflict was resolved, on the version clock: the unit of the versions logged
+            resolved_at = self.xdcr_clock.read()
             for write, key, resolution, expected in conflicted:
                 log_rows += self._conflict_rows(table, path, meta[id(write)], write, key, resolution, expected,
-                                                current.get(key), rows.get(key), own, commit_ts)
+                                                current.get(key), rows.get(key), own, resolved_at)
         if log_rows:
             self._log_conflicts(conn, log_rows, commit_ts, origin)
         return accepted
 
-    def _conflict_rows(self, table: DynamicTable, path: str, action: dict[str, Any], write: RowWrite,
+    def _conflict_rows(self, table: DynamicTable, path: str, action: xdcr.Action, write: RowWrite,
                        key: tuple[Any, ...], resolution: xdcr.Resolution, expected: xdcr.RowVersion | None,
                        current: xdcr.RowVersion | None, current_row: dict[str, Any] | None, own: int,
-                       commit_ts: int) -> list[dict[str, Any]]:
+                       resolved_at: int) -> list[dict[str, Any]]:
         """The seed's rows of one conflict, in its order: EXT and EXP on a timestamp mismatch (or a
         missing row), EXT on a constraint violation, NEW for an insert or update, DEL for a delete."""
-        kind = action["k"]
+        kind = action.kind
         decision = "A" if resolution.accept else "R"
         # the write that lost: the incoming one (replicated) if rejected, else the row's last change
         if not resolution.accept:
@@ -459,12 +641,14 @@ class XdcrCommands(RowCommands):
             losing = "local" if current is not None and current.version[1] == own else "replicated"
         assert write.origin is not None
 
+        key_text = _bounded_json(dict(zip(table.schema.key_names, key, strict=False)))
+
         def row(row_type: str, conflict: str, cluster: int, ts: int, tuple_: Any) -> dict[str, Any]:
             return {"ROW_TYPE": row_type, "ACTION_TYPE": xdcr.ACTION_TYPES[kind], "CONFLICT_TYPE": conflict,
                     "CONFLICTS_ON_PRIMARY_KEY": int(resolution.on_primary_key), "DECISION": decision,
                     "CLUSTER_ID": cluster, "TIMESTAMP": ts, "DIVERGENCE": "C", "TABLE_NAME": path,
-                    "CURRENT_CLUSTER_ID": own, "CURRENT_TIMESTAMP": commit_ts,
-                    "TUPLE": json.dumps(tuple_, sort_keys=True, default=str), "LOSING_WRITE": losing}
+                    "CURRENT_CLUSTER_ID": own, "CURRENT_TIMESTAMP": resolved_at,
+                    "TUPLE": _bounded_json(tuple_), "LOSING_WRITE": losing, "KEY": key_text}
 
         out = []
         cur_version = current.version if current is not None else (0, 0)
@@ -473,14 +657,14 @@ class XdcrCommands(RowCommands):
             out.append(row("EXT", resolution.conflict, cur_version[1], cur_version[0],
                            None if current_row is None else current_row))
             if expected is not None:
-                out.append(row("EXP", resolution.conflict, expected.version[1], expected.version[0], action.get("b")))
+                out.append(row("EXP", resolution.conflict, expected.version[1], expected.version[0], action.before))
         if resolution.conflict == "CNST":
             out.append(row("EXT", "CNST", cur_version[1], cur_version[0], existing))
         if kind == "delete":
             out.append(row("DEL", "NONE", write.origin[1], write.origin[0],
-                           dict(zip(table.schema.key_names, action.get("key") or [], strict=False))))
+                           dict(zip(table.schema.key_names, action.key or [], strict=False))))
         else:
-            out.append(row("NEW", "NONE", write.origin[1], write.origin[0], action.get("row")))
+            out.append(row("NEW", "NONE", write.origin[1], write.origin[0], action.row))
         return out
 
     # -- the conflict log ------------------------------------------------------------------------------
@@ -514,19 +698,26 @@ class XdcrCommands(RowCommands):
             return
         directory.mkdir(mode=0o700, exist_ok=True)
         path = directory / f"LOG_{datetime.now(UTC):%Y%m%d}.csv"
+        columns = CONFLICT_COLUMNS
         new = not path.exists()
+        if not new:
+            # a file begun by an older engine keeps its own columns (rows written under its header)
+            with path.open(encoding="utf-8", newline="") as f:
+                columns = next(csv.reader(f), []) or CONFLICT_COLUMNS
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=CONFLICT_COLUMNS)
+        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
         if new:
             writer.writeheader()
         writer.writerows(rows)
-        with path.open("a", encoding="utf-8", newline="") as f:
+        # 0600 whatever the umask: the file holds whole rows
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8", newline="") as f:
             f.write(buffer.getvalue())
 
     def _trim_conflicts(self) -> None:
         """Keep the conflict log within ``//sys/@xdcr_conflict_retention`` (ms): older rows of
         ``//sys/xdcr_conflicts`` are trimmed and older CSV files removed."""
-        retention = int(self._sys_attr("xdcr_conflict_retention", DEFAULT_CONFLICT_RETENTION_MS))
+        retention = self._conflict_retention_ms()
         horizon = self.timestamps.last - ((retention << COUNTER_BITS) // 1000)
         node = self.cypress.root.children.get("sys")
         child = node.children.get("xdcr_conflicts") if node is not None else None
@@ -661,13 +852,20 @@ class XdcrCommands(RowCommands):
         return self.dr_status()
 
     def handle_xdcr_forget(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """A member leaving the group (``dr_drop``) asks this cluster to forget it: its connection,
+        the progress this cluster keeps of it, and the records of its changes applied here. Only
+        its own: ``cluster`` must be the caller, and ``cluster_id`` the id the caller's engine has."""
         name, cluster_id = body.get("cluster"), body.get("cluster_id")
-        if not isinstance(name, str) or not isinstance(cluster_id, int):
-            raise YtError("Malformed xdcr_forget: cluster and cluster_id required", code=ErrorCode.PROTOCOL_ERROR)
+        if not isinstance(name, str) or isinstance(cluster_id, bool) or not isinstance(cluster_id, int) \
+                or not 0 <= cluster_id <= 127:
+            raise YtError("Malformed xdcr_forget: cluster (a name) and cluster_id (0-127) are required",
+                          code=ErrorCode.PROTOCOL_ERROR)
         if caller is not None and caller != name:
             raise YtError(f"Cluster {caller} may not drop cluster {name} from XDCR", code=ErrorCode.AUTHORIZATION_ERROR,
-                          http_status=403)
+                          http_status=403, attributes={"cluster_name": caller})
         if name in self.xdcr_connections():
+            if caller is not None:
+                self.check_peer_identity(name, cluster_id)
             self._forget(name, cluster_id)
         return {}
 
@@ -698,14 +896,6 @@ class XdcrCommands(RowCommands):
         return {"cluster": self.name, "cluster_id": self.cluster_id, "paused": self.xdcr_paused,
                 "connections": self.xdcr_connections(), "tables": [path for _, path in self._xdcr_tables()],
                 "peers": peers}
-
-    # -- client writes -----------------------------------------------------------------------------------
-
-    def check_not_paused(self, path: str) -> None:
-        if self.xdcr_paused:
-            raise YtError(f"Cluster {self.name} is paused (dr_pause or --paused): the write to {path} is refused; "
-                          "resume it with `reptables dr resume`", code=ErrorCode.READ_ONLY,
-                          attributes={"path": path, "cluster_name": self.name})
 
 
 __all__ = ["CONFLICTS_PATH", "JOIN_ATTRIBUTE", "PeerState", "XdcrCommands", "schema_signature"]

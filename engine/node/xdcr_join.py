@@ -31,6 +31,7 @@ The joiner drives the copy (``dr_join_*``, the Spark job ``sparkapps/xdcr_join.p
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -55,6 +56,16 @@ PAGE_ROWS = 5000
 HOUSEKEEPING = (0, -1)
 #: a snapshot no joiner asked for in this long is removed from the donor
 SNAPSHOT_TTL = 3600.0
+#: snapshots one member may hold on a donor at once (a join takes one per table; a new cut of the
+#: same table replaces the old one)
+MAX_SNAPSHOTS_PER_PEER = 4
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A file only this user may read (0600, whatever the umask): snapshot pages hold whole rows."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 class XdcrJoinCommands(XdcrCommands):
@@ -89,6 +100,17 @@ class XdcrJoinCommands(XdcrCommands):
         if isinstance(page_rows, bool) or not isinstance(page_rows, int) or not 1 <= page_rows <= 100_000:
             raise YtError(f"Invalid page_rows {page_rows!r} for a snapshot of {path}: expected 1 to 100000",
                           code=ErrorCode.INVALID_PARAMETER)
+        holder = caller or ""
+        held = self._snapshots_of(holder)
+        for snapshot_id, meta in held.items():
+            if meta.get("path") == path:
+                # a new cut of the same table for the same member (a restarted join): the old one goes
+                shutil.rmtree(self._snapshot_root() / snapshot_id, ignore_errors=True)
+        if sum(1 for m in held.values() if m.get("path") != path) >= MAX_SNAPSHOTS_PER_PEER:
+            raise YtError(f"Cluster {holder or self.name} already holds {MAX_SNAPSHOTS_PER_PEER} XDCR snapshots on "
+                          f"cluster {self.name}: finish or release a join first (unused snapshots expire after "
+                          f"{SNAPSHOT_TTL:g} s)", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": path, "cluster_name": holder})
         snapshot_id = uuid.uuid4().hex
         directory = self._snapshot_root() / snapshot_id
         directory.mkdir(mode=0o700)
@@ -98,7 +120,8 @@ class XdcrJoinCommands(XdcrCommands):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         meta = {"snapshot_id": snapshot_id, "path": path, "donor": self.name, "donor_cluster_id": own, **summary}
-        (directory / "meta.json").write_text(json.dumps(meta))
+        # who it is for: only that member reads or releases it (``_owned``)
+        _write_private(directory / "meta.json", json.dumps({**meta, "for": holder}))
         log.info("xdcr snapshot taken", extra={"path": path, "for": caller, "rows": summary["rows"],
                                                "pages": summary["pages"]})
         return meta
@@ -143,12 +166,12 @@ class XdcrJoinCommands(XdcrCommands):
                                     "p": None if r[4] is None else [int(r[4]), int(r[5])]})
                     rows += image is not None
                     tombstones += image is None
-                (directory / f"{pages}.json").write_text(json.dumps(entries))
+                _write_private(directory / f"{pages}.json", json.dumps(entries))
                 pages += 1
         return {"pages": pages, "rows": rows, "tombstones": tombstones, "positions": positions}
 
     def _snapshot_dir(self, snapshot_id: Any) -> Path:
-        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum():
+        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
             raise YtError("Malformed snapshot_id", code=ErrorCode.PROTOCOL_ERROR)
         directory = self._snapshot_root() / snapshot_id
         if not (directory / "meta.json").exists():
@@ -157,20 +180,45 @@ class XdcrJoinCommands(XdcrCommands):
                           code=ErrorCode.RESOLVE_ERROR, attributes={"snapshot_id": snapshot_id})
         return directory
 
-    def handle_xdcr_snapshot_read(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
-        directory = self._snapshot_dir(body.get("snapshot_id"))
-        page = body.get("page")
+    def _snapshots_of(self, holder: str) -> dict[str, dict[str, Any]]:
+        """The snapshots on this donor that member ``holder`` holds, by id, with their meta."""
+        root = self._snapshot_root()
+        out = {}
+        for directory in root.iterdir():
+            try:
+                meta = json.loads((directory / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue  # being written, or being removed
+            if isinstance(meta, dict) and meta.get("for") == holder:
+                out[directory.name] = meta
+        return out
+
+    def _owned(self, snapshot_id: Any, caller: str | None) -> tuple[Path, dict[str, Any]]:
+        """The directory and meta of a snapshot the calling member holds (None: in process)."""
+        directory = self._snapshot_dir(snapshot_id)
         meta = json.loads((directory / "meta.json").read_text())
+        if caller is not None and meta.get("for") != caller:
+            raise YtError(f"XDCR snapshot {snapshot_id} on cluster {self.name} was taken for another cluster: "
+                          f"cluster {caller} may not read or release it", code=ErrorCode.AUTHORIZATION_ERROR,
+                          http_status=403, attributes={"snapshot_id": snapshot_id, "cluster_name": caller})
+        return directory, meta
+
+    def handle_xdcr_snapshot_read(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        directory, meta = self._owned(body.get("snapshot_id"), caller)
+        page = body.get("page")
         if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < int(meta["pages"]):
-            raise YtError(f"XDCR snapshot {meta['snapshot_id']} has pages 0 to {int(meta['pages']) - 1}, not {page!r}",
-                          code=ErrorCode.INVALID_PARAMETER)
+            raise YtError(f"XDCR snapshot {meta['snapshot_id']} has pages 0 to {int(meta['pages']) - 1}, not "
+                          f"{str(page)[:40]!r}", code=ErrorCode.INVALID_PARAMETER)
         (directory / "meta.json").touch()  # in use: not expired
         return {"page": page, "entries": json.loads((directory / f"{page}.json").read_text())}
 
     def handle_xdcr_snapshot_release(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         snapshot_id = body.get("snapshot_id")
-        if isinstance(snapshot_id, str) and snapshot_id.isalnum():
-            shutil.rmtree(self._snapshot_root() / snapshot_id, ignore_errors=True)
+        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
+            raise YtError("Malformed xdcr_snapshot_release: snapshot_id required", code=ErrorCode.PROTOCOL_ERROR)
+        if (self._snapshot_root() / snapshot_id / "meta.json").exists():
+            directory, _ = self._owned(snapshot_id, caller)
+            shutil.rmtree(directory, ignore_errors=True)
         return {}
 
     def expire_snapshots(self) -> None:
@@ -264,12 +312,43 @@ class XdcrJoinCommands(XdcrCommands):
             raise YtError(f"Cluster {donor} could not take a snapshot of {table_path} for {self.name} to join: "
                           f"{exc.message}", code=exc.code if exc.code else ErrorCode.GENERIC,
                           attributes={"path": table_path, "source": donor}) from None
+        snapshot = self._checked_snapshot(snapshot, donor, table_path)
         state = {"source": donor, "snapshot": snapshot, "loaded": []}
         with self.storage.write() as conn:
             node.attributes[JOIN_ATTRIBUTE] = state
             self.cypress.save(conn, node)
         log.info("xdcr join begun", extra={"path": table_path, "source": donor, "pages": snapshot["pages"]})
         return self._join_summary(table_path, state)
+
+    def _checked_snapshot(self, snapshot: Any, donor: str, path: str) -> dict[str, Any]:
+        """The donor's answer to ``xdcr_snapshot``, checked as any peer input: its positions become
+        this cluster's sink records at the end of the join, so each must be a member's id and a
+        position not past this cluster's clock bound."""
+        bounds = xdcr.Bounds.ahead_of_now(self.config.max_peer_clock_skew)
+        try:
+            if not isinstance(snapshot, dict):
+                raise ValueError("the answer is not a map")
+            snapshot_id = snapshot.get("snapshot_id")
+            if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
+                raise ValueError("snapshot_id must be letters and digits")
+            for name in ("pages", "rows", "tombstones"):
+                value = snapshot.get(name)
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 40:
+                    raise ValueError(f"{name} must be a count")
+            positions = snapshot.get("positions")
+            if not isinstance(positions, dict):
+                raise ValueError("positions must be a map")
+            checked = {}
+            for origin, position in positions.items():
+                if not isinstance(origin, str) or not origin.isdigit() or not 0 <= int(origin) <= xdcr.MAX_CLUSTER_ID:
+                    raise ValueError(f"positions names {str(origin)[:20]!r}, not a cluster id")
+                checked[origin] = list(xdcr.parse_position(position, f"positions[{origin}]", bounds))
+        except (ValueError, YtError) as exc:
+            message = exc.message if isinstance(exc, YtError) else str(exc)
+            raise YtError(f"Cluster {donor} answered the snapshot of {path} for {self.name} with a malformed cut: "
+                          f"{message}", code=ErrorCode.PROTOCOL_ERROR, attributes={"path": path, "source": donor}) \
+                from None
+        return {**snapshot, "positions": checked}
 
     @staticmethod
     def _join_summary(path: str, state: dict[str, Any]) -> dict[str, Any]:
@@ -307,12 +386,13 @@ class XdcrJoinCommands(XdcrCommands):
         if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < pages:
             raise YtError(f"The snapshot of {table_path} has pages 0 to {pages - 1}, not {page!r}",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
-        writes, tombstones = self._page_writes(table, table_path, entries, page)
+        writes, tombstones = self._page_writes(table, table_path, entries, page,
+                                               xdcr.Bounds.ahead_of_now(self.config.max_peer_clock_skew))
         newest = max([w.origin[0] for w in writes if w.origin] + [v.version[0] for v in tombstones.values()],
                      default=0)
+        self.replication.check_peer_writes(table, table_path, writes, f"page {page} of the snapshot of {table_path}")
         if newest:
             self.xdcr_clock.observe(newest)  # this cluster's next changes are later than all it holds
-        self.replication.check_peer_writes(table, table_path, writes, f"page {page} of the snapshot of {table_path}")
 
         def check(conn: sa.Connection) -> tuple[Any, Any] | None:
             return (page, 0) if page in node.attributes[JOIN_ATTRIBUTE]["loaded"] else None
@@ -341,8 +421,10 @@ class XdcrJoinCommands(XdcrCommands):
         on_rollback(conn, undo)
 
     @staticmethod
-    def _page_writes(table: DynamicTable, path: str, entries: Any, page: int,
+    def _page_writes(table: DynamicTable, path: str, entries: Any, page: int, bounds: xdcr.Bounds,
                      ) -> tuple[list[RowWrite], dict[tuple[Any, ...], xdcr.RowVersion]]:
+        """A page's rows and tombstones, each with its version; every version range-checked
+        (``bounds``: they move this cluster's version clock)."""
         if not isinstance(entries, list):
             raise YtError(f"Malformed page {page} of the snapshot of {path}: expected a list of entries",
                           code=ErrorCode.PROTOCOL_ERROR)
@@ -351,8 +433,12 @@ class XdcrJoinCommands(XdcrCommands):
         key_names = table.schema.key_names
         for i, entry in enumerate(entries):
             try:
-                version = (int(entry["v"][0]), int(entry["v"][1]))
-                parent = None if entry.get("p") is None else (int(entry["p"][0]), int(entry["p"][1]))
+                if not isinstance(entry, dict):
+                    raise ValueError("an entry is a map")
+                version = xdcr.parse_version(entry["v"], "v", bounds)
+                parent = None if entry.get("p") is None else xdcr.parse_version(entry["p"], "p", bounds)
+                if not isinstance(entry["d"], bool):
+                    raise ValueError("d (deleted) is a boolean")
                 if entry["d"]:
                     key = tuple(entry["key"])
                     if len(key) != len(key_names):
@@ -362,8 +448,9 @@ class XdcrJoinCommands(XdcrCommands):
                 row = entry["row"]
                 if not isinstance(row, dict):
                     raise ValueError("a live row is a map")
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
-                raise YtError(f"Malformed entry {i} of page {page} of the snapshot of {path}: {exc}",
+            except (KeyError, TypeError, ValueError, IndexError, YtError) as exc:
+                message = exc.message if isinstance(exc, YtError) else str(exc)
+                raise YtError(f"Malformed entry {i} of page {page} of the snapshot of {path}: {message}",
                               code=ErrorCode.PROTOCOL_ERROR) from None
             write = RowWrite(WriteKind.WRITE, dict(row), table.schema.full_lock_mask)
             write.origin, write.origin_parent = version, parent

@@ -5,11 +5,12 @@ from .manager import ReplicationManager
 from .options import (
     DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
     TRIMMED_TIMESTAMP_ATTRIBUTE,
+    UPSTREAM_TABLE_ATTRIBUTE,
     validate_replicated_table_options,
     validate_throttler,
 )
 
 __all__ = [
     "DEFAULT_MIN_REPLICATION_LOG_TTL_MS", "ReplicationHost", "ReplicationManager", "TRIMMED_TIMESTAMP_ATTRIBUTE",
-    "validate_replicated_table_options", "validate_throttler",
+    "UPSTREAM_TABLE_ATTRIBUTE", "validate_replicated_table_options", "validate_throttler",
 ]

@@ -47,6 +47,12 @@ class ReplicationHost(Protocol):
         """The dynamic table at ``path``, its canonical path and its node; a ``YtError`` otherwise."""
         ...
 
+    def check_accepts_writes(self, path: str) -> None:
+        """Refuse (a ``YtError`` naming the reason) when this cluster takes no writes to its own tables
+        now: paused for XDCR (``dr_pause``, ``--paused``) or ``//sys/@read_only``. A push into a table
+        of this cluster that is not a replica table (``preserve_timestamps`` false) is such a write."""
+        ...
+
     def stream_hold(self, table: DynamicTable, node: Node) -> int | None:
         """The newest commit timestamp change streams let a replicated table's queue be trimmed
         to (its ``change_retention`` and vital consumers, ``node/streams.py``); None: no hold."""

@@ -127,7 +127,7 @@ class ReplicationManager:
         """Rows a peer sends, checked as a client's (``ReplicaSink.check_writes``; XDCR uses it too)."""
         self.sink.check_writes(table, path, writes, what)
 
-    def table_info(self, path: str, caller: str | None) -> dict[str, Any]:
+    def table_info(self, path: Any, caller: str | None) -> dict[str, Any]:
         return self.sink.table_info(path, caller)
 
     def prepare_may_wait(self, body: dict[str, Any]) -> bool:

@@ -175,7 +175,7 @@ class Replicator:
         end = batch[-1].row_index + 1
         header = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
                              "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
-                             "preserve_timestamps": replica.preserve_timestamps})
+                             "preserve_timestamps": replica.preserve_timestamps, "table_id": table.table_id})
         # queue payloads are JSON already: splice them in instead of encoding JSON inside JSON
         changes = ",".join(f'{{"timestamp":{e.timestamp},"kind":"{e.kind}","payload":{e.payload}}}'
                            for e in batch if e.timestamp > replica.start_replication_timestamp)
@@ -244,7 +244,7 @@ class Replicator:
         body = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
                            "tablet_index": tablet, "prev_row_index": end, "row_index": end,
                            "preserve_timestamps": True, "entries": [], "barrier_timestamp": barrier,
-                           "tablet_count": table.tablet_count}).encode()
+                           "tablet_count": table.tablet_count, "table_id": table.table_id}).encode()
         try:
             # network: no lock held; short, so that a slow replica cluster never holds up the
             # replicator's loop (its transitions, its next batch) for a heartbeat

@@ -43,9 +43,10 @@ from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag, made_by
 from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
-from ..storage import FastStatement, replica_sink_table
+from ..storage import FastStatement, on_rollback, replica_sink_table
 from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes, validate_key_not_null
 from .host import ReplicationHost
+from .options import UPSTREAM_TABLE_ATTRIBUTE
 
 _READ_SINK = FastStatement.select(replica_sink_table, ("row_index", "timestamp"), "upstream_replica_id", "tablet_index")
 _UPDATE_SINK = FastStatement.update(replica_sink_table, "upstream_replica_id", "tablet_index")
@@ -59,6 +60,13 @@ MAX_ROW_INDEX = (1 << 63) - 1
 #: ids and names a peer sends (transaction ids are 64 characters at most in their SQL record)
 MAX_TRANSACTION_ID_LENGTH = 64
 MAX_NAME_LENGTH = 1000
+
+
+def _restore_attribute(attributes: dict[str, Any], name: str, previous: Any) -> None:
+    if previous is None:
+        attributes.pop(name, None)
+    else:
+        attributes[name] = previous
 
 
 def _bad(message: str, **attributes: Any) -> YtError:
@@ -153,15 +161,37 @@ class ReplicaSink:
         self.config = config
 
     def replica_table(self, path: object, replica_id: str, preserve: bool = True) -> tuple[DynamicTable, str]:
+        """The table a peer's push, prepare or bootstrap write for replica ``replica_id`` goes to.
+
+        A replica table (``preserve``) names the replica in its ``upstream_replica_id``. A table
+        without one takes the rows of a replica with ``preserve_timestamps`` false, as this cluster's
+        own writes: only while the cluster takes writes. Never a system table (``//sys``: the
+        directory, the conflict log) and never an XDCR table, whose changes come only from its group
+        (``xdcr_apply``) and would be shipped to the whole group as this cluster's own."""
         if not isinstance(path, str):
             raise _bad(f"Invalid replica_path {str(path)[:100]!r}: expected a string", field="replica_path")
         table, table_path, _ = self.host.resolve_table(path)
+        self.check_replication_target(table, table_path, replica_id)
         expected = replica_id if preserve else None
         if table.upstream_replica_id != expected:
             raise YtError(f"Table {table_path} does not accept writes of replica {replica_id}: its "
                           f"upstream_replica_id is {table.upstream_replica_id!r}",
                           code=ErrorCode.UPSTREAM_REPLICA_MISMATCH, attributes={"path": table_path})
+        if not preserve:
+            self.host.check_accepts_writes(table_path)
         return table, table_path
+
+    def check_replication_target(self, table: DynamicTable, path: str, replica_id: str | None = None) -> None:
+        """Refuse a system table or an XDCR table as the target of replication (see ``replica_table``)."""
+        if path == "//sys" or path.startswith("//sys/"):
+            raise YtError(f"Table {path} is a system table of cluster {self.host.name}: no replica writes or "
+                          "inspects it", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
+                          attributes={"path": path, **({"replica_id": replica_id} if replica_id else {})})
+        if table.xdcr_cluster_id is not None:
+            raise YtError(f"Table {path} of cluster {self.host.name} is an XDCR table: only the members of its "
+                          "group change it (XDCR), never a replica", code=ErrorCode.AUTHORIZATION_ERROR,
+                          http_status=403,
+                          attributes={"path": path, **({"replica_id": replica_id} if replica_id else {})})
 
     def check_caller(self, caller: str | None, replica_id: str, what: str, path: str) -> None:
         """Only a replica's meta-cluster may write it: the cell tag of the replica's id (made by
@@ -178,10 +208,14 @@ class ReplicaSink:
                           code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
                           attributes={"path": path, "replica_id": replica_id, "cluster_name": caller})
 
-    def table_info(self, path: str, caller: str | None) -> dict[str, Any]:
+    def table_info(self, path: Any, caller: str | None) -> dict[str, Any]:
         if not isinstance(path, str):
             raise _bad(f"Invalid path {str(path)[:100]!r}: expected a string", field="path")
         table, table_path, _ = self.host.resolve_table(path)
+        if caller is not None:
+            # what a meta-cluster inspects before enabling a replica: its replica tables, or a plain
+            # table of this cluster for a replica without preserve_timestamps; nothing else
+            self.check_replication_target(table, table_path)
         if table.upstream_replica_id:
             self.check_caller(caller, table.upstream_replica_id, "table_info", table_path)
         return {"sorted": table.sorted, "key_columns": table.schema.key_names,
@@ -428,11 +462,21 @@ class ReplicaSink:
             barrier = self.check_timestamp(body["barrier_timestamp"], f"barrier timestamp of a {what}")
         tablet_count = int_field(body, "tablet_count", what, MAX_PEER_TABLET_INDEX) if "tablet_count" in body \
             else None
+        # the replicated table's id: its stream's tokens compare with this replica's reads
+        upstream_table = str_field(body, "table_id", what, MAX_TRANSACTION_ID_LENGTH) if "table_id" in body \
+            else None
+        node = self.host.cypress.by_id.get(table.table_id) if preserve else None
 
         def record(conn: sa.Connection, newest_ts: int) -> None:
             advance_sink(conn, replica_id, tablet, end, max(newest_ts, barrier))
             if tablet_count is not None:
                 set_upstream_tablet_count(conn, replica_id, tablet_count)
+            if upstream_table is not None and node is not None \
+                    and node.attributes.get(UPSTREAM_TABLE_ATTRIBUTE) != upstream_table:
+                previous = node.attributes.get(UPSTREAM_TABLE_ATTRIBUTE)
+                node.attributes[UPSTREAM_TABLE_ATTRIBUTE] = upstream_table
+                self.host.cypress.save(conn, node)
+                on_rollback(conn, lambda: _restore_attribute(node.attributes, UPSTREAM_TABLE_ATTRIBUTE, previous))
 
         return self.host.transactions.apply_replicated(
             table, groups, preserve, tablet % table.tablet_count,

@@ -29,13 +29,14 @@ a read connection and no lock.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import math
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -112,6 +113,12 @@ class ChangeFeed:
     commit (an ``on_commit`` hook, under ``Storage.write_lock``), by ``close`` and by waiting pulls
     holding nothing else.
 
+    A waiting pull holds a request's worker thread for up to ``MAX_WAIT_MS``: at most
+    ``max_waiting`` pulls may wait at once, whatever the table (a replica table's pull, which also
+    polls its freshness, included). A pull takes a slot with ``waiting()`` for its whole wait; one
+    that finds none answers at once with what it has. The engine's own followers of the log (XDCR
+    shippers) wait without a slot: they are a bounded set of threads of their own.
+
     ``close`` (the engine is stopping) wakes every waiting pull and makes later waits return at once:
     a pull answers with what it has (a heartbeat at the least) instead of holding its connection,
     and the engine's stop, up to ``MAX_WAIT_MS`` later, until then."""
@@ -144,23 +151,29 @@ class ChangeFeed:
     def version(self) -> int:
         return self._version
 
-    def wait_after(self, version: int, deadline: float) -> bool:
-        """Wait until a commit after ``version``, ``deadline`` (monotonic) or ``close``; False if no
-        slot to wait in was free or the feed is closed (the caller answers at once)."""
-        if not self._waiting.acquire(blocking=False):
-            return False
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[bool]:
+        """A slot to wait in, held until the block ends: True if one was free (the caller may wait,
+        ``wait_after``), False if ``max_waiting`` pulls wait already (the caller answers at once)."""
+        held = self._waiting.acquire(blocking=False)
         try:
-            with self._cond:
-                if self._closed:
-                    return False
-                while self._version == version and not self._closed:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-            return True
+            yield held
         finally:
-            self._waiting.release()
+            if held:
+                self._waiting.release()
+
+    def wait_after(self, version: int, deadline: float) -> bool:
+        """Wait until a commit after ``version``, ``deadline`` (monotonic) or ``close``; False if the
+        feed is closed (the caller answers at once). A pull calls it holding a slot (``waiting``)."""
+        with self._cond:
+            if self._closed:
+                return False
+            while self._version == version and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        return True
 
 
 # -- writing ---------------------------------------------------------------------------------------

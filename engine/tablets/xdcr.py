@@ -33,7 +33,9 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
+from ..errors import ErrorCode, YtError
 from ..storage import system_upsert, xdcr_rows_table
+from ..timestamps import MAX_TIMESTAMP, unix_to_timestamp
 
 #: (timestamp, cluster id): ordered by timestamp, then cluster id
 Version = tuple[int, int]
@@ -57,7 +59,14 @@ class VersionClock:
             self._last = max(time.time_ns() // 1000, self._last + 1)
             return self._last
 
+    def read(self) -> int:
+        """The clock's time now (microseconds), without taking a version."""
+        with self._lock:
+            return max(time.time_ns() // 1000, self._last)
+
     def observe(self, ts: int) -> None:
+        """Make later versions exceed ``ts``; the caller has bounded it (``parse_apply``, a snapshot
+        page's check): an unbounded value would move every later version of every member."""
         with self._lock:
             if ts > self._last:
                 self._last = ts
@@ -169,3 +178,164 @@ def _same(expected: RowVersion | None, current: RowVersion | None) -> bool:
 
 def newer(a: Version, b: Version) -> Version:
     return a if a > b else b
+
+
+# -- what a peer sends (``xdcr_apply``) --------------------------------------------------------------
+#
+# Everything in an ``xdcr_apply`` body is input from another cluster, and its numbers move state
+# that outlives the request: a position becomes the sink record of that origin (a position far in
+# the future would make every later change of the origin look applied already), a version moves
+# this cluster's version clock (and through it every member's), a before-image is stored in the
+# conflict log. So the body is parsed into typed values, and every number is range-checked, before
+# anything reads it: a malformed or out-of-range body is one ``PROTOCOL_ERROR`` naming the field.
+
+#: a change-log position: (commit timestamp of the origin, seq)
+Position = tuple[int, int]
+#: seqs are signed 64-bit in SQL; a heartbeat position's seq (2**64 - 1) is stored as this
+MAX_SEQ = (1 << 63) - 1
+#: the largest cluster id of seed 001
+MAX_CLUSTER_ID = 127
+#: the version of a joiner's clean-up deletes (never shipped; ``node/xdcr_join.py``)
+HOUSEKEEPING_CLUSTER_ID = -1
+
+
+def _bad(message: str, field: str) -> YtError:
+    return YtError(f"Malformed xdcr_apply: {message}", code=ErrorCode.PROTOCOL_ERROR, attributes={"field": field})
+
+
+def _int(value: Any, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(f"{field} must be an integer in [{low}, {high}], not {str(value)[:60]!r}", field)
+    return value
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far ahead of this cluster's clocks a peer's numbers may be."""
+
+    #: the largest commit timestamp (YT format) a position may carry
+    max_commit_ts: int
+    #: the largest version timestamp (microseconds since the epoch)
+    max_version_ts: int
+
+    @classmethod
+    def ahead_of_now(cls, max_ahead_seconds: float) -> Bounds:
+        now = time.time()
+        return cls(min(unix_to_timestamp(now + max_ahead_seconds), MAX_TIMESTAMP),
+                   int((now + max_ahead_seconds) * 1_000_000))
+
+
+def parse_position(value: Any, field: str, bounds: Bounds) -> Position:
+    """A change-log position ``[timestamp, seq]``: (0, 0) (nothing yet), or a commit timestamp not past
+    ``bounds`` with a seq in [0, 2**64) (a heartbeat's seq is kept as :data:`MAX_SEQ`)."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise _bad(f"{field} must be a position [timestamp, seq], not {str(value)[:60]!r}", field)
+    ts = _int(value[0], f"{field}[0]", 0, bounds.max_commit_ts)
+    seq = _int(value[1], f"{field}[1]", 0, (1 << 64) - 1)
+    return ts, min(seq, MAX_SEQ)
+
+
+def parse_version(value: Any, field: str, bounds: Bounds, origin_id: int | None = None) -> Version:
+    """A row version ``[timestamp, cluster id]``: a timestamp in microseconds, not past ``bounds``;
+    the cluster id of a member (``origin_id``: exactly that one)."""
+    if not isinstance(value, list | tuple) or len(value) < 2:
+        raise _bad(f"{field} must be a version [timestamp, cluster_id], not {str(value)[:60]!r}", field)
+    ts = _int(value[0], f"{field}[0]", 0, bounds.max_version_ts)
+    cluster = _int(value[1], f"{field}[1]", HOUSEKEEPING_CLUSTER_ID, MAX_CLUSTER_ID)
+    if origin_id is not None and cluster != origin_id:
+        raise _bad(f"{field} names cluster id {cluster}: a member ships only its own changes (cluster id "
+                   f"{origin_id})", field)
+    return ts, cluster
+
+
+@dataclass
+class Action:
+    """One shipped change, parsed."""
+
+    position: Position
+    kind: str
+    #: the key of a delete (the key columns' values, in order)
+    key: list[Any] | None
+    #: the whole new row of an insert or update
+    row: dict[str, Any] | None
+    #: its version (the origin's)
+    origin: Version
+    #: the version of the row it was made on (None: made on no row)
+    expected: RowVersion | None
+    #: the row it was made on, for the conflict log
+    before: dict[str, Any] | None
+
+
+@dataclass
+class ApplyBatch:
+    """An ``xdcr_apply`` body, parsed and range-checked (the rows are checked against the table's
+    schema by the caller, which knows the table)."""
+
+    path: str
+    origin: str
+    origin_id: int
+    schema: Any
+    start: Position | None
+    end: Position
+    actions: list[Action]
+
+
+def parse_apply(body: dict[str, Any], bounds: Bounds, max_actions: int) -> ApplyBatch:
+    """The typed batch of an ``xdcr_apply`` body, or a ``PROTOCOL_ERROR`` naming what is wrong.
+
+    Positions run strictly after ``start`` and up to ``end``, in order; each action's version is the
+    origin's own and not before the version it was made on (versions follow causality)."""
+    path = body.get("path")
+    origin = body.get("origin_cluster")
+    if not isinstance(path, str) or not path:
+        raise _bad("path must be a table path", "path")
+    if not isinstance(origin, str) or not 0 < len(origin) <= 200:
+        raise _bad("origin_cluster must be a cluster name", "origin_cluster")
+    origin_id = _int(body.get("origin_cluster_id"), "origin_cluster_id", 0, MAX_CLUSTER_ID)
+    end = parse_position(body.get("end"), "end", bounds)
+    start = None if body.get("start") is None else parse_position(body.get("start"), "start", bounds)
+    if start is not None and start > end:
+        raise _bad(f"start {list(start)} is after end {list(end)}", "start")
+    raw_actions = body.get("actions")
+    if not isinstance(raw_actions, list):
+        raise _bad("actions must be a list", "actions")
+    if len(raw_actions) > max_actions:
+        raise _bad(f"{len(raw_actions)} actions, more than the {max_actions} a batch may carry", "actions")
+    actions = []
+    previous = start if start is not None else (0, -1)
+    for i, raw in enumerate(raw_actions):
+        where = f"actions[{i}]"
+        if not isinstance(raw, dict):
+            raise _bad(f"{where} must be a map", where)
+        position = parse_position(raw.get("p"), f"{where}.p", bounds)
+        if not previous < position <= end:
+            raise _bad(f"{where}.p {list(position)} is not after the previous position {list(previous)} and "
+                       f"at most end {list(end)}", f"{where}.p")
+        previous = position
+        kind = raw.get("k")
+        if kind not in ACTION_TYPES:
+            raise _bad(f"{where}.k must be one of {sorted(ACTION_TYPES)}, not {str(kind)[:40]!r}", f"{where}.k")
+        version = parse_version(raw.get("o"), f"{where}.o", bounds, origin_id)
+        if version[0] == 0:
+            raise _bad(f"{where}.o has timestamp 0", f"{where}.o")
+        expected = None
+        if raw.get("e") is not None:
+            e = raw["e"]
+            parent = parse_version(e, f"{where}.e", bounds)
+            if len(e) != 3 or not isinstance(e[2], bool):
+                raise _bad(f"{where}.e must be [timestamp, cluster_id, deleted]", f"{where}.e")
+            if parent >= version:
+                raise _bad(f"{where}.e {list(parent)} is not before the change's version {list(version)}",
+                           f"{where}.e")
+            expected = RowVersion(parent, e[2])
+        before = raw.get("b")
+        if before is not None and not isinstance(before, dict):
+            raise _bad(f"{where}.b must be a row (a map) or null", f"{where}.b")
+        key = raw.get("key") if kind == "delete" else None
+        row = raw.get("row") if kind != "delete" else None
+        if kind == "delete" and not isinstance(key, list):
+            raise _bad(f"{where}.key must be the key of the deleted row (a list)", f"{where}.key")
+        if kind != "delete" and not isinstance(row, dict):
+            raise _bad(f"{where}.row must be the new row (a map)", f"{where}.row")
+        actions.append(Action(position, kind, key, row, version, expected, before))
+    return ApplyBatch(path, origin, origin_id, body.get("schema"), start, end, actions)

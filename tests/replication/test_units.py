@@ -58,6 +58,9 @@ class FakeHost:
         node = self.cypress.by_id.get(table_id)
         return (node.table, node.path) if node is not None and node.table is not None else None
 
+    def check_accepts_writes(self, path: str) -> None:
+        """This host is never paused nor read-only."""
+
     def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
         node = self.cypress.resolve(parse_ypath(path))
         assert node is not None

@@ -432,3 +432,105 @@ def test_a_stopping_engine_answers_its_waiting_pulls_and_stops_at_once(tmp_path:
             assert [e["row"]["v"] for e in resumed["events"] if e["kind"] != "heartbeat"] == ["after"]
     finally:
         engine.stop()
+
+
+# -- positions a consumer cannot have been given (hardening) ----------------------------------------
+
+def _future(client: Client, seconds: int) -> int:
+    """A timestamp ``seconds`` ahead of the engine's clock."""
+    return int(client.generate_timestamp()) + (seconds << 30)
+
+
+def test_a_position_ahead_of_the_clock_is_refused_and_skips_nothing(client: Client) -> None:
+    path = table(client)
+    ahead = _future(client, 30)
+    with pytest.raises(YtError, match="ahead of every commit") as error:
+        client.pull_changes(path, from_timestamp=ahead, wait_timeout=0)
+    assert error.value.code == 1802
+    [token] = [e["event_token"] for e in client.pull_changes(path, wait_timeout=0)["events"]]
+    forged = f"{ahead:016x}{(1 << 64) - 1:016x}{token[32:]}"
+    with pytest.raises(YtError, match="ahead of every commit"):
+        client.pull_changes(path, from_event_token=forged, wait_timeout=0)
+    # the position of now (a timestamp just taken) is fine, and the next insert is in the stream
+    now = int(client.generate_timestamp())
+    client.insert_rows(path, [{"k": 1, "v": "after", "n": 1}])
+    events, _ = drain(client, path, ts=now)
+    assert [e["key"] for e in events] == [{"k": 1}]
+
+
+def test_consumer_offsets_are_checked_like_stream_positions(client: Client) -> None:
+    path = table(client)
+    for bad in (1 << 63, (1 << 64) - 1, _future(client, 30)):
+        with pytest.raises(YtError) as error:
+            client.register_queue_consumer(path, "//tmp/c-bad", from_timestamp=bad)
+        assert error.value.code == 1802, error.value
+    client.register_queue_consumer(path, "//tmp/c")
+    [token] = [e["event_token"] for e in client.pull_changes(path, wait_timeout=0)["events"]]
+    for ts in (1 << 63, _future(client, 30)):
+        with pytest.raises(YtError) as error:
+            client.advance_consumer("//tmp/c", path, None, f"{ts:016x}{0:016x}{token[32:]}")
+        assert error.value.code == 1802, error.value
+    assert client.list_queue_consumer_registrations(path)[0]["timestamp"] < _future(client, 1)
+
+
+def test_compare_event_token_refuses_a_token_of_another_table(client: Client) -> None:
+    path, other = table(client), table(client)
+    client.insert_rows(other, [{"k": 1, "v": "x", "n": 1}])
+    [change], _ = drain(client, other, ts=1 << 30)
+    with pytest.raises(YtError, match="token of the table with id") as error:
+        client.lookup_rows(path, [{"k": 1}], compare_event_token=change["event_token"], response_parameters={})
+    assert error.value.code == 1802
+
+
+def test_a_pull_waiting_on_a_removed_table_is_answered_at_once(client: Client, engine: EngineProcess) -> None:
+    path = table(client)
+    outcome: dict[str, Any] = {}
+
+    def pull() -> None:
+        started = time.monotonic()
+        with Client(engine.url, engine.token, timeout=60) as waiting:
+            try:
+                waiting.pull_changes(path, wait_timeout=30_000)
+                outcome["answer"] = "a heartbeat"
+            except YtError as exc:
+                outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=pull)
+    thread.start()
+    time.sleep(0.5)
+    client.unmount_table(path)
+    client.remove(path)
+    thread.join(20)
+    assert outcome.get("seconds", 99) < 5, outcome
+    assert outcome["error"].code == 500 and "was removed" in outcome["error"].message, outcome
+
+
+def test_waiting_pulls_on_a_replica_table_are_bounded_too(client: Client, engine: EngineProcess) -> None:
+    """A replica table's pull polls its freshness while it waits: it counts against the limit of
+    waiting pulls (16) like any other, so 42 of them leave the engine's other requests alone."""
+    import httpx
+
+    path = f"//tmp/replica{next(_counter)}"
+    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "upstream_replica_id": "1-2-3-4"})
+    client.mount_table(path)
+    results: list[float] = []
+
+    def pull() -> None:
+        started = time.monotonic()
+        with Client(engine.url, engine.token, timeout=60) as waiting:
+            waiting.pull_changes(path, wait_timeout=8_000)
+        results.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=pull) for _ in range(42)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    assert httpx.get(f"{engine.url}/readyz", timeout=10).status_code == 200
+    client.select_rows(f"* from [{path}]")
+    assert time.monotonic() - started < 2.0
+    for thread in threads:
+        thread.join(30)
+    # 16 waited their 8 s; the others were answered at once
+    assert sum(1 for r in results if r < 4) >= 42 - 16, sorted(results)

@@ -18,6 +18,7 @@ import pytest
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import LockConflict, YtError
+from reptables.engine.process import start_all
 from tests.harness import EngineProcess
 from tests.replication.conftest import wait_for
 
@@ -36,7 +37,8 @@ class XdcrGroup:
     def start(self) -> XdcrGroup:
         try:
             for i, name in enumerate(self.names, start=1):
-                self.engines[name] = EngineProcess(name, self.base / name, extra_args=["--cluster-id", str(i)]).start()
+                self.engines[name] = EngineProcess(name, self.base / name, extra_args=["--cluster-id", str(i)])
+            start_all(self.engines.values())
             for name in self.names:
                 directory = {n: {"proxy_url": e.url, "token": peer_credential(e.token, name)}
                              for n, e in self.engines.items()}

@@ -210,8 +210,15 @@ def test_conflicts_are_written_as_csv_under_the_data_directory(pair: XdcrGroup) 
         rows = [r for r in csv.DictReader(f) if r["TABLE_NAME"] == path]
     assert list(rows[0]) == ["ROW_TYPE", "ACTION_TYPE", "CONFLICT_TYPE", "CONFLICTS_ON_PRIMARY_KEY", "DECISION",
                              "CLUSTER_ID", "TIMESTAMP", "DIVERGENCE", "TABLE_NAME", "CURRENT_CLUSTER_ID",
-                             "CURRENT_TIMESTAMP", "TUPLE", "LOSING_WRITE"]
+                             "CURRENT_TIMESTAMP", "TUPLE", "LOSING_WRITE", "KEY"]
     assert [r["ROW_TYPE"] for r in rows] == ["EXT", "EXP", "NEW"]
+    # the row's key in a column of its own; both timestamps in one unit (microseconds since the epoch)
+    assert {r["KEY"] for r in rows} == {'{"id": 12345}'}
+    now_us = time.time() * 1e6
+    for r in rows:
+        assert now_us - 120e6 < int(r["TIMESTAMP"]) <= now_us and now_us - 120e6 < int(r["CURRENT_TIMESTAMP"]) <= now_us
+    # the file holds whole rows: only the engine's user reads it
+    assert files[-1].stat().st_mode & 0o777 == 0o600
 
 
 def _writer(group: XdcrGroup, name: str, path: str, keys: range, stop: threading.Event, seen: list[int]) -> None:
