@@ -26,6 +26,7 @@ from ..tablets import (
     tablet_id,
 )
 from .base import (
+    DEFAULT_CHANGE_RETENTION_MS,
     DEFAULT_MIN_DATA_TTL_MS,
     TABLE_TYPES,
     NodeBase,
@@ -144,6 +145,9 @@ class CypressReads(NodeBase):
             attrs["tablet_count"] = table.tablet_count
             attrs["atomicity"] = table.atomicity
             attrs.setdefault("min_data_ttl", DEFAULT_MIN_DATA_TTL_MS)
+            if not table.replicated:
+                # (a replicated table keeps its queue as replication needs it, longer only if set)
+                attrs.setdefault("change_retention", DEFAULT_CHANGE_RETENTION_MS)
             if table.sorted:
                 attrs["pivot_keys"] = table.pivot_keys
             else:

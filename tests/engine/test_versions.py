@@ -254,6 +254,31 @@ def test_a_snapshot_lease_holds_compaction_until_it_expires(tmp_path: Path) -> N
         c.close()
 
 
+def test_snapshot_leases_belong_to_their_holder_and_are_capped(tmp_path: Path) -> None:
+    """A peer renews and releases only its own leases, and holds a bounded number of them."""
+    from reptables.engine.tablets import SnapshotLeases
+
+    leases = SnapshotLeases(max_per_holder=3)
+    held = [leases.grant("t1", 100 + i, 60.0, holder="b") for i in range(3)]
+    with pytest.raises(YtError, match="holds 3 snapshot leases already"):
+        leases.grant("t1", 200, 60.0, holder="b")
+    leases.grant("t1", 50, 60.0, holder="c")  # another holder has its own allowance
+    assert leases.pinned("t1") == 50
+    with pytest.raises(YtError, match="only its holder renews it") as renew:
+        leases.grant("t1", 10, 60.0, lease_id=held[0].lease_id, holder="c")
+    assert renew.value.code == 901
+    with pytest.raises(YtError, match="only its holder releases it"):
+        leases.release(held[0].lease_id, holder="c")
+    leases.release(held[0].lease_id, holder="b")
+    leases.grant("t1", 200, 60.0, holder="b")  # a released lease frees its place
+    # renewed and expiring leases do not pile up: 10,000 renewals of short leases leave only the live ones
+    short = leases.grant("t2", 1, 0.001, holder="d")
+    for _ in range(10_000):
+        short = leases.grant("t2", 1, 0.001, lease_id=short.lease_id, holder="d")
+    time.sleep(0.01)
+    assert leases.pinned("t2") is None and len(leases) == 4
+
+
 def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
     c = Cluster.open("local", tmp_path / "data")
     c.create("table", PATH, {"dynamic": True, "schema": SCHEMA})

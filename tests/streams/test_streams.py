@@ -534,3 +534,10 @@ def test_waiting_pulls_on_a_replica_table_are_bounded_too(client: Client, engine
         thread.join(30)
     # 16 waited their 8 s; the others were answered at once
     assert sum(1 for r in results if r < 4) >= 42 - 16, sorted(results)
+
+
+def test_change_retention_reads_its_default_until_set(client: Client) -> None:
+    path = table(client)
+    assert client.get(f"{path}/@change_retention") == 3_600_000
+    client.set(f"{path}/@change_retention", 60_000)
+    assert client.get(f"{path}/@change_retention") == 60_000
