@@ -508,7 +508,6 @@ class XdcrCommands(RowCommands):
         groups: list[tuple[int, list[RowWrite]]] = []
         group_keys: set[tuple[Any, ...]] = set()
         meta: dict[int, xdcr.Action] = {}
-        befores: list[RowWrite] = []
         newest = 0
         for action in batch.actions:
             if action.kind == "delete":
@@ -518,8 +517,6 @@ class XdcrCommands(RowCommands):
             write.origin = action.origin
             meta[id(write)] = action
             newest = max(newest, action.origin[0])
-            if action.before is not None:
-                befores.append(RowWrite(WriteKind.WRITE, dict(action.before), table.schema.full_lock_mask))
             # one local commit for a run of changes to distinct keys (each keeps its own version):
             # a key changed twice starts the next commit, so the later change sees the earlier
             key = table.key_of(write.row)
@@ -529,13 +526,10 @@ class XdcrCommands(RowCommands):
             groups[-1][1].append(write)
             group_keys.add(key)
         # everything a peer sends is input: its rows are checked against this table's schema as a
-        # client's would be (types, keys, row weight), before anything is applied; so are the rows
-        # the changes were made on (they go to the conflict log)
+        # client's would be (types, keys, row weight), before anything is applied (the rows the
+        # changes were made on are checked where they are used: in the conflict log, _resolve_actions)
         self.replication.check_peer_writes(table, path, [w for _, group in groups for w in group],
                                            f"XDCR changes of cluster {origin}")
-        if befores:
-            self.replication.check_peer_writes(table, path, befores,
-                                               f"the earlier rows in XDCR changes of cluster {origin}")
         if newest:
             # later changes made here are newer than every change seen (versions follow causality);
             # ``newest`` is at most max_peer_clock_skew ahead of this host's clock (parse_apply)
@@ -613,6 +607,13 @@ class XdcrCommands(RowCommands):
             if resolution.is_conflict:
                 conflicted.append((write, key, resolution, expected))
         log_rows: list[dict[str, Any]] = []
+        befores = [RowWrite(WriteKind.WRITE, dict(meta[id(w)].before or {}), table.schema.full_lock_mask)
+                   for w, _, _, expected in conflicted if expected is not None and meta[id(w)].before is not None]
+        if befores:
+            # the rows the conflicting changes were made on go to the conflict log (EXP): checked like
+            # rows first (a bad one refuses the whole batch: nothing of it is applied)
+            self.replication.check_peer_writes(table, path, befores, "the earlier rows in XDCR changes of "
+                                                                     f"cluster {origin}")
         if conflicted:
             # the rows as they are here, for the log (read only when there is a conflict)
             rows = dict(zip([k for _, k, _, _ in conflicted],

@@ -203,12 +203,16 @@ def test_a_push_into_a_plain_table_is_refused_while_the_cluster_is_paused(group:
 
 def test_conflict_log_images_are_checked_and_bounded(group: XdcrGroup) -> None:
     path = table(group)
-    body = apply_body(group, path, "b", 2)
-    body["actions"][0]["b"] = {"id": "not a number"}
-    refused(internal(group, "a", "b", "xdcr_apply", body), 400, 307, "id")
-    # a 3 MB row meets a row it did not expect: the log keeps 1 MB of each image (seed 001's TUPLE)
     group.client("a").insert_rows(path, [{"id": 1, "name": "here", "password": "-"}])
     wait_for(lambda: len(group.rows("b", path)) == 1, 20, "the row on b")
+    # an update made on a version a does not have: a conflict, whose EXP row logs the row the update
+    # was made on; that row is checked like any row, and a bad one refuses the whole batch
+    body = apply_body(group, path, "b", 2)
+    body["actions"][0].update({"k": "update", "row": {"id": 1, "name": "y", "password": "p"},
+                               "e": [now_us() - 10_000_000, 2, False], "b": {"id": "not a number"}})
+    refused(internal(group, "a", "b", "xdcr_apply", body), 400, 307, "id")
+    assert group.rows("a", path) == [{"id": 1, "name": "here", "password": "-"}]
+    # a 3 MB row meets a row it did not expect: the log keeps 1 MB of each image (seed 001's TUPLE)
     big = "x" * 3_000_000
     body = apply_body(group, path, "b", 2)
     body["actions"][0].update({"k": "update", "row": {"id": 1, "name": big, "password": "p"},
