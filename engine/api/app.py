@@ -47,9 +47,11 @@ from .commands import _BODY_BYTES, COMMANDS, Command, Plain, WithParameters
 from .formats import (
     Format,
     Limit,
+    check_unicode,
     dump_plain_structured,
     dump_rows,
     dump_structured,
+    has_surrogate_escape,
     load_rows,
     load_structured,
     parse_format,
@@ -376,6 +378,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             try:
                 if body is None:
                     body = json.loads(raw)
+                    if has_surrogate_escape(raw):
+                        check_unicode(body)  # (orjson refuses lone surrogates; the standard parser does not)
             except ValueError as exc:
                 raise YtError(f"Malformed JSON in internal request: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
             if not isinstance(body, dict):

@@ -196,7 +196,7 @@ def _load_rows(data: bytes, fmt: Format, limit: Limit | None) -> list[Any]:
                 except json.JSONDecodeError as exc:
                     raise _json_error(exc, f"request body line {n}") from None
     if _SURROGATE_ESCAPE.search(data):
-        _check_unicode(rows)
+        check_unicode(rows)
     return _json_rows(rows, fmt, plain=False)
 
 
@@ -247,7 +247,12 @@ def _json_array_within(text: str, limit: Limit) -> list[Any]:
     return rows
 
 
-def _check_unicode(value: Any) -> None:
+def has_surrogate_escape(data: bytes) -> bool:
+    """Whether JSON text may decode to a string with a lone surrogate (only an escape can make one)."""
+    return _SURROGATE_ESCAPE.search(data) is not None
+
+
+def check_unicode(value: Any) -> None:
     """Refuse strings no encoder can write (a lone surrogate from ``"\\ud800"``); iterative, so
     any depth the parser accepted is fine."""
     stack = [value]
@@ -350,6 +355,8 @@ def load_structured(data: bytes, fmt: Format) -> Any:
             raise YtError(f"Malformed YSON in request body: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
     try:
         value = json.loads(data.decode("utf-8"))
+        if _SURROGATE_ESCAPE.search(data):
+            check_unicode(value)
         if fmt.encode_utf8:
             value = _undo_utf8_encoding(value)
         return yson.json_to_yson(value)

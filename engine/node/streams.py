@@ -277,9 +277,9 @@ class StreamCommands(TabletCommands):
 
     @staticmethod
     def _consumer_name(consumer_path: Any) -> str:
-        if not isinstance(consumer_path, str) or not 0 < len(consumer_path) <= 1000:
-            raise YtError(f"Invalid consumer_path {str(consumer_path)[:100]!r}: expected a name of 1 to 1000 "
-                          "characters", code=ErrorCode.INVALID_PARAMETER)
+        if not isinstance(consumer_path, str) or not 0 < len(consumer_path) <= 1000 or not _is_utf8(consumer_path):
+            raise YtError(f"Invalid consumer_path {ascii(str(consumer_path)[:100])}: expected a name of 1 to 1000 "
+                          "characters (valid UTF-8)", code=ErrorCode.INVALID_PARAMETER)
         return consumer_path
 
     def _consumer_row(self, conn: sa.Connection, table: DynamicTable, consumer: str) -> Any:
@@ -475,6 +475,15 @@ def _restore_trimmed(table: DynamicTable, before: Position) -> Callable[[], None
     def undo() -> None:
         table.changes_trimmed = before
     return undo
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` can be stored (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _signed(seq: int) -> int:

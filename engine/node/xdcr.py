@@ -509,6 +509,7 @@ class XdcrCommands(RowCommands):
         group_keys: set[tuple[Any, ...]] = set()
         meta: dict[int, xdcr.Action] = {}
         newest = 0
+        writes: list[RowWrite] = []
         for action in batch.actions:
             if action.kind == "delete":
                 write = RowWrite(WriteKind.DELETE, dict(zip(table.schema.key_names, action.key or [], strict=False)), 1)
@@ -517,19 +518,20 @@ class XdcrCommands(RowCommands):
             write.origin = action.origin
             meta[id(write)] = action
             newest = max(newest, action.origin[0])
+            writes.append(write)
+        # everything a peer sends is input: its rows are checked against this table's schema as a
+        # client's would be (types, keys, row weight), before anything is applied (the rows the
+        # changes were made on are checked where they are used: in the conflict log, _resolve_actions)
+        self.replication.check_peer_writes(table, path, writes, f"XDCR changes of cluster {origin}")
+        for write in writes:
             # one local commit for a run of changes to distinct keys (each keeps its own version):
             # a key changed twice starts the next commit, so the later change sees the earlier
             key = table.key_of(write.row)
             if not groups or key in group_keys:
-                groups.append((action.origin[0], []))
+                groups.append((meta[id(write)].origin[0], []))
                 group_keys = set()
             groups[-1][1].append(write)
             group_keys.add(key)
-        # everything a peer sends is input: its rows are checked against this table's schema as a
-        # client's would be (types, keys, row weight), before anything is applied (the rows the
-        # changes were made on are checked where they are used: in the conflict log, _resolve_actions)
-        self.replication.check_peer_writes(table, path, [w for _, group in groups for w in group],
-                                           f"XDCR changes of cluster {origin}")
         if newest:
             # later changes made here are newer than every change seen (versions follow causality);
             # ``newest`` is at most max_peer_clock_skew ahead of this host's clock (parse_apply)

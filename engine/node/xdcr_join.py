@@ -61,6 +61,18 @@ SNAPSHOT_TTL = 3600.0
 MAX_SNAPSHOTS_PER_PEER = 4
 
 
+def _is_snapshot_id(value: Any) -> bool:
+    """A snapshot id as donors make them (32 hex digits; letters and digits, 64 at most, are taken)."""
+    return isinstance(value, str) and 0 < len(value) <= 64 and value.isascii() and value.isalnum()
+
+
+def _page_rows(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise YtError(f"Invalid page_rows {str(value)[:40]!r} for a snapshot of {path}: expected 1 to 100000",
+                      code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
+    return value
+
+
 def _write_private(path: Path, text: str) -> None:
     """A file only this user may read (0600, whatever the umask): snapshot pages hold whole rows."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -96,10 +108,7 @@ class XdcrJoinCommands(XdcrCommands):
             raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table",
                           code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
         self.check_same_schema(table, path, body.get("schema"), caller, "a join")
-        page_rows = body.get("page_rows", PAGE_ROWS)
-        if isinstance(page_rows, bool) or not isinstance(page_rows, int) or not 1 <= page_rows <= 100_000:
-            raise YtError(f"Invalid page_rows {page_rows!r} for a snapshot of {path}: expected 1 to 100000",
-                          code=ErrorCode.INVALID_PARAMETER)
+        page_rows = _page_rows(body.get("page_rows", PAGE_ROWS), path)
         holder = caller or ""
         held = self._snapshots_of(holder)
         for snapshot_id, meta in held.items():
@@ -171,7 +180,7 @@ class XdcrJoinCommands(XdcrCommands):
         return {"pages": pages, "rows": rows, "tombstones": tombstones, "positions": positions}
 
     def _snapshot_dir(self, snapshot_id: Any) -> Path:
-        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
+        if not _is_snapshot_id(snapshot_id):
             raise YtError("Malformed snapshot_id", code=ErrorCode.PROTOCOL_ERROR)
         directory = self._snapshot_root() / snapshot_id
         if not (directory / "meta.json").exists():
@@ -214,7 +223,7 @@ class XdcrJoinCommands(XdcrCommands):
 
     def handle_xdcr_snapshot_release(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         snapshot_id = body.get("snapshot_id")
-        if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
+        if not isinstance(snapshot_id, str) or not _is_snapshot_id(snapshot_id):
             raise YtError("Malformed xdcr_snapshot_release: snapshot_id required", code=ErrorCode.PROTOCOL_ERROR)
         if (self._snapshot_root() / snapshot_id / "meta.json").exists():
             directory, _ = self._owned(snapshot_id, caller)
@@ -278,6 +287,7 @@ class XdcrJoinCommands(XdcrCommands):
         (``restart``: a new cut, e.g. after the donor's expired)."""
         own = self._own_id()
         table, table_path, node, state = self._join_state(path)
+        page_rows = _page_rows(page_rows, table_path)  # (checked here: a refusal must change nothing)
         if state is not None and state.get("snapshot") and not restart and source in (None, state["source"]):
             return self._join_summary(table_path, state)
         donor = self._donor(source)
@@ -329,8 +339,8 @@ class XdcrJoinCommands(XdcrCommands):
             if not isinstance(snapshot, dict):
                 raise ValueError("the answer is not a map")
             snapshot_id = snapshot.get("snapshot_id")
-            if not isinstance(snapshot_id, str) or not snapshot_id.isalnum() or not snapshot_id.isascii():
-                raise ValueError("snapshot_id must be letters and digits")
+            if not _is_snapshot_id(snapshot_id):
+                raise ValueError("snapshot_id must be up to 64 letters and digits")
             for name in ("pages", "rows", "tombstones"):
                 value = snapshot.get(name)
                 if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 40:
