@@ -6,7 +6,7 @@ source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/ruff check .
 # the architecture (pyproject.toml [tool.importlinter]; docs/architecture.md) and the types
 .venv/bin/lint-imports
-.venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache
+.venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache -p reptables.testing
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 # two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps each module
 # on one worker, in order, and all Spark tests on one (one Spark session per run), and starts the
