@@ -16,6 +16,7 @@ import yt.yson as yson
 from .. import yson_util
 from ..errors import ErrorCode, YtError
 from ..node import Cluster
+from .formats import check_unicode
 from .inline import always, inline_lookup, inline_write
 from .params import _bool, _int, _p, _path, _required_str, _rows, _str_list, _tx
 
@@ -317,7 +318,9 @@ def _dr_join_read(c: Cluster, p: dict[str, Any], _: Any) -> Any:
 
 @_command("dr_join_write", "structured", "structured", True)
 def _dr_join_write(c: Cluster, p: dict[str, Any], body: Any) -> Any:
-    return c.dr_join_write(_path(p), _int(p, "page"), yson_util.to_python(body))
+    entries = yson_util.to_python(body)
+    check_unicode(entries)  # (rows go to storage as they are: a lone surrogate cannot be stored)
+    return c.dr_join_write(_path(p), _int(p, "page"), entries)
 
 
 @_command("dr_join_finish", None, "structured", True)

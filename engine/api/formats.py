@@ -355,8 +355,6 @@ def load_structured(data: bytes, fmt: Format) -> Any:
             raise YtError(f"Malformed YSON in request body: {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
     try:
         value = json.loads(data.decode("utf-8"))
-        if _SURROGATE_ESCAPE.search(data):
-            check_unicode(value)
         if fmt.encode_utf8:
             value = _undo_utf8_encoding(value)
         return yson.json_to_yson(value)
