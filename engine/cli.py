@@ -168,8 +168,8 @@ def serve(
     secret = resolve_token(data_dir, token)
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
-        cluster.load_directory(json.loads(raw) if raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"
-                               else yson.loads(raw))
+        as_json = raw.lstrip().startswith(b"{\"") or clusters_config.suffix == ".json"
+        cluster.nodes.load_directory(json.loads(raw) if as_json else yson.loads(raw))
     cluster.start_background()
     gc.freeze()
     log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,

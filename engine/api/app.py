@@ -43,7 +43,7 @@ from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
 from .body import read_body
-from .commands import _BODY_BYTES, COMMANDS, Command, Plain, WithParameters
+from .commands import _BODY_BYTES, COMMANDS, Command
 from .formats import (
     Format,
     Limit,
@@ -58,6 +58,7 @@ from .formats import (
 )
 from .inline import inline_internal
 from .params import _bool, _decode_header_value, _encode_header_value, _header_format, _query_value
+from .results import Plain, WithParameters
 
 log = logging.getLogger("reptables.engine.http")
 
@@ -283,7 +284,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             else:
                 input_value = load_structured(body, fmt)
         if caller is not None:
-            cluster.check_peer_read(caller, cmd.name, params)
+            cluster.rows.check_peer_read(caller, cmd.name, params)
         if cmd.inline is not None and _safe_inline(cmd, params, len(body)):
             result = cmd.handler(cluster, params, input_value)
         else:
@@ -346,17 +347,17 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         "abort": cluster.replication.handle_abort,
         "push": cluster.replication.handle_push,
         "bootstrap_write": cluster.replication.handle_bootstrap_write,
-        "lease_snapshot": cluster.lease_snapshot,
-        "release_snapshot": cluster.release_snapshot,
+        "lease_snapshot": cluster.snapshots.lease_snapshot,
+        "release_snapshot": cluster.snapshots.release_snapshot,
         "transaction_status": lambda body, _caller: cluster.transactions.transaction_status(
             str(body["transaction_id"])),
         "table_info": lambda body, caller: cluster.replication.table_info(body.get("path"), caller),
-        "xdcr_apply": cluster.handle_xdcr_apply,
-        "xdcr_forget": cluster.handle_xdcr_forget,
-        "xdcr_snapshot": cluster.handle_xdcr_snapshot,
-        "xdcr_snapshot_read": cluster.handle_xdcr_snapshot_read,
-        "xdcr_snapshot_release": cluster.handle_xdcr_snapshot_release,
-        "xdcr_identity": cluster.handle_xdcr_identity,
+        "xdcr_apply": cluster.xdcr.handle_apply,
+        "xdcr_forget": cluster.xdcr.handle_forget,
+        "xdcr_snapshot": cluster.xdcr.handle_snapshot,
+        "xdcr_snapshot_read": cluster.xdcr.handle_snapshot_read,
+        "xdcr_snapshot_release": cluster.xdcr.handle_snapshot_release,
+        "xdcr_identity": cluster.xdcr.handle_identity,
     }
 
     async def internal(request: Request) -> Response:

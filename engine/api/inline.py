@@ -21,12 +21,12 @@ _INLINE_INTERNAL = frozenset({"prepare", "commit", "abort", "push", "transaction
 
 def inline_lookup(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
     return (body_bytes <= c.config.inline_body_bytes and p.get("timestamp") is None and _tx(p) is None
-            and c.is_plain_table(p.get("path")))
+            and c.tables.is_plain_table(p.get("path")))
 
 
 def inline_write(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
     # inside a transaction a write is only buffered; else it commits, and must not wait for the writer
-    return (body_bytes <= c.config.inline_body_bytes and c.is_plain_table(p.get("path"))
+    return (body_bytes <= c.config.inline_body_bytes and c.tables.is_plain_table(p.get("path"))
             and (_tx(p) is not None or not c.storage.write_busy()))
 
 

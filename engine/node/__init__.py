@@ -1,5 +1,6 @@
-"""The table node: the composition root that builds and wires every layer of one engine."""
+"""The table node: the composition root (``Cluster``) that builds one engine's parts and services."""
 
 from .cluster import Cluster
+from .stream_service import PullAnswer
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "PullAnswer"]

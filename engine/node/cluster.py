@@ -1,64 +1,131 @@
-"""The composition root of one table node: builds every piece from one ``EngineConfig`` and wires it.
+"""The composition root of one table node: builds every part from one ``EngineConfig`` and wires it.
 
-``Cluster`` owns the storage, timestamps, Cypress, the transaction manager, the peers and the
-replication manager; it registers replication's commit hooks with the transaction manager, loads
-state at start-up and runs the background jobs (transaction expiry, compaction, replication
-maintenance). Its commands come from the classes it extends (see ``base``).
+Like a Vitess tablet server's constructor, ``Cluster.__init__`` builds the pieces in one place and
+hands each service only what it needs: the storage, timestamps, the Cypress tree, the transaction
+manager, the peers, replication (behind ``ReplicationHost``) and XDCR (behind ``XdcrHost``), then
+the node's services - ``nodes`` (create/set/remove) and ``reads`` (get/list/exists), ``tablets``
+(mount, freeze, reshard, schema, replica commands), ``rows`` (transactions, writes, reads),
+``streams`` (change streams and consumers), ``snapshots`` (compaction and leases) and ``xdcr``. No
+service reaches another through a shared object: where one needs another's answer it is handed the
+other (``rows`` gets ``streams`` for the freshness of reads), or the other registers a hook (XDCR
+registers its settings check with ``nodes`` and its log hold with ``streams``). ``Cluster`` holds no
+command logic: the API binds each command to a service method (``api/commands.py``).
 
-``open`` serves a data directory only after its checks (``storage.open_data_dir``: marker, files,
-``PRAGMA quick_check``, system tables, metadata) and ``_load`` found every table's SQL tables; a
-directory that fails them is refused with a ``DataDirError`` and one log line, never started
-empty. Once loaded, the directory is marked as holding this cluster and running, until ``close``.
+It also owns the node's life: ``open`` serves a data directory only after its checks
+(``storage.open_data_dir``: marker, files, ``PRAGMA quick_check``, system tables, metadata) and
+``_load`` found every table's SQL tables; a directory that fails them is refused with a
+``DataDirError`` and one log line, never started empty. Once loaded, the directory is marked as
+holding this cluster and running, until ``close``. ``start_background`` starts the background work
+(transaction expiry, change-log trimming, compaction, replication, XDCR) in a fixed order, and
+``close`` stops it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 from ..config import DEFAULT_CONFIG, EngineConfig
-from ..cypress import (
-    MAP_NODE,
-    Cypress,
-)
+from ..cypress import MAP_NODE, Cypress, Node
 from ..errors import DataDirError, ErrorCode, StorageCorruptedError, YtError
 from ..faults import Faults
 from ..httpconn import client_ssl_context
 from ..metrics import EngineMetrics
 from ..peers import Peers
-from ..replication import (
-    ReplicationManager,
-)
+from ..replication import ReplicationManager
 from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
-from ..tablets import MAX_LEASE_SECONDS, SnapshotLeases
+from ..tablets import DynamicTable, RowWrite, SnapshotLeases
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
-from ..timestamps import (
-    COUNTER_BITS,
-    MAX_TIMESTAMP,
-    ReservationFile,
-    TimestampProvider,
-)
-from ..transactions import (
-    TransactionManager,
-)
-from .base import (
-    COMPACTED_UNTIL_ATTRIBUTE,
-    DEFAULT_MIN_DATA_TTL_MS,
-    STORAGE_FORMAT,
-    TABLE_TYPES,
-    log,
-)
-from .xdcr import PeerState
-from .xdcr_join import XdcrJoinCommands
+from ..timestamps import ReservationFile, TimestampProvider
+from ..transactions import TransactionManager
+from ..xdcr import XdcrService
+from .cypress_service import CypressService
+from .node_reads import NodeReads
+from .row_service import RowService
+from .serving import ServingState
+from .snapshots import SnapshotService
+from .stream_service import StreamService
+from .tables import STORAGE_FORMAT, TABLE_TYPES, Tables, log, table_by_id
+from .tablet_service import TabletService
 
 
-class Cluster(XdcrJoinCommands):
-    """All state of one engine: storage, timestamps, Cypress, tables, transactions."""
+@dataclass
+class _ReplicationHost:
+    """``ReplicationHost``: what replication needs of the node, and nothing more."""
+
+    name: str
+    storage: Storage
+    timestamps: TimestampProvider
+    transactions: TransactionManager
+    cypress: Cypress
+    tables: Tables
+    serving: ServingState
+    #: the stream service, once built (it needs replication first): its hold on a replicated
+    #: table's queue
+    streams: StreamService | None = None
+
+    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        return self.tables.table(path)
+
+    def stream_hold(self, table: DynamicTable, node: Node) -> int | None:
+        assert self.streams is not None
+        return self.streams.stream_hold(table, node)
+
+    def check_accepts_writes(self, path: str) -> None:
+        self.serving.check_accepts_writes(path)
+
+
+@dataclass
+class _XdcrHost:
+    """``XdcrHost``: what the XDCR subsystem needs of the node, and nothing more."""
+
+    name: str
+    config: EngineConfig
+    storage: Storage
+    cypress: Cypress
+    timestamps: TimestampProvider
+    transactions: TransactionManager
+    peers: Peers
+    xdcr_clock: VersionClock
+    change_feed: ChangeFeed
+    serving: ServingState
+    tables: Tables
+    replication: ReplicationManager
+    nodes: CypressService
+    tablets: TabletService
+    streams: StreamService
+    #: the data directory (set by ``Cluster.open``; None for a cluster built on a bare storage)
+    data_dir: Path | None = None
+
+    @property
+    def cluster_id(self) -> int | None:
+        return self.tables.cluster_id
+
+    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        return self.tables.table(path)
+
+    def stream_bound(self, table: DynamicTable) -> int:
+        return self.streams.stream_bound(table)
+
+    def check_peer_writes(self, table: DynamicTable, path: str, writes: list[RowWrite], what: str) -> None:
+        self.replication.check_peer_writes(table, path, writes, what)
+
+    def create_system_table(self, conn: sa.Connection, name: str, schema: list[dict[str, Any]]) -> Node:
+        return self.nodes.create_system_table(conn, name, schema)
+
+    def alter_schema(self, path: Any, schema: Any) -> None:
+        self.tablets.alter_schema(path, schema)
+
+
+class Cluster:
+    """One engine: the parts it is built of, its services, and its life (see the module docstring)."""
 
     def __init__(self, name: str, storage: Storage, state_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> None:
         self.name = name
@@ -69,32 +136,54 @@ class Cluster(XdcrJoinCommands):
         self.cypress = Cypress()
         reservation = ReservationFile(state_dir / "timestamp.reservation")
         self.timestamps = TimestampProvider(reservation.read(), reservation.write)
-        self.transactions = TransactionManager(storage, self.timestamps, self._table_by_id, self.metrics,
-                                               self.faults, config)
         self.peers = Peers(timeout=config.sync_timeout, ssl_context=client_ssl_context(config.peer_ca_file)
                            if config.peer_ca_file else None)
-        self.replication = ReplicationManager(self, self.peers, self.config)
-        self.transactions.register_commit_hooks(self.replication)
+        #: wakes change-stream pulls waiting for commits (stream_service.py)
+        self.change_feed = ChangeFeed(config.max_waiting_pulls)
+        #: XDCR's row versions (tablets/xdcr.py)
+        self.xdcr_clock = VersionClock()
         #: long reads at one timestamp (bootstrap copies) hold compaction back while they renew
         self.snapshot_leases = SnapshotLeases()
-        #: wakes change-stream pulls waiting for commits (node/streams.py)
-        self.change_feed = ChangeFeed(config.max_waiting_pulls)
-        #: XDCR (node/xdcr.py): set by _load from the data directory and --cluster-id
-        self.cluster_id: int | None = None
-        self.xdcr_paused = config.start_paused
-        self.xdcr_clock = VersionClock()
-        self._xdcr_shippers: dict[str, threading.Thread] = {}
-        self._xdcr_peer_state: dict[str, PeerState] = {}
-        self._xdcr_advanced: dict[tuple[str, str], float] = {}
-        self._xdcr_progress: dict[tuple[str, str], tuple[int, int]] = {}
-        self._xdcr_stop = threading.Event()
-        self._xdcr_identities: dict[tuple[str, str], int] = {}
-        self.metrics.register_state(self.consumer_samples)
+        self.serving = ServingState(name, self.cypress, paused=config.start_paused)
+        self.transactions = TransactionManager(storage, self.timestamps, functools.partial(table_by_id, self.cypress),
+                                               self.metrics, self.faults, config)
+        self.tables = Tables(name, config, storage, self.cypress, self.timestamps, self.transactions,
+                             self.change_feed, self.xdcr_clock)
+        replication_host = _ReplicationHost(name, storage, self.timestamps, self.transactions, self.cypress,
+                                            self.tables, self.serving)
+        self.replication = ReplicationManager(replication_host, self.peers, config)
+        self.transactions.register_commit_hooks(self.replication)
+        # the services
+        self.reads = NodeReads(self.cypress, self.tables, self.replication, self.peers)
+        self.nodes = CypressService(name, storage, self.cypress, self.tables, self.reads, self.replication,
+                                    self.change_feed)
+        self.tablets = TabletService(name, storage, self.cypress, self.tables, self.transactions, self.replication,
+                                     self.serving)
+        self.streams = StreamService(name, config, storage, self.cypress, self.tables, self.timestamps,
+                                     self.transactions, self.replication, self.change_feed)
+        replication_host.streams = self.streams
+        self.rows = RowService(name, config, storage, self.cypress, self.tables, self.timestamps, self.transactions,
+                               self.replication, self.peers, self.serving, self.streams)
+        self.snapshots = SnapshotService(storage, self.cypress, self.tables, self.timestamps, self.transactions,
+                                         self.snapshot_leases, self.rows.check_peer_read)
+        self.xdcr_host = _XdcrHost(name, config, storage, self.cypress, self.timestamps, self.transactions,
+                                   self.peers, self.xdcr_clock, self.change_feed, self.serving, self.tables,
+                                   self.replication, self.nodes, self.tablets, self.streams)
+        self.xdcr = XdcrService(self.xdcr_host)
+        # the hooks: XDCR's settings are checked when set, and its peers hold the change log
+        self.nodes.add_setting_check(self.xdcr.check_setting)
+        self.streams.add_log_hold(self.xdcr.log_hold)
+        self.metrics.register_state(self.streams.consumer_samples)
         self._stop = threading.Event()  # set once by close(): the background loop ends
         self._background: threading.Thread | None = None
         #: the checked data directory when opened through ``open`` (marked stopped by ``close``)
         self.data_dir: DataDir | None = None
         self._load()
+
+    @property
+    def cluster_id(self) -> int | None:
+        """This cluster's XDCR id (``--cluster-id``, kept in the data directory), None without one."""
+        return self.tables.cluster_id
 
     @classmethod
     def open(cls, name: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> Cluster:
@@ -121,6 +210,7 @@ class Cluster(XdcrJoinCommands):
                 raise
             raise refused from exc
         cluster.data_dir = directory
+        cluster.xdcr_host.data_dir = data_dir
         directory.mark_running(name, storage.get_meta("database_id") or "")
         return cluster
 
@@ -140,11 +230,11 @@ class Cluster(XdcrJoinCommands):
                 self.storage.set_meta(conn, "database_id", new_database_id())
             if not nodes:
                 for name in ("tmp", "home", "sys"):
-                    self._new_node(conn, self.cypress.root, name, MAP_NODE, {})
-                self._new_node(conn, self.cypress.by_id[self.cypress.root.children["sys"].id], "clusters",
-                               MAP_NODE, {})
+                    self.tables.new_node(conn, self.cypress.root, name, MAP_NODE, {})
+                self.tables.new_node(conn, self.cypress.by_id[self.cypress.root.children["sys"].id], "clusters",
+                                     MAP_NODE, {})
             self.storage.set_meta(conn, "cluster_name", self.name)
-            self.cluster_id = self._check_cluster_id(conn)
+            self.tables.cluster_id = self._check_cluster_id(conn)
         counts: dict[str, dict[int, list[int]]] = {}
         for t in tablets:
             counts.setdefault(t.table_id, {})[t.tablet_index] = [t.row_count, t.trimmed_row_count]
@@ -154,7 +244,7 @@ class Cluster(XdcrJoinCommands):
         lost: list[str] = []
         for node in self.cypress.by_id.values():
             if node.type in TABLE_TYPES:
-                node.table = self._make_table(node)
+                node.table = self.tables.make_table(node)
                 node.table.tablet_rows = counts.get(node.id, {})
                 node.table.has_read_locks = node.id in locked
                 sql = [t.name for t in (node.table.sql.data, node.table.sql.versions) if t is not None]
@@ -165,7 +255,7 @@ class Cluster(XdcrJoinCommands):
                                attributes={"tables": lost[:100]})
         with self.storage.read() as conn:
             self.replication.load(conn)
-        self._refresh_directory()
+        self.reads.refresh_directory()
         held, aborted = self.transactions.recover()
         if held or aborted:
             log.info("recovered prepared transactions", extra={"in_doubt": held, "aborted": aborted})
@@ -186,7 +276,8 @@ class Cluster(XdcrJoinCommands):
         return None if stored is None else int(stored)
 
     def start_background(self) -> None:
-        """Expire abandoned transactions and compact old versions, until ``close``."""
+        """Expire abandoned transactions, trim change logs and compact old versions until ``close``;
+        then replication and XDCR."""
         period = self.config.background_period
 
         def loop() -> None:
@@ -195,9 +286,9 @@ class Cluster(XdcrJoinCommands):
                 try:
                     self.transactions.expire()
                     # (one indexed query per table when nothing is old enough)
-                    self.trim_changes()
+                    self.streams.trim_changes()
                     if time.monotonic() - last_compaction > self.config.compaction_period:
-                        self.compact()
+                        self.snapshots.compact()
                         last_compaction = time.monotonic()
                 except Exception:  # noqa: BLE001 - a background pass must never kill the engine
                     log.exception("background maintenance failed")
@@ -205,7 +296,7 @@ class Cluster(XdcrJoinCommands):
         self._background = threading.Thread(target=loop, name="engine-maintenance", daemon=True)
         self._background.start()
         self.replication.start()
-        self.start_xdcr()
+        self.xdcr.start()
 
     def begin_stop(self) -> None:
         """The engine is about to stop (SIGTERM): waiting stream pulls answer now, and later ones at
@@ -215,7 +306,7 @@ class Cluster(XdcrJoinCommands):
     def close(self) -> None:
         self.change_feed.close()
         self._stop.set()
-        self._xdcr_stop.set()
+        self.xdcr.stop()
         self.replication.close()
         self.peers.close()
         if self._background is not None:
@@ -223,56 +314,3 @@ class Cluster(XdcrJoinCommands):
         self.storage.close()
         if self.data_dir is not None:
             self.data_dir.mark_stopped()
-
-    # -- snapshot leases (/internal/v1/lease_snapshot, release_snapshot) ----------------------------------
-
-    def lease_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
-        """Hold compaction of a table at ``timestamp`` for ``seconds`` (a new lease, or ``lease_id``
-        renewed). A peer leases only its own replica tables, as it reads them."""
-        path = body.get("path")
-        if caller is not None:
-            self.check_peer_read(caller, "lookup_rows", {"path": path})
-        table, table_path, _ = self._table(path)
-        ts, seconds, lease_id = body.get("timestamp"), body.get("seconds", 600), body.get("lease_id")
-        if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts <= MAX_TIMESTAMP:
-            raise YtError(f"lease_snapshot: timestamp must be a timestamp, an integer in [0, {MAX_TIMESTAMP:#x}]",
-                          code=ErrorCode.INVALID_PARAMETER)
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_LEASE_SECONDS:
-            raise YtError(f"lease_snapshot: seconds must be in (0, {MAX_LEASE_SECONDS:g}]",
-                          code=ErrorCode.INVALID_PARAMETER)
-        if lease_id is not None and not isinstance(lease_id, str):
-            raise YtError("lease_snapshot: lease_id must be a string", code=ErrorCode.INVALID_PARAMETER)
-        with self.storage.write():
-            # under the writer, as compaction: a snapshot already compacted away cannot be leased back
-            table.check_snapshot(ts, table_path)
-            lease = self.snapshot_leases.grant(table.table_id, ts, float(seconds), lease_id, holder=caller or "")
-        return {"lease_id": lease.lease_id, "timestamp": lease.timestamp, "seconds": float(seconds)}
-
-    def release_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
-        lease_id = body.get("lease_id")
-        if not isinstance(lease_id, str):
-            raise YtError("release_snapshot: lease_id must be a string", code=ErrorCode.INVALID_PARAMETER)
-        self.snapshot_leases.release(lease_id, holder=caller or "")
-        return {}
-
-    def compact(self) -> int:
-        """Drop versions older than each table's min_data_ttl, never past an active snapshot."""
-        removed = 0
-        pinned = self.transactions.oldest_active_start_timestamp()
-        for node in list(self.cypress.by_id.values()):
-            if node.table is None or not node.table.sorted:
-                continue
-            ttl_ms = int(node.attributes.get("min_data_ttl", DEFAULT_MIN_DATA_TTL_MS))
-            # timestamps are (seconds << 30) | counter, so a duration shifts them by seconds << 30
-            horizon = self.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
-            if pinned is not None:
-                horizon = min(horizon, pinned)
-            with self.storage.write() as conn:
-                # (under the writer: a lease granted meanwhile is checked against compacted_until)
-                leased = self.snapshot_leases.pinned(node.id)
-                before = node.table.compacted_until
-                removed += node.table.compact(conn, horizon if leased is None else min(horizon, leased))
-                if node.table.compacted_until != before:
-                    node.attributes[COMPACTED_UNTIL_ATTRIBUTE] = node.table.compacted_until
-                    self.cypress.save(conn, node)
-        return removed

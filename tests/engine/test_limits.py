@@ -34,7 +34,7 @@ from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import ErrorCode
 from reptables.engine.node import Cluster
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 MIB = 1024 * 1024
 MAX_BODY = 4 * MIB
@@ -539,7 +539,7 @@ def _assert_internal_error(resp: httpx.Response, caplog: pytest.LogCaptureFixtur
 
 
 def test_unexpected_exception_in_a_command_is_a_500_with_one_short_log_line(local, monkeypatch, caplog):
-    monkeypatch.setattr(local, "exists", _fault)
+    monkeypatch.setattr(local.reads, "exists", _fault)
     caplog.set_level(logging.DEBUG, logger="reptables.engine.http")
     resp = _post(create_app(local, "token"), "/api/v4/exists",
                  {"Authorization": "OAuth token", "X-YT-Parameters": '{"path": "//tmp"}'})
@@ -549,7 +549,7 @@ def test_unexpected_exception_in_a_command_is_a_500_with_one_short_log_line(loca
 def test_unexpected_exception_in_an_internal_call_is_a_500_with_one_short_log_line(local, monkeypatch, caplog):
     monkeypatch.setattr(local.transactions, "transaction_status", _fault)
     caplog.set_level(logging.DEBUG, logger="reptables.engine.http")
-    local.set("//sys/clusters", {"local": {"proxy_url": "http://127.0.0.1:1", "token": "unused"}})
+    local.nodes.set("//sys/clusters", {"local": {"proxy_url": "http://127.0.0.1:1", "token": "unused"}})
     resp = _post(create_app(local, "token"), "/internal/v1/transaction_status",
                  {"Authorization": f"OAuth {peer_credential('token', 'local')}"}, b'{"transaction_id": "1-2-3-4"}')
     _assert_internal_error(resp, caplog)

@@ -31,8 +31,8 @@ SCHEMA = [
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster.open("local", tmp_path / "data")
-    c.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
-    c.mount_table("//tmp/t")
+    c.nodes.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
+    c.tablets.mount_table("//tmp/t")
     try:
         yield c
     finally:
@@ -40,136 +40,136 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def lookup(c: Cluster, key: int, **kwargs: object) -> dict | None:
-    rows = c.lookup_rows("//tmp/t", [{"k": key}], keep_missing_rows=True, **kwargs)
+    rows = c.rows.lookup_rows("//tmp/t", [{"k": key}], keep_missing_rows=True, **kwargs)
     return rows[0]
 
 
 def test_transaction_does_not_see_its_own_writes(cluster: Cluster) -> None:
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "mine"}], transaction_id=tx)
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "mine"}], transaction_id=tx)
     assert lookup(cluster, 1, transaction_id=tx) is None
-    cluster.commit_transaction(tx)
+    cluster.rows.commit_transaction(tx)
     assert lookup(cluster, 1)["v"] == "mine"
 
 
 def test_transaction_reads_the_snapshot_of_its_start(cluster: Cluster) -> None:
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "before"}])
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "after"}])
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "before"}])
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "after"}])
     assert lookup(cluster, 1, transaction_id=tx)["v"] == "before"
-    assert cluster.select_rows("v from [//tmp/t]", transaction_id=tx) == [{"v": "before"}]
+    assert cluster.rows.select_rows("v from [//tmp/t]", transaction_id=tx) == [{"v": "before"}]
     assert lookup(cluster, 1)["v"] == "after"
 
 
 def test_commit_timestamp_is_after_start_and_consistent(cluster: Cluster) -> None:
-    tx = cluster.start_transaction()
+    tx = cluster.rows.start_transaction()
     start = cluster.transactions.get(tx).start_timestamp
-    cluster.insert_rows("//tmp/t", [{"k": 2, "v": "x"}], transaction_id=tx)
-    commit_ts = cluster.commit_transaction(tx)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 2, "v": "x"}], transaction_id=tx)
+    commit_ts = cluster.rows.commit_transaction(tx)
     assert commit_ts > start
     assert lookup(cluster, 2, timestamp=commit_ts - 1) is None
     assert lookup(cluster, 2, timestamp=commit_ts)["v"] == "x"
 
 
 def test_write_after_start_on_same_key_conflicts(cluster: Cluster) -> None:
-    t1, t2 = cluster.start_transaction(), cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 3, "v": "t1"}], transaction_id=t1)
-    cluster.insert_rows("//tmp/t", [{"k": 3, "v": "t2"}], transaction_id=t2)
-    cluster.commit_transaction(t1)
+    t1, t2 = cluster.rows.start_transaction(), cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 3, "v": "t1"}], transaction_id=t1)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 3, "v": "t2"}], transaction_id=t2)
+    cluster.rows.commit_transaction(t1)
     with pytest.raises(LockConflict) as err:
-        cluster.commit_transaction(t2)
+        cluster.rows.commit_transaction(t2)
     assert err.value.code == ErrorCode.TRANSACTION_LOCK_CONFLICT
     assert "//tmp/t" in err.value.message
     assert lookup(cluster, 3)["v"] == "t1"
 
 
 def test_transactions_started_after_a_commit_do_not_conflict(cluster: Cluster) -> None:
-    cluster.insert_rows("//tmp/t", [{"k": 4, "v": "first"}])
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 4, "v": "second"}], transaction_id=tx)
-    cluster.commit_transaction(tx)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 4, "v": "first"}])
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 4, "v": "second"}], transaction_id=tx)
+    cluster.rows.commit_transaction(tx)
     assert lookup(cluster, 4)["v"] == "second"
 
 
 def test_different_lock_groups_do_not_conflict(cluster: Cluster) -> None:
-    cluster.insert_rows("//tmp/t", [{"k": 5, "v": "base", "a": 0, "b": 0}])
-    t1, t2 = cluster.start_transaction(), cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 5, "a": 1}], update=True, transaction_id=t1)
-    cluster.insert_rows("//tmp/t", [{"k": 5, "b": 2}], update=True, transaction_id=t2)
-    cluster.commit_transaction(t1)
-    cluster.commit_transaction(t2)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 5, "v": "base", "a": 0, "b": 0}])
+    t1, t2 = cluster.rows.start_transaction(), cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 5, "a": 1}], update=True, transaction_id=t1)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 5, "b": 2}], update=True, transaction_id=t2)
+    cluster.rows.commit_transaction(t1)
+    cluster.rows.commit_transaction(t2)
     assert lookup(cluster, 5) == {"k": 5, "v": "base", "a": 1, "b": 2}
 
 
 def test_same_lock_group_conflicts(cluster: Cluster) -> None:
-    t1, t2 = cluster.start_transaction(), cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 6, "a": 1}], update=True, transaction_id=t1)
-    cluster.insert_rows("//tmp/t", [{"k": 6, "a": 2}], update=True, transaction_id=t2)
-    cluster.commit_transaction(t1)
+    t1, t2 = cluster.rows.start_transaction(), cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 6, "a": 1}], update=True, transaction_id=t1)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 6, "a": 2}], update=True, transaction_id=t2)
+    cluster.rows.commit_transaction(t1)
     with pytest.raises(LockConflict):
-        cluster.commit_transaction(t2)
+        cluster.rows.commit_transaction(t2)
 
 
 def test_primary_lock_conflicts_with_every_group(cluster: Cluster) -> None:
-    t1, t2 = cluster.start_transaction(), cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 7, "a": 1}], update=True, transaction_id=t1)
-    cluster.delete_rows("//tmp/t", [{"k": 7}], transaction_id=t2)
-    cluster.commit_transaction(t1)
+    t1, t2 = cluster.rows.start_transaction(), cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 7, "a": 1}], update=True, transaction_id=t1)
+    cluster.rows.delete_rows("//tmp/t", [{"k": 7}], transaction_id=t2)
+    cluster.rows.commit_transaction(t1)
     with pytest.raises(LockConflict):
-        cluster.commit_transaction(t2)
+        cluster.rows.commit_transaction(t2)
 
 
 def test_shared_strong_lock_blocks_later_committing_writer(cluster: Cluster) -> None:
-    cluster.insert_rows("//tmp/t", [{"k": 8, "v": "x"}])
-    writer = cluster.start_transaction()
-    reader = cluster.start_transaction()
-    cluster.lock_rows("//tmp/t", [{"k": 8}], transaction_id=reader, lock_type="shared_strong")
-    cluster.commit_transaction(reader)
-    cluster.insert_rows("//tmp/t", [{"k": 8, "v": "y"}], transaction_id=writer)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 8, "v": "x"}])
+    writer = cluster.rows.start_transaction()
+    reader = cluster.rows.start_transaction()
+    cluster.rows.lock_rows("//tmp/t", [{"k": 8}], transaction_id=reader, lock_type="shared_strong")
+    cluster.rows.commit_transaction(reader)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 8, "v": "y"}], transaction_id=writer)
     with pytest.raises(LockConflict) as err:
-        cluster.commit_transaction(writer)
+        cluster.rows.commit_transaction(writer)
     assert "lock taken after" in err.value.message
 
 
 def test_shared_weak_lock_leaves_no_timestamp(cluster: Cluster) -> None:
-    cluster.insert_rows("//tmp/t", [{"k": 9, "v": "x"}])
-    writer = cluster.start_transaction()
-    reader = cluster.start_transaction()
-    cluster.lock_rows("//tmp/t", [{"k": 9}], transaction_id=reader, lock_type="shared_weak")
-    cluster.commit_transaction(reader)
-    cluster.insert_rows("//tmp/t", [{"k": 9, "v": "y"}], transaction_id=writer)
-    cluster.commit_transaction(writer)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 9, "v": "x"}])
+    writer = cluster.rows.start_transaction()
+    reader = cluster.rows.start_transaction()
+    cluster.rows.lock_rows("//tmp/t", [{"k": 9}], transaction_id=reader, lock_type="shared_weak")
+    cluster.rows.commit_transaction(reader)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 9, "v": "y"}], transaction_id=writer)
+    cluster.rows.commit_transaction(writer)
     assert lookup(cluster, 9)["v"] == "y"
 
 
 def test_read_lock_fails_when_key_was_modified_after_start(cluster: Cluster) -> None:
-    reader = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 10, "v": "changed"}])
-    cluster.lock_rows("//tmp/t", [{"k": 10}], transaction_id=reader, lock_type="shared_strong")
+    reader = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 10, "v": "changed"}])
+    cluster.rows.lock_rows("//tmp/t", [{"k": 10}], transaction_id=reader, lock_type="shared_strong")
     with pytest.raises(LockConflict):
-        cluster.commit_transaction(reader)
+        cluster.rows.commit_transaction(reader)
 
 
 def test_lock_on_one_group_allows_writes_to_another(cluster: Cluster) -> None:
-    writer = cluster.start_transaction()
-    reader = cluster.start_transaction()
-    cluster.lock_rows("//tmp/t", [{"k": 11}], transaction_id=reader, locks=["group_a"], lock_type="shared_strong")
-    cluster.commit_transaction(reader)
-    cluster.insert_rows("//tmp/t", [{"k": 11, "b": 5}], update=True, transaction_id=writer)
-    cluster.commit_transaction(writer)
+    writer = cluster.rows.start_transaction()
+    reader = cluster.rows.start_transaction()
+    cluster.rows.lock_rows("//tmp/t", [{"k": 11}], transaction_id=reader, locks=["group_a"], lock_type="shared_strong")
+    cluster.rows.commit_transaction(reader)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 11, "b": 5}], update=True, transaction_id=writer)
+    cluster.rows.commit_transaction(writer)
     assert lookup(cluster, 11)["b"] == 5
 
 
 def test_lock_rows_rejects_unknown_lock_group(cluster: Cluster) -> None:
-    tx = cluster.start_transaction()
+    tx = cluster.rows.start_transaction()
     with pytest.raises(YtError, match="Lock 'nope' is not defined"):
-        cluster.lock_rows("//tmp/t", [{"k": 1}], transaction_id=tx, locks=["nope"])
+        cluster.rows.lock_rows("//tmp/t", [{"k": 1}], transaction_id=tx, locks=["nope"])
 
 
 def test_multi_tablet_commit_is_two_phase_and_atomic(cluster: Cluster) -> None:
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "low"}, {"k": 150, "v": "high"}], transaction_id=tx)
-    cluster.commit_transaction(tx)
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "low"}, {"k": 150, "v": "high"}], transaction_id=tx)
+    cluster.rows.commit_transaction(tx)
     assert cluster.transactions  # the manager recorded the two-phase kind
     assert lookup(cluster, 1)["v"] == "low" and lookup(cluster, 150)["v"] == "high"
     with cluster.storage.read() as conn:
@@ -178,19 +178,19 @@ def test_multi_tablet_commit_is_two_phase_and_atomic(cluster: Cluster) -> None:
 
 
 def test_conflict_in_one_participant_aborts_all(cluster: Cluster) -> None:
-    blocker = cluster.start_transaction()
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 160, "v": "blocker"}], transaction_id=blocker)
-    cluster.insert_rows("//tmp/t", [{"k": 2, "v": "tx"}, {"k": 160, "v": "tx"}], transaction_id=tx)
-    cluster.commit_transaction(blocker)
+    blocker = cluster.rows.start_transaction()
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 160, "v": "blocker"}], transaction_id=blocker)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 2, "v": "tx"}, {"k": 160, "v": "tx"}], transaction_id=tx)
+    cluster.rows.commit_transaction(blocker)
     with pytest.raises(LockConflict):
-        cluster.commit_transaction(tx)
+        cluster.rows.commit_transaction(tx)
     assert lookup(cluster, 2) is None
     with cluster.storage.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(prepared_table)).scalar() == 0
-    later = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 2, "v": "later"}, {"k": 160, "v": "later"}], transaction_id=later)
-    cluster.commit_transaction(later)
+    later = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 2, "v": "later"}, {"k": 160, "v": "later"}], transaction_id=later)
+    cluster.rows.commit_transaction(later)
     assert lookup(cluster, 160)["v"] == "later"
 
 
@@ -202,8 +202,8 @@ def open_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
     def make(config: EngineConfig) -> Cluster:
         c = Cluster.open("local", tmp_path / "configured", config)
         opened.append(c)
-        c.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
-        c.mount_table("//tmp/t")
+        c.nodes.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
+        c.tablets.mount_table("//tmp/t")
         return c
 
     yield make
@@ -213,10 +213,10 @@ def open_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
 
 def test_row_limit_per_transaction(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
     cluster = open_cluster(EngineConfig(max_rows_per_transaction=10))
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": i} for i in range(10)], transaction_id=tx)
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": i} for i in range(10)], transaction_id=tx)
     with pytest.raises(YtError) as err:
-        cluster.insert_rows("//tmp/t", [{"k": 10}], transaction_id=tx)
+        cluster.rows.insert_rows("//tmp/t", [{"k": 10}], transaction_id=tx)
     assert err.value.code == ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION
 
 
@@ -227,81 +227,81 @@ def test_default_row_limit_is_100000() -> None:
 
 def test_transaction_lifetime_limit(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
     cluster = open_cluster(EngineConfig(max_transaction_lifetime=0.2))
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "late"}], transaction_id=tx)
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "late"}], transaction_id=tx)
     time.sleep(0.3)
     with pytest.raises(YtError, match="maximum lifetime"):
-        cluster.commit_transaction(tx)
+        cluster.rows.commit_transaction(tx)
     assert lookup(cluster, 1) is None
 
 
 def test_non_atomic_transaction_requires_matching_table_atomicity(cluster: Cluster) -> None:
-    tx = cluster.start_transaction(atomicity="none")
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "x"}], transaction_id=tx)
+    tx = cluster.rows.start_transaction(atomicity="none")
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "x"}], transaction_id=tx)
     with pytest.raises(YtError) as err:
-        cluster.commit_transaction(tx)
+        cluster.rows.commit_transaction(tx)
     assert err.value.code == ErrorCode.INVALID_TRANSACTION_ATOMICITY
     assert lookup(cluster, 1) is None
 
 
 @pytest.fixture
 def non_atomic(cluster: Cluster) -> Cluster:
-    cluster.create("table", "//tmp/na", {"dynamic": True, "atomicity": "none", "min_data_ttl": 0,
+    cluster.nodes.create("table", "//tmp/na", {"dynamic": True, "atomicity": "none", "min_data_ttl": 0,
                                          "schema": SCHEMA[:2]})
-    cluster.mount_table("//tmp/na")
+    cluster.tablets.mount_table("//tmp/na")
     return cluster
 
 
 def test_non_atomic_writes_take_no_locks_last_write_wins(non_atomic: Cluster) -> None:
-    t1 = non_atomic.start_transaction(atomicity="none")
-    t2 = non_atomic.start_transaction(atomicity="none")
-    non_atomic.insert_rows("//tmp/na", [{"k": 1, "v": "one"}], transaction_id=t1)
-    non_atomic.insert_rows("//tmp/na", [{"k": 1, "v": "two"}], transaction_id=t2)
-    non_atomic.commit_transaction(t1)
-    non_atomic.commit_transaction(t2)
-    assert non_atomic.lookup_rows("//tmp/na", [{"k": 1}]) == [{"k": 1, "v": "two"}]
+    t1 = non_atomic.rows.start_transaction(atomicity="none")
+    t2 = non_atomic.rows.start_transaction(atomicity="none")
+    non_atomic.rows.insert_rows("//tmp/na", [{"k": 1, "v": "one"}], transaction_id=t1)
+    non_atomic.rows.insert_rows("//tmp/na", [{"k": 1, "v": "two"}], transaction_id=t2)
+    non_atomic.rows.commit_transaction(t1)
+    non_atomic.rows.commit_transaction(t2)
+    assert non_atomic.rows.lookup_rows("//tmp/na", [{"k": 1}]) == [{"k": 1, "v": "two"}]
 
 
 def test_non_atomic_write_without_transaction_needs_atomicity_none(non_atomic: Cluster) -> None:
     with pytest.raises(YtError):
-        non_atomic.insert_rows("//tmp/na", [{"k": 2, "v": "x"}])
-    non_atomic.insert_rows("//tmp/na", [{"k": 2, "v": "x"}], atomicity="none", durability="async")
-    assert non_atomic.lookup_rows("//tmp/na", [{"k": 2}]) == [{"k": 2, "v": "x"}]
+        non_atomic.rows.insert_rows("//tmp/na", [{"k": 2, "v": "x"}])
+    non_atomic.rows.insert_rows("//tmp/na", [{"k": 2, "v": "x"}], atomicity="none", durability="async")
+    assert non_atomic.rows.lookup_rows("//tmp/na", [{"k": 2}]) == [{"k": 2, "v": "x"}]
 
 
 def test_client_timestamp_off_limits_is_rejected(non_atomic: Cluster) -> None:
     stale = int(time.time() - 120) << COUNTER_BITS
-    tx = non_atomic.start_transaction(atomicity="none", start_timestamp=stale)
-    non_atomic.insert_rows("//tmp/na", [{"k": 3, "v": "x"}], transaction_id=tx)
+    tx = non_atomic.rows.start_transaction(atomicity="none", start_timestamp=stale)
+    non_atomic.rows.insert_rows("//tmp/na", [{"k": 3, "v": "x"}], transaction_id=tx)
     with pytest.raises(YtError, match="Transaction timestamp is off limits, check the local clock readings"):
-        non_atomic.commit_transaction(tx)
+        non_atomic.rows.commit_transaction(tx)
 
 
 def test_durability_async_requires_non_atomic(cluster: Cluster) -> None:
     with pytest.raises(YtError, match="durability=async"):
-        cluster.start_transaction(durability="async")
+        cluster.rows.start_transaction(durability="async")
 
 
 def test_compaction_keeps_versions_visible_to_open_transactions(cluster: Cluster) -> None:
-    cluster.set("//tmp/t/@min_data_ttl", 0)
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "v1"}])
-    tx = cluster.start_transaction()
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "v2"}])
-    cluster.insert_rows("//tmp/t", [{"k": 1, "v": "v3"}])
-    cluster.compact()
+    cluster.nodes.set("//tmp/t/@min_data_ttl", 0)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "v1"}])
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "v2"}])
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "v3"}])
+    cluster.snapshots.compact()
     assert lookup(cluster, 1, transaction_id=tx)["v"] == "v1"
-    cluster.abort_transaction(tx)
-    removed = cluster.compact()
+    cluster.rows.abort_transaction(tx)
+    removed = cluster.snapshots.compact()
     assert removed >= 2
     assert lookup(cluster, 1)["v"] == "v3"
 
 
 def test_timestamps_stay_monotonic_across_restart(tmp_path: Path) -> None:
     c = Cluster.open("local", tmp_path / "d")
-    last = max(c.generate_timestamp() for _ in range(100))
+    last = max(c.rows.generate_timestamp() for _ in range(100))
     c.close()
     c = Cluster.open("local", tmp_path / "d")
     try:
-        assert c.generate_timestamp() > last
+        assert c.rows.generate_timestamp() > last
     finally:
         c.close()

@@ -36,8 +36,8 @@ PATH = "//tmp/t"
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster.open("local", tmp_path / "data")
-    c.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
-    c.mount_table(PATH)
+    c.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
+    c.tablets.mount_table(PATH)
     try:
         yield c
     finally:
@@ -45,7 +45,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def table_of(c: Cluster) -> DynamicTable:
-    table, _, _ = c._table(PATH)
+    table, _, _ = c.tables.table(PATH)
     return table
 
 
@@ -59,60 +59,60 @@ def version_rows(c: Cluster) -> int:
 def history(c: Cluster) -> list[tuple[int, dict | None]]:
     """(commit timestamp, row) of key 1 over an overwrite, a delete, a re-insert and an update."""
     steps: list[tuple[int, dict | None]] = []
-    c.insert_rows(PATH, [{"k": 1, "v": "one", "a": 1}])
-    steps.append((c.generate_timestamp(), {"k": 1, "v": "one", "a": 1, "b": None}))
-    c.insert_rows(PATH, [{"k": 1, "v": "two", "b": 2}])
-    steps.append((c.generate_timestamp(), {"k": 1, "v": "two", "a": None, "b": 2}))
-    c.delete_rows(PATH, [{"k": 1}])
-    steps.append((c.generate_timestamp(), None))
-    c.insert_rows(PATH, [{"k": 1, "v": "three"}])
-    steps.append((c.generate_timestamp(), {"k": 1, "v": "three", "a": None, "b": None}))
-    c.insert_rows(PATH, [{"k": 1, "a": 4}], update=True)
-    steps.append((c.generate_timestamp(), {"k": 1, "v": "three", "a": 4, "b": None}))
+    c.rows.insert_rows(PATH, [{"k": 1, "v": "one", "a": 1}])
+    steps.append((c.rows.generate_timestamp(), {"k": 1, "v": "one", "a": 1, "b": None}))
+    c.rows.insert_rows(PATH, [{"k": 1, "v": "two", "b": 2}])
+    steps.append((c.rows.generate_timestamp(), {"k": 1, "v": "two", "a": None, "b": 2}))
+    c.rows.delete_rows(PATH, [{"k": 1}])
+    steps.append((c.rows.generate_timestamp(), None))
+    c.rows.insert_rows(PATH, [{"k": 1, "v": "three"}])
+    steps.append((c.rows.generate_timestamp(), {"k": 1, "v": "three", "a": None, "b": None}))
+    c.rows.insert_rows(PATH, [{"k": 1, "a": 4}], update=True)
+    steps.append((c.rows.generate_timestamp(), {"k": 1, "v": "three", "a": 4, "b": None}))
     return steps
 
 
 def test_reads_at_every_timestamp_see_the_version_committed_then(cluster: Cluster) -> None:
-    before = cluster.generate_timestamp()
+    before = cluster.rows.generate_timestamp()
     steps = history(cluster)
-    assert cluster.lookup_rows(PATH, [{"k": 1}], timestamp=before) == []
-    assert cluster.select_rows(f"* from [{PATH}]", timestamp=before) == []
+    assert cluster.rows.lookup_rows(PATH, [{"k": 1}], timestamp=before) == []
+    assert cluster.rows.select_rows(f"* from [{PATH}]", timestamp=before) == []
     for ts, expected in steps:
-        assert cluster.lookup_rows(PATH, [{"k": 1}], timestamp=ts, keep_missing_rows=True) == [expected]
-        assert cluster.select_rows(f"* from [{PATH}]", timestamp=ts) == ([expected] if expected else [])
-    assert cluster.lookup_rows(PATH, [{"k": 1}]) == [steps[-1][1]]
+        assert cluster.rows.lookup_rows(PATH, [{"k": 1}], timestamp=ts, keep_missing_rows=True) == [expected]
+        assert cluster.rows.select_rows(f"* from [{PATH}]", timestamp=ts) == ([expected] if expected else [])
+    assert cluster.rows.lookup_rows(PATH, [{"k": 1}]) == [steps[-1][1]]
 
 
 def test_selects_at_a_timestamp_mix_old_and_current_rows(cluster: Cluster) -> None:
-    cluster.insert_rows(PATH, [{"k": k, "v": f"old{k}"} for k in range(10)])
-    middle = cluster.generate_timestamp()
-    cluster.insert_rows(PATH, [{"k": k, "v": f"new{k}"} for k in range(0, 10, 2)])
-    cluster.delete_rows(PATH, [{"k": 9}])
-    cluster.insert_rows(PATH, [{"k": 10, "v": "added"}])
-    then = cluster.select_rows(f"k, v from [{PATH}] order by k limit 100", timestamp=middle)
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"old{k}"} for k in range(10)])
+    middle = cluster.rows.generate_timestamp()
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"new{k}"} for k in range(0, 10, 2)])
+    cluster.rows.delete_rows(PATH, [{"k": 9}])
+    cluster.rows.insert_rows(PATH, [{"k": 10, "v": "added"}])
+    then = cluster.rows.select_rows(f"k, v from [{PATH}] order by k limit 100", timestamp=middle)
     assert then == [{"k": k, "v": f"old{k}"} for k in range(10)]
-    counted = cluster.select_rows(f"count(*) as n from [{PATH}] group by 1 as one", timestamp=middle)
+    counted = cluster.rows.select_rows(f"count(*) as n from [{PATH}] group by 1 as one", timestamp=middle)
     assert counted == [{"n": 10}]
-    now = cluster.select_rows(f"k, v from [{PATH}] order by k limit 100")
+    now = cluster.rows.select_rows(f"k, v from [{PATH}] order by k limit 100")
     assert now == [{"k": k, "v": f"new{k}" if k % 2 == 0 else f"old{k}"} for k in range(9)] + [
         {"k": 10, "v": "added"}]
 
 
 def test_writes_of_new_keys_keep_no_older_versions(cluster: Cluster) -> None:
-    cluster.insert_rows(PATH, [{"k": k, "v": "x"} for k in range(1000)])
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": "x"} for k in range(1000)])
     assert version_rows(cluster) == 0
-    cluster.insert_rows(PATH, [{"k": k, "v": "y"} for k in range(10)])
-    cluster.delete_rows(PATH, [{"k": 500}])
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": "y"} for k in range(10)])
+    cluster.rows.delete_rows(PATH, [{"k": 500}])
     # ten replaced images, plus the deleted image and its tombstone
     assert version_rows(cluster) == 12
 
 
 def test_conflict_checks_agree_with_and_without_remembered_commits(cluster: Cluster) -> None:
     table = table_of(cluster)
-    start = cluster.generate_timestamp()
-    cluster.insert_rows(PATH, [{"k": 1, "a": 1}], update=True)  # group_a only
-    cluster.insert_rows(PATH, [{"k": 2, "v": "x"}])  # every group
-    cluster.delete_rows(PATH, [{"k": 3}])
+    start = cluster.rows.generate_timestamp()
+    cluster.rows.insert_rows(PATH, [{"k": 1, "a": 1}], update=True)  # group_a only
+    cluster.rows.insert_rows(PATH, [{"k": 2, "v": "x"}])  # every group
+    cluster.rows.delete_rows(PATH, [{"k": 3}])
     schema = table.schema
     probes = {
         (1,): RowWrite(WriteKind.WRITE, {"k": 1, "b": 5}, schema.lock_mask(["b"]), update=True),
@@ -140,21 +140,21 @@ def test_conflict_checks_agree_with_and_without_remembered_commits(cluster: Clus
 
 def test_a_transaction_older_than_a_restart_still_sees_its_conflicts(tmp_path: Path) -> None:
     c = Cluster.open("local", tmp_path / "data")
-    c.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
-    c.mount_table(PATH)
-    start = c.generate_timestamp()
-    c.insert_rows(PATH, [{"k": 7, "v": "committed after start"}])
+    c.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
+    c.tablets.mount_table(PATH)
+    start = c.rows.generate_timestamp()
+    c.rows.insert_rows(PATH, [{"k": 7, "v": "committed after start"}])
     c.close()
     c = Cluster.open("local", tmp_path / "data")
     try:
-        c.mount_table(PATH)
+        c.tablets.mount_table(PATH)
         # a sync-replica prepare of a transaction that started before the restart, on its meta-cluster
         table = table_of(c)
         write = RowWrite(WriteKind.WRITE, {"k": 7, "v": "stale"}, table.schema.full_lock_mask)
         with pytest.raises(LockConflict):
             c.transactions.prepare_participant("1-2-3-4", "meta", table, PATH, [write], start,
-                                               c.generate_timestamp(), {})
-        assert c.lookup_rows(PATH, [{"k": 7}]) == [{"k": 7, "v": "committed after start", "a": None, "b": None}]
+                                               c.rows.generate_timestamp(), {})
+        assert c.rows.lookup_rows(PATH, [{"k": 7}]) == [{"k": 7, "v": "committed after start", "a": None, "b": None}]
     finally:
         c.close()
 
@@ -162,36 +162,36 @@ def test_a_transaction_older_than_a_restart_still_sees_its_conflicts(tmp_path: P
 def test_remembered_commits_stay_within_their_budget(tmp_path: Path) -> None:
     cluster = Cluster.open("local", tmp_path / "data", EngineConfig(recent_commit_keys=50))
     try:
-        cluster.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
-        cluster.mount_table(PATH)
+        cluster.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
+        cluster.tablets.mount_table(PATH)
         table = table_of(cluster)
-        pinned = cluster.start_transaction()  # an open transaction pins every later commit...
+        pinned = cluster.rows.start_transaction()  # an open transaction pins every later commit...
         for n in range(20):
-            cluster.insert_rows(PATH, [{"k": n * 10 + i, "v": "x"} for i in range(10)])
+            cluster.rows.insert_rows(PATH, [{"k": n * 10 + i, "v": "x"} for i in range(10)])
         assert table.recent_keys <= 50  # ...but never past the budget
         assert table.recent_floor > 0
         # a conflict the forgotten commits held is still found, from SQL
-        cluster.insert_rows(PATH, [{"k": 0, "v": "conflicting"}], transaction_id=pinned)
+        cluster.rows.insert_rows(PATH, [{"k": 0, "v": "conflicting"}], transaction_id=pinned)
         with pytest.raises(LockConflict):
-            cluster.commit_transaction(pinned)
+            cluster.rows.commit_transaction(pinned)
     finally:
         cluster.close()
 
 
 def test_compaction_keeps_what_reads_after_its_horizon_see(cluster: Cluster) -> None:
-    cluster.set(f"{PATH}/@min_data_ttl", 0)
+    cluster.nodes.set(f"{PATH}/@min_data_ttl", 0)
     steps = history(cluster)
-    cluster.insert_rows(PATH, [{"k": 2, "v": "a"}])
-    cluster.delete_rows(PATH, [{"k": 2}])
-    horizon = cluster.generate_timestamp()
+    cluster.rows.insert_rows(PATH, [{"k": 2, "v": "a"}])
+    cluster.rows.delete_rows(PATH, [{"k": 2}])
+    horizon = cluster.rows.generate_timestamp()
     assert version_rows(cluster) > 0
-    assert cluster.compact() > 0
+    assert cluster.snapshots.compact() > 0
     # nothing is left but what a read at or after the horizon can see: key 1 lives in the table
     # itself, key 2 is deleted
     assert version_rows(cluster) == 0
-    assert cluster.lookup_rows(PATH, [{"k": 1}, {"k": 2}], timestamp=horizon, keep_missing_rows=True) == [
+    assert cluster.rows.lookup_rows(PATH, [{"k": 1}, {"k": 2}], timestamp=horizon, keep_missing_rows=True) == [
         steps[-1][1], None]
-    assert cluster.select_rows(f"k from [{PATH}]", timestamp=horizon) == [{"k": 1}]
+    assert cluster.rows.select_rows(f"k from [{PATH}]", timestamp=horizon) == [{"k": 1}]
 
 
 def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_path: Path) -> None:
@@ -199,27 +199,27 @@ def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_
     miss a deleted one): it is refused with YT's TabletSnapshotExpired (1708), also after a restart."""
     c = Cluster.open("local", tmp_path / "data")
     try:
-        c.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
-        c.mount_table(PATH)
-        c.insert_rows(PATH, [{"k": 1, "v": "old"}])
-        old = c.generate_timestamp()
-        c.insert_rows(PATH, [{"k": 1, "v": "new"}])
-        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # before compaction: exact
-        assert c.compact() > 0
-        for read in (lambda: c.lookup_rows(PATH, [{"k": 1}], timestamp=old),
-                     lambda: c.select_rows(f"v from [{PATH}]", timestamp=old)):
+        c.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
+        c.tablets.mount_table(PATH)
+        c.rows.insert_rows(PATH, [{"k": 1, "v": "old"}])
+        old = c.rows.generate_timestamp()
+        c.rows.insert_rows(PATH, [{"k": 1, "v": "new"}])
+        assert c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # before compaction: exact
+        assert c.snapshots.compact() > 0
+        for read in (lambda: c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old),
+                     lambda: c.rows.select_rows(f"v from [{PATH}]", timestamp=old)):
             with pytest.raises(YtError) as refused:
                 read()
             error = refused.value
             assert error.code == 1708 and PATH in error.message and "min_data_ttl" in error.message
-        assert c.lookup_rows(PATH, [{"k": 1}])[0]["v"] == "new"
-        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=c.generate_timestamp())[0]["v"] == "new"
+        assert c.rows.lookup_rows(PATH, [{"k": 1}])[0]["v"] == "new"
+        assert c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=c.rows.generate_timestamp())[0]["v"] == "new"
     finally:
         c.close()
     c = Cluster.open("local", tmp_path / "data")
     try:
         with pytest.raises(YtError) as again:
-            c.lookup_rows(PATH, [{"k": 1}], timestamp=old)
+            c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old)
         assert again.value.code == 1708
     finally:
         c.close()
@@ -230,25 +230,25 @@ def test_a_snapshot_lease_holds_compaction_until_it_expires(tmp_path: Path) -> N
     needs while the lease lives, and resumes once it expires unrenewed."""
     c = Cluster.open("local", tmp_path / "data")
     try:
-        c.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
-        c.mount_table(PATH)
-        c.insert_rows(PATH, [{"k": 1, "v": "old"}])
-        old = c.generate_timestamp()
-        lease = c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5}, None)
-        c.insert_rows(PATH, [{"k": 1, "v": "new"}])
-        c.compact()
-        assert c.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # held
-        renewed = c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5, "lease_id": lease["lease_id"]},
+        c.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA, "min_data_ttl": 0})
+        c.tablets.mount_table(PATH)
+        c.rows.insert_rows(PATH, [{"k": 1, "v": "old"}])
+        old = c.rows.generate_timestamp()
+        lease = c.snapshots.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5}, None)
+        c.rows.insert_rows(PATH, [{"k": 1, "v": "new"}])
+        c.snapshots.compact()
+        assert c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # held
+        renewed = c.snapshots.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5, "lease_id": lease["lease_id"]},
                                    None)
         assert renewed["lease_id"] == lease["lease_id"]
         time.sleep(1.7)  # not renewed again: it expires
-        assert c.compact() > 0
+        assert c.snapshots.compact() > 0
         with pytest.raises(YtError) as expired:
-            c.lookup_rows(PATH, [{"k": 1}], timestamp=old)
+            c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old)
         assert expired.value.code == 1708
         # and a snapshot already compacted away cannot be leased back
         with pytest.raises(YtError) as too_late:
-            c.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 60}, None)
+            c.snapshots.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 60}, None)
         assert too_late.value.code == 1708
     finally:
         c.close()
@@ -281,7 +281,7 @@ def test_snapshot_leases_belong_to_their_holder_and_are_capped(tmp_path: Path) -
 
 def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
     c = Cluster.open("local", tmp_path / "data")
-    c.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
+    c.nodes.create("table", PATH, {"dynamic": True, "schema": SCHEMA})
     with c.storage.write() as conn:
         conn.execute(meta_table.delete().where(meta_table.c.name == "storage_format"))
     c.close()
@@ -294,15 +294,15 @@ def test_a_data_directory_of_the_old_layout_is_refused(tmp_path: Path) -> None:
 def test_a_rolled_back_commit_leaves_no_trace_in_memory(cluster: Cluster) -> None:
     """Row counts, the replication queue's in-memory tail and the remembered commits change with a
     commit's SQL transaction, and go back with it when it rolls back."""
-    cluster.create("replicated_table", "//tmp/rt", {"dynamic": True, "schema": SCHEMA})
-    cluster.mount_table("//tmp/rt")
-    queue, _, _ = cluster._table("//tmp/rt")
+    cluster.nodes.create("replicated_table", "//tmp/rt", {"dynamic": True, "schema": SCHEMA})
+    cluster.tablets.mount_table("//tmp/rt")
+    queue, _, _ = cluster.tables.table("//tmp/rt")
     table = table_of(cluster)
-    cluster.insert_rows("//tmp/rt", [{"k": 1, "v": "kept"}], require_sync_replica=False)
+    cluster.rows.insert_rows("//tmp/rt", [{"k": 1, "v": "kept"}], require_sync_replica=False)
     remembered = len(table.recent)
     writes = [RowWrite(WriteKind.WRITE, {"k": k, "v": "lost"}, table.schema.full_lock_mask) for k in (2, 3)]
     with pytest.raises(RuntimeError), cluster.storage.write() as conn:
-        ts = cluster.generate_timestamp()
+        ts = cluster.rows.generate_timestamp()
         queue.apply(conn, writes, ts, 0)
         table.apply(conn, writes, ts)
         assert queue.tablet_rows[0][0] == 3
@@ -311,23 +311,23 @@ def test_a_rolled_back_commit_leaves_no_trace_in_memory(cluster: Cluster) -> Non
     assert len(table.recent) == remembered
     with cluster.storage.read() as conn:
         assert [e.row_index for e in queue.read_queue(conn, 0, 0, 10)] == [0]
-    cluster.insert_rows("//tmp/rt", [{"k": 4, "v": "next"}], require_sync_replica=False)
+    cluster.rows.insert_rows("//tmp/rt", [{"k": 4, "v": "next"}], require_sync_replica=False)
     with cluster.storage.read() as conn:
         entries = queue.read_queue(conn, 0, 0, 10)
     assert [(e.row_index, orjson.loads(e.payload)["row"]["k"]) for e in entries] == [(0, 1), (1, 4)]
-    assert cluster.lookup_rows(PATH, [{"k": 2}]) == []
+    assert cluster.rows.lookup_rows(PATH, [{"k": 2}]) == []
 
 
 def test_a_rolled_back_append_to_an_ordered_table_leaves_no_gap_in_row_index(cluster: Cluster) -> None:
-    cluster.create("table", "//tmp/log", {"dynamic": True, "schema": [{"name": "msg", "type": "string"}]})
-    cluster.mount_table("//tmp/log")
-    log, _, _ = cluster._table("//tmp/log")
-    cluster.insert_rows("//tmp/log", [{"msg": "first"}])
+    cluster.nodes.create("table", "//tmp/log", {"dynamic": True, "schema": [{"name": "msg", "type": "string"}]})
+    cluster.tablets.mount_table("//tmp/log")
+    log, _, _ = cluster.tables.table("//tmp/log")
+    cluster.rows.insert_rows("//tmp/log", [{"msg": "first"}])
     with pytest.raises(RuntimeError), cluster.storage.write() as conn:
-        log.apply(conn, [RowWrite(WriteKind.WRITE, {"msg": "lost"}, 1)], cluster.generate_timestamp(), 0)
+        log.apply(conn, [RowWrite(WriteKind.WRITE, {"msg": "lost"}, 1)], cluster.rows.generate_timestamp(), 0)
         raise RuntimeError("a two-phase commit fails after this participant was applied")
-    cluster.insert_rows("//tmp/log", [{"msg": "second"}])
-    rows = cluster.select_rows("[$row_index], msg from [//tmp/log]")
+    cluster.rows.insert_rows("//tmp/log", [{"msg": "second"}])
+    rows = cluster.rows.select_rows("[$row_index], msg from [//tmp/log]")
     assert [(r["$row_index"], r["msg"]) for r in rows] == [(0, "first"), (1, "second")]
 
 

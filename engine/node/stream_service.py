@@ -22,26 +22,35 @@ Freshness: ``stream_bound`` is the newest timestamp up to which every change of 
 applied here - the in-flight bound on a table written here, and, on a replica table, also its
 replication freshness (heartbeats from the meta-cluster, ``replication/sink.py``). Reads answer
 with it (``include_event_token``) or compare a token with it (``compare_event_token``).
+
+An answer is a :class:`PullAnswer`: the events as maps, or - the fast path for a table SQLite can
+describe - as the JSON text SQLite built for each event; the API layer turns either into the wire
+format (``api/streams.py``). Other subsystems that need a table's log kept (XDCR peers) register a
+hold (``add_log_hold``). Collaborators (given by the composition root, ``cluster.py``): the storage,
+the tree, the node's tables, the timestamps, the transaction manager (what is visible), replication
+(a replica table's freshness) and the change feed (waiting pulls).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from ..cypress import Node
+from ..config import EngineConfig
+from ..cypress import Cypress, Node
 from ..errors import ErrorCode, YtError
 from ..metrics import ConsumerSample, StateSamples
-from ..replication import UPSTREAM_TABLE_ATTRIBUTE
-from ..storage import consumers_table, on_rollback
+from ..replication import UPSTREAM_TABLE_ATTRIBUTE, ReplicationManager
+from ..storage import Storage, consumers_table, on_rollback
 from ..tablets import DynamicTable, changes
-from ..tablets.changes import HEARTBEAT_SEQ, Position, decode_token, encode_token, heartbeat_position
-from ..timestamps import COUNTER_BITS, MAX_TIMESTAMP
-from .base import CHANGES_TRIMMED_ATTRIBUTE, DEFAULT_CHANGE_RETENTION_MS, log
-from .tablet_commands import TabletCommands
+from ..tablets.changes import HEARTBEAT_SEQ, ChangeFeed, Position, decode_token, encode_token, heartbeat_position
+from ..timestamps import COUNTER_BITS, MAX_TIMESTAMP, TimestampProvider
+from ..transactions import TransactionManager
+from .tables import CHANGES_TRIMMED_ATTRIBUTE, DEFAULT_CHANGE_RETENTION_MS, Tables, log
 
 DEFAULT_PULL_ROWS = 1000
 DEFAULT_WAIT_MS = 1000
@@ -54,8 +63,43 @@ def _ms_to_ts(ms: int) -> int:
     return (ms << COUNTER_BITS) // 1000
 
 
-class StreamCommands(TabletCommands):
+#: a hold on a table's change log: the newest position it may be trimmed to (None: no hold)
+LogHold = Callable[[DynamicTable], "Position | None"]
+
+
+@dataclass
+class PullAnswer:
+    """One answer of a table's stream: its events in order, and where the next pull starts."""
+
+    event_token: str
+    timestamp: int
+    #: the events as maps (a heartbeat's included); empty when ``event_texts`` holds them
+    events: list[dict[str, Any]]
+    #: the events as JSON text that SQLite built (the fast path, ``changes.read_json``): each
+    #: (timestamp, the event without its ``commit_end`` and closing brace); None unless asked for
+    event_texts: list[tuple[int, str]] | None = None
+
+
+class StreamService:
     """pull_changes, the queue-consumer commands, retention, and the freshness of reads."""
+
+    def __init__(self, name: str, config: EngineConfig, storage: Storage, cypress: Cypress, tables: Tables,
+                 timestamps: TimestampProvider, transactions: TransactionManager, replication: ReplicationManager,
+                 change_feed: ChangeFeed) -> None:
+        self.name = name
+        self.config = config
+        self.storage = storage
+        self.cypress = cypress
+        self.tables = tables
+        self.timestamps = timestamps
+        self.transactions = transactions
+        self.replication = replication
+        self.change_feed = change_feed
+        self._log_holds: list[LogHold] = []
+
+    def add_log_hold(self, hold: LogHold) -> None:
+        """Register what else keeps a table's log (XDCR: every connected peer's position)."""
+        self._log_holds.append(hold)
 
     # -- positions -----------------------------------------------------------------------------------
 
@@ -150,16 +194,16 @@ class StreamCommands(TabletCommands):
     # -- pulling -------------------------------------------------------------------------------------
 
     def pull_changes(self, path: Any, from_event_token: Any = None, from_timestamp: Any = None,
-                     max_row_count: Any = None, wait_timeout: Any = None, raw: bool = False) -> dict[str, Any] | bytes:
-        """One answer of the stream (see the module docstring). With ``raw`` the answer may come as
-        its JSON text already (the HTTP layer's fast path, ``changes.read_json``)."""
-        table, table_path, _ = self._table(path)
+                     max_row_count: Any = None, wait_timeout: Any = None, event_texts: bool = False) -> PullAnswer:
+        """One answer of the stream (see the module docstring). With ``event_texts`` the events may
+        come as the JSON text SQLite builds (``changes.read_json``), for the wire."""
+        table, table_path, _ = self.tables.table(path)
         limit, wait_ms = self._limits(max_row_count, wait_timeout, self.config.max_pull_rows)
         start = self._start(table, table_path, from_event_token, from_timestamp)
-        return self._pull(table, table_path, start, limit, wait_ms, raw)
+        return self._pull(table, table_path, start, limit, wait_ms, event_texts)
 
     def _pull(self, table: DynamicTable, table_path: str, start: Position, limit: int,
-              wait_ms: int, raw: bool = False) -> dict[str, Any] | bytes:
+              wait_ms: int, raw: bool = False) -> PullAnswer:
         self._check_kept(table, table_path, start)
         deadline = time.monotonic() + wait_ms / 1000.0
         feed = self.change_feed
@@ -208,9 +252,8 @@ class StreamCommands(TabletCommands):
                     time.sleep(min(self.config.pull_linger, max(0.0, deadline - time.monotonic())))
         position = max(start, heartbeat_position(bound))
         token = encode_token(position, table.table_id)
-        return {"events": [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
-                            "path": table_path}],
-                "event_token": token, "timestamp": position[0]}
+        return PullAnswer(token, position[0], [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
+                                                "path": table_path}])
 
     def _check_present(self, table: DynamicTable, table_path: str) -> None:
         """A pull waiting on a table that was removed meanwhile answers at once that it is gone."""
@@ -220,7 +263,7 @@ class StreamCommands(TabletCommands):
                           code=ErrorCode.RESOLVE_ERROR, attributes={"path": table_path})
 
     def _answer(self, table: DynamicTable, table_path: str, found: list[changes.Change], bound: int,
-                limited: bool) -> dict[str, Any]:
+                limited: bool) -> PullAnswer:
         events = self._events(table, table_path, found)
         if limited:
             token, ts = events[-1]["event_token"], found[-1].position[0]
@@ -228,26 +271,23 @@ class StreamCommands(TabletCommands):
             # every change up to the bound is in this answer: the next pull starts after it
             ts = max(bound, found[-1].position[0])
             token = encode_token((ts, HEARTBEAT_SEQ), table.table_id)
-        return {"events": events, "event_token": token, "timestamp": ts}
+        return PullAnswer(token, ts, events)
 
     @staticmethod
-    def _answer_json(table: DynamicTable, texts: list[tuple[int, str]], bound: int, limited: bool) -> bytes:
-        """The answer of ``_answer`` as JSON text, from events SQLite built (``changes.read_json``)."""
-        last = len(texts) - 1
-        events = ",".join(f'{text},"commit_end":{"true" if i == last or texts[i + 1][0] != ts else "false"}}}'
-                          for i, (ts, text) in enumerate(texts))
+    def _answer_json(table: DynamicTable, texts: list[tuple[int, str]], bound: int, limited: bool) -> PullAnswer:
+        """``_answer`` of events SQLite built (``changes.read_json``)."""
         if limited:
             ts = texts[-1][0]
             token = texts[-1][1][len('{"event_token":"'):].split('"', 1)[0]
         else:
             ts = max(bound, texts[-1][0])
             token = encode_token((ts, HEARTBEAT_SEQ), table.table_id)
-        return f'{{"events":[{events}],"event_token":"{token}","timestamp":{ts}}}'.encode()
+        return PullAnswer(token, ts, [], texts)
 
     def _events(self, table: DynamicTable, table_path: str, found: list[changes.Change]) -> list[dict[str, Any]]:
         keys = table.schema.key_names
         rows = [c.payload.get("row") for c in found]
-        self.decode_any_columns(table, [r for r in rows if isinstance(r, dict)])
+        self.tables.decode_any_columns(table, [r for r in rows if isinstance(r, dict)])
         events: list[dict[str, Any]] = []
         for i, (change, row) in enumerate(zip(found, rows, strict=True)):
             event: dict[str, Any] = {"event_token": encode_token(change.position, table.table_id),
@@ -295,7 +335,7 @@ class StreamCommands(TabletCommands):
 
     def register_queue_consumer(self, queue_path: Any, consumer_path: Any, vital: bool = False,
                                 from_timestamp: Any = None) -> None:
-        table, table_path, _ = self._table(queue_path)
+        table, table_path, _ = self.tables.table(queue_path)
         consumer = self._consumer_name(consumer_path)
         start = self._start(table, table_path, None, from_timestamp)
         with self.storage.write() as conn:
@@ -313,7 +353,7 @@ class StreamCommands(TabletCommands):
                                                      "vital": bool(vital)})
 
     def unregister_queue_consumer(self, queue_path: Any, consumer_path: Any) -> None:
-        table, table_path, _ = self._table(queue_path)
+        table, table_path, _ = self.tables.table(queue_path)
         consumer = self._consumer_name(consumer_path)
         with self.storage.write() as conn:
             c = consumers_table.c
@@ -323,7 +363,7 @@ class StreamCommands(TabletCommands):
                 raise self._no_consumer(consumer, table_path)
 
     def list_queue_consumer_registrations(self, queue_path: Any) -> list[dict[str, Any]]:
-        table, table_path, _ = self._table(queue_path)
+        table, table_path, _ = self.tables.table(queue_path)
         c = consumers_table.c
         with self.storage.read() as conn:
             rows = conn.execute(sa.select(c.consumer_path, c.vital, c.offset_timestamp, c.offset_seq).where(
@@ -333,20 +373,18 @@ class StreamCommands(TabletCommands):
                 for r in rows]
 
     def pull_consumer(self, consumer_path: Any, queue_path: Any, max_row_count: Any = None,
-                      wait_timeout: Any = None) -> dict[str, Any]:
-        table, table_path, _ = self._table(queue_path)
+                      wait_timeout: Any = None) -> PullAnswer:
+        table, table_path, _ = self.tables.table(queue_path)
         consumer = self._consumer_name(consumer_path)
         limit, wait_ms = self._limits(max_row_count, wait_timeout, self.config.max_pull_rows)
         with self.storage.read() as conn:
             row = self._consumer_row(conn, table, consumer)
         if row is None:
             raise self._no_consumer(consumer, table_path)
-        answer = self._pull(table, table_path, (int(row[1]), _unsigned(row[2])), limit, wait_ms)
-        assert isinstance(answer, dict)  # (not raw)
-        return answer
+        return self._pull(table, table_path, (int(row[1]), _unsigned(row[2])), limit, wait_ms)
 
     def advance_consumer(self, consumer_path: Any, queue_path: Any, old_offset: Any, new_offset: Any) -> None:
-        table, table_path, _ = self._table(queue_path)
+        table, table_path, _ = self.tables.table(queue_path)
         consumer = self._consumer_name(consumer_path)
         new = self._position_of(table, table_path, new_offset, "new_offset")
         old = None if old_offset is None else self._position_of(table, table_path, old_offset, "old_offset")
@@ -407,8 +445,9 @@ class StreamCommands(TabletCommands):
         return hold
 
     def _log_hold(self, table: DynamicTable) -> Position | None:
-        """Changes others still need beyond the consumers (XDCR peers, ``node/xdcr.py``)."""
-        return None
+        """Changes others still need beyond the consumers (the registered holds: XDCR peers)."""
+        holds = [h for h in (hold(table) for hold in self._log_holds) if h is not None]
+        return min(holds) if holds else None
 
     def trim_changes(self) -> int:
         """Drop logged changes older than each table's ``@change_retention`` that no vital consumer

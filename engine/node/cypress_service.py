@@ -1,4 +1,4 @@
-"""Changing the tree: create, set, remove, the cluster directory, collocations.
+"""Changing the tree: create, set, remove, the cluster directory, collocations (``CypressService``).
 
 Every command validates and prepares everything before it changes memory, and changes memory and
 SQL together inside one write transaction (under the storage writer lock). Values from a request
@@ -11,11 +11,18 @@ with the transaction: the tree's own undos put the nodes back (``cypress/tree.py
 ``//sys/clusters`` is changed only as a whole, validated (``peers.parse_directory``), whichever
 path or object id names it; a masked token written back keeps the stored one only while the
 cluster's ``proxy_url`` is unchanged (``peers.keep_stored_tokens``).
+
+Collaborators (given by the composition root, ``cluster.py``): the storage and the tree, the node's
+tables, the read side (``NodeReads``: values and attributes as they leave the tree), replication
+(replica objects, the options of replicated tables) and the change feed (a removed table wakes the
+pulls waiting on it). Settings that another subsystem owns are checked by the checks it registers
+(``add_setting_check``: XDCR's ``//sys/@xdcr_*``), before the writer lock is taken.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,6 +33,7 @@ from ..cypress import (
     MAP_NODE,
     OBJECT_TYPES,
     ROOT_ID,
+    Cypress,
     Node,
     YPath,
     parse_ypath,
@@ -34,27 +42,32 @@ from ..errors import AlreadyExistsError, ErrorCode, ResolveError, TabletStateErr
 from ..peers import parse_directory
 from ..peers.directory import keep_stored_tokens
 from ..replication import (
+    ReplicationManager,
     validate_replicated_table_options,
     validate_throttler,
 )
 from ..schema import TableSchema
-from ..storage import meta_table, on_commit, on_rollback, tablets_table
+from ..storage import Storage, meta_table, on_commit, on_rollback, tablets_table
 from ..tablets import (
     TabletState,
     parse_pivot_keys,
 )
-from ..tablets.changes import drop_log
+from ..tablets.changes import ChangeFeed, drop_log
 from ..transactions import (
     make_object_id,
 )
-from .base import (
+from .node_reads import NodeReads
+from .tables import (
     CLUSTERS_PATH,
     READ_ONLY_ATTRIBUTES,
     SCALAR_TYPES,
     TABLE_TYPES,
-    _flag,
+    Tables,
+    flag,
 )
-from .reads import CypressReads
+
+#: a check of an attribute set, run before the writer lock: (the path, the value) -> None or a YtError
+SettingCheck = Callable[[YPath, Any], None]
 
 
 def _xdcr_flag(value: Any, path: str) -> bool:
@@ -66,8 +79,23 @@ def _xdcr_flag(value: Any, path: str) -> bool:
     return value
 
 
-class CypressCommands(CypressReads):
+class CypressService:
     """create, set, remove, the directory and collocations."""
+
+    def __init__(self, name: str, storage: Storage, cypress: Cypress, tables: Tables, reads: NodeReads,
+                 replication: ReplicationManager, change_feed: ChangeFeed) -> None:
+        self.name = name
+        self.storage = storage
+        self.cypress = cypress
+        self.tables = tables
+        self.reads = reads
+        self.replication = replication
+        self.change_feed = change_feed
+        self._setting_checks: list[SettingCheck] = []
+
+    def add_setting_check(self, check: SettingCheck) -> None:
+        """Register a check of attribute sets (a subsystem's settings: XDCR's ``//sys/@xdcr_*``)."""
+        self._setting_checks.append(check)
 
     def create(self, type: str, path: Any, attributes: dict[str, Any] | None = None, recursive: bool = False,
                ignore_existing: bool = False, force: bool = False) -> str:
@@ -106,16 +134,16 @@ class CypressCommands(CypressReads):
                 if type == "replicated_table":
                     attributes["dynamic"] = attributes.get("dynamic", True)
                 self._validate_table_attributes(attributes, ypath.text, replicated=type == "replicated_table")
-            if parent is self._clusters_node() or self._under_directory(parent):
+            if parent is self.tables.clusters_node() or self.tables.under_directory(parent):
                 raise YtError(f"Use set to change {CLUSTERS_PATH}", code=ErrorCode.INVALID_PARAMETER)
             if existing is not None:
                 self._remove_node(conn, existing, recursive=True)
             for seg in missing:
-                parent = self._new_node(conn, parent, seg, MAP_NODE, {})
+                parent = self.tables.new_node(conn, parent, seg, MAP_NODE, {})
             if type in TABLE_TYPES:
                 node = self._create_table(conn, parent, name, attributes, ypath.text, type)
             else:
-                node = self._new_node(conn, parent, name, type, attributes,
+                node = self.tables.new_node(conn, parent, name, type, attributes,
                                       value=None if type == MAP_NODE else attributes.pop("value", None))
             return node.id
 
@@ -154,7 +182,7 @@ class CypressCommands(CypressReads):
                 raise YtError(f"{action}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER) from None
 
     def _validate_table_attributes(self, attrs: dict[str, Any], path: str, replicated: bool = False) -> None:
-        if not _flag(attrs.get("dynamic")):
+        if not flag(attrs.get("dynamic")):
             raise YtError(f"Cannot create table {path}: only dynamic tables are supported "
                           "(set attribute dynamic=%true)", code=ErrorCode.INVALID_PARAMETER)
         if "schema" not in attrs:
@@ -200,7 +228,7 @@ class CypressCommands(CypressReads):
 
     def _check_xdcr_table(self, schema: TableSchema, attrs: dict[str, Any], path: str, replicated: bool) -> None:
         """An XDCR table (seed 001's DR TABLE): sorted, written here, on a cluster with an id."""
-        if self.cluster_id is None:
+        if self.tables.cluster_id is None:
             raise YtError(f"Cannot make {path} an XDCR table: cluster {self.name} has no XDCR cluster id (start "
                           "its engine with --cluster-id N, 0-127)", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": path})
@@ -228,10 +256,10 @@ class CypressCommands(CypressReads):
                           "one; load data on one cluster after the group is set up)", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": node.path})
         before = table.xdcr_cluster_id
-        table.xdcr_cluster_id = self.cluster_id
+        table.xdcr_cluster_id = self.tables.cluster_id
         on_rollback(conn, lambda: setattr(table, "xdcr_cluster_id", before))
 
-    def _create_system_table(self, conn: sa.Connection, name: str, schema: list[dict[str, Any]]) -> Node:
+    def create_system_table(self, conn: sa.Connection, name: str, schema: list[dict[str, Any]]) -> Node:
         """A table under //sys the engine keeps itself (XDCR's conflict log), mounted; inside the
         caller's write transaction."""
         sys_node = self.cypress.root.children["sys"]
@@ -239,7 +267,7 @@ class CypressCommands(CypressReads):
                                   f"//sys/{name}")
         assert node.table is not None
         node.table.state = TabletState.MOUNTED
-        self._save_table_state(conn, node)
+        self.tables.save_table_state(conn, node)
         return node
 
     def _create_table(self, conn: sa.Connection, parent: Node, name: str, attrs: dict[str, Any],
@@ -263,8 +291,8 @@ class CypressCommands(CypressReads):
             stored[f"{INTERNAL_PREFIX}tablet_count"] = int(stored.pop("tablet_count", 1))
         if stored.get("upstream_replica_id") in ("0-0-0-0", ""):
             stored.pop("upstream_replica_id")
-        node = self._new_node(conn, parent, name, node_type, stored)
-        node.table = self._make_table(node)
+        node = self.tables.new_node(conn, parent, name, node_type, stored)
+        node.table = self.tables.make_table(node)
         node.table.has_read_locks = False
         node.table.sql.create(conn)
         if not schema.is_sorted or node.table.replicated:
@@ -279,7 +307,7 @@ class CypressCommands(CypressReads):
         non-empty node without ``recursive``, a subtree holding a table that is not unmounted."""
         if node.id == ROOT_ID:
             raise YtError("Cannot remove the root node", code=ErrorCode.INVALID_PARAMETER)
-        if node is self._clusters_node() or (node.parent is not None and node.parent.id == ROOT_ID
+        if node is self.tables.clusters_node() or (node.parent is not None and node.parent.id == ROOT_ID
                                               and node.name == "sys"):
             raise YtError(f"Cannot remove {node.path}: it is a system node", code=ErrorCode.INVALID_PARAMETER)
         if node.type in ("table_replica", "table_collocation"):
@@ -316,7 +344,7 @@ class CypressCommands(CypressReads):
                 for replica in self.replication.replicas_of(n.id):
                     self.replication.remove_replica(conn, replica.id)
                     self.cypress.delete(conn, self.cypress.detach(replica.node, conn))
-                collocation = self._collocation_of(n)
+                collocation = self.reads.collocation_of(n)
                 if collocation is not None:
                     self._leave_collocation(conn, collocation, n)
                 n.table.sql.drop(conn)
@@ -336,7 +364,7 @@ class CypressCommands(CypressReads):
                 return
             if ypath.attribute_path is not None:
                 if ypath.attribute_path == ("replication_collocation_id",) and node.table is not None:
-                    collocation = self._collocation_of(node)
+                    collocation = self.reads.collocation_of(node)
                     if collocation is None and not force:
                         raise ResolveError(f"Table {node.path} is in no collocation", attributes={"path": node.path})
                     if collocation is not None:
@@ -347,7 +375,7 @@ class CypressCommands(CypressReads):
             relative = self._directory_relative(ypath)
             if relative:
                 # the directory left behind must be valid, or the engine would keep using the old one
-                updated = self._node_value(self._directory(), None, reveal_secrets=True) or {}
+                updated = self.reads.node_value(self._directory(), None, reveal_secrets=True) or {}
                 target = updated
                 for key in relative[:-1]:
                     target = target[key]
@@ -356,7 +384,7 @@ class CypressCommands(CypressReads):
                 directory = True
             self._remove_node(conn, node, recursive)
         if directory:
-            self._refresh_directory()
+            self.reads.refresh_directory()
 
     def _remove_attribute(self, conn: sa.Connection, node: Node, ypath: YPath, force: bool) -> None:
         attr = ypath.attribute_path or ()
@@ -412,17 +440,18 @@ class CypressCommands(CypressReads):
                 depth = self._check_node_depth(parent.depth + len(missing) + 1, action)
                 self._check_depth(value, yson_util.MAX_DEPTH - depth, action)
                 for seg in missing:
-                    parent = self._new_node(conn, parent, seg, MAP_NODE, {})
+                    parent = self.tables.new_node(conn, parent, seg, MAP_NODE, {})
                 self._build_value_node(conn, parent, name, value)
         if directory:
-            self._refresh_directory()
+            self.reads.refresh_directory()
 
     def _check_setting(self, ypath: YPath, value: Any) -> None:
-        """An attribute set that a command group above checks first (``node/xdcr.py``: the XDCR
-        settings of ``//sys``); nothing here. Runs before the writer lock is taken."""
+        """The registered checks of an attribute set (``add_setting_check``), before the writer lock."""
+        for check in self._setting_checks:
+            check(ypath, value)
 
     def _directory(self) -> Node:
-        clusters = self._clusters_node()
+        clusters = self.tables.clusters_node()
         assert clusters is not None
         return clusters
 
@@ -460,8 +489,8 @@ class CypressCommands(CypressReads):
         """Change //sys/clusters as a whole: validated first; a masked token keeps its secret only
         while its cluster's proxy_url is unchanged (peers.keep_stored_tokens)."""
         clusters = self._directory()
-        stored = self._node_value(clusters, None, reveal_secrets=True) or {}
-        updated: Any = self._node_value(clusters, None) or {}  # as users see it: tokens masked
+        stored = self.reads.node_value(clusters, None, reveal_secrets=True) or {}
+        updated: Any = self.reads.node_value(clusters, None) or {}  # as users see it: tokens masked
         where = f"{CLUSTERS_PATH}/{'/'.join(relative)}".rstrip("/")
         if not relative:
             updated = value
@@ -482,12 +511,12 @@ class CypressCommands(CypressReads):
 
     def _build_value_node(self, conn: sa.Connection, parent: Node, name: str, value: Any) -> Node:
         if isinstance(value, dict):
-            node = self._new_node(conn, parent, name, MAP_NODE, {})
+            node = self.tables.new_node(conn, parent, name, MAP_NODE, {})
             for k, v in value.items():
                 self._build_value_node(conn, node, k, v)
             return node
         node_type = "document" if value is None else SCALAR_TYPES.get(type(value), "document")
-        return self._new_node(conn, parent, name, node_type, {}, value=value)
+        return self.tables.new_node(conn, parent, name, node_type, {}, value=value)
 
     def _replace_node_value(self, conn: sa.Connection, node: Node, value: Any) -> None:
         if node.type in TABLE_TYPES:
@@ -533,7 +562,7 @@ class CypressCommands(CypressReads):
             collocation = self.cypress.by_id.get(str(value).lstrip("#"))
             if collocation is None or collocation.type != "table_collocation":
                 raise ResolveError(f"No such table collocation {value!r}", attributes={"path": node.path})
-            current = self._collocation_of(node)
+            current = self.reads.collocation_of(node)
             if current is not None and current is not collocation:
                 self._leave_collocation(conn, current, node)
             self._join_collocation(conn, collocation, node)
@@ -617,11 +646,11 @@ class CypressCommands(CypressReads):
                           code=ErrorCode.INVALID_PARAMETER)
         nodes = []
         for path in paths:
-            table, table_path, node = self._table(path)
+            table, table_path, node = self.tables.table(path)
             if not table.replicated:
                 raise YtError(f"Cannot collocate {table_path}: it is not a replicated_table",
                               code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
-            existing = self._collocation_of(node)
+            existing = self.reads.collocation_of(node)
             if existing is not None:
                 raise YtError(f"Table {table_path} already belongs to collocation {existing.id}",
                               code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})

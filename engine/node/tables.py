@@ -1,18 +1,14 @@
-"""The node's shared state and helpers: what every group of commands stands on.
+"""The node's tables: from a path (or an id) to a table, and a Cypress node to a table object.
 
-A table node is one object (:class:`~reptables.engine.node.Cluster`), but its commands fall into
-groups that each live in a module of their own, layered inside this package from the bottom up:
-``base`` (state, resolution of paths and tables) < ``reads`` (get/list/exists and the attribute
-handlers per object type) < ``cypress_commands`` (create/set/remove, collocations) <
-``tablet_commands`` (mount, freeze, reshard, replica commands) < ``rows`` (transactions, writes,
-lookups, selects) < ``cluster`` (the composition root). Each group is a class that extends the one
-below, so a command may call down, never up; ``Cluster`` is the last of them and builds the pieces.
+Every service of the node (``cypress_service``, ``tablet_service``, ``row_service``,
+``stream_service``, XDCR) starts a command the same way: resolve a path, insist it names a dynamic
+table, and get its ``DynamicTable``. That, the making of a ``DynamicTable`` from its Cypress node
+(at start-up and on ``create``), and the checks every read shares (a read timestamp) live here, in
+one object the composition root (``cluster.py``) builds and hands to each service: a service never
+reaches another service for them.
 
-Every public method is one YT command (``create``, ``insert_rows``, ``select_rows``...), takes
-already-decoded parameters and returns plain Python values; nothing here knows about HTTP. Each
-mutating command validates everything first and then changes state in one SQL transaction, so a
-failed command leaves nothing behind. Cypress nodes and table objects change only under the
-storage writer lock.
+Cypress nodes and table objects change only under the storage writer lock; resolving takes no lock
+(the tree is read as it stands, as every command did before).
 """
 
 from __future__ import annotations
@@ -25,30 +21,13 @@ import sqlalchemy as sa
 
 from .. import yson_util
 from ..config import EngineConfig
-from ..cypress import (
-    INTERNAL_PREFIX,
-    OBJECT_TYPES,
-    Cypress,
-    Node,
-    YPath,
-    parse_ypath,
-)
+from ..cypress import INTERNAL_PREFIX, OBJECT_TYPES, Cypress, Node, YPath, parse_ypath
 from ..errors import ErrorCode, YtError
-from ..faults import Faults
-from ..metrics import EngineMetrics
-from ..peers import Peers
 from ..query import ParsedQuery
-from ..replication import (
-    TRIMMED_TIMESTAMP_ATTRIBUTE,
-    ReplicationManager,
-)
+from ..replication import TRIMMED_TIMESTAMP_ATTRIBUTE
 from ..schema import TableSchema
 from ..storage import Storage, UserTables
-from ..tablets import (
-    DynamicTable,
-    TabletState,
-    changes,
-)
+from ..tablets import DynamicTable, TabletState, changes
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
 from ..timestamps import (
@@ -59,10 +38,7 @@ from ..timestamps import (
     TimestampProvider,
     unix_to_timestamp,
 )
-from ..transactions import (
-    TransactionManager,
-    make_object_id,
-)
+from ..transactions import TransactionManager, make_object_id
 
 log = logging.getLogger("reptables.engine")
 
@@ -74,10 +50,6 @@ DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 #: a table's node attribute holding ``DynamicTable.changes_trimmed`` (change streams)
 CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
-#: an XDCR table's node attribute while it joins its group from a snapshot (node/xdcr_join.py)
-JOIN_ATTRIBUTE = "_rt_xdcr_join"
-#: the origins whose first batch after such a join may have to rewind to the snapshot's position
-REWIND_ATTRIBUTE = "_rt_xdcr_rewind"
 #: the default ``change_retention`` of sorted and ordered tables (ms): changes are streamed from this far back
 DEFAULT_CHANGE_RETENTION_MS = 60 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much
@@ -93,7 +65,7 @@ READ_ONLY_ATTRIBUTES = {"id", "type", "path", "key", "parent_id", "dynamic", "so
                         "expected_tablet_state"}
 
 
-def _retarget_query(query: ParsedQuery, new_paths: dict[str, str]) -> str:
+def retarget_query(query: ParsedQuery, new_paths: dict[str, str]) -> str:
     """The text of ``query`` with each table path written in it replaced by ``new_paths[path]``.
 
     Used to send a query over replicated tables to the cluster of their replicas. Only the table
@@ -116,13 +88,13 @@ def _retarget_query(query: ParsedQuery, new_paths: dict[str, str]) -> str:
     return "".join(pieces) + text[last:]
 
 
-def _is_storage_outage(exc: sa.exc.DBAPIError) -> bool:
+def is_storage_outage(exc: sa.exc.DBAPIError) -> bool:
     """Errors that mean "the database is busy or gone", as opposed to "this query is invalid"."""
     text = str(exc.orig).lower()
     return any(s in text for s in ("database is locked", "disk i/o error", "unable to open", "connection"))
 
 
-def _flag(value: Any, default: bool = False) -> bool:
+def flag(value: Any, default: bool = False) -> bool:
     if value is None:
         return default
     if isinstance(value, str):
@@ -130,31 +102,36 @@ def _flag(value: Any, default: bool = False) -> bool:
     return bool(value)
 
 
+def table_by_id(cypress: Cypress, table_id: str) -> tuple[DynamicTable, str] | None:
+    """The table with ``table_id`` and its path (the transaction manager's ``resolve_table``)."""
+    node = cypress.by_id.get(table_id)
+    if node is None or node.table is None:
+        return None
+    return node.table, node.path
 
 
-class NodeBase:
-    """State and helpers shared by every group of commands (see the module docstring)."""
+class Tables:
+    """Paths and ids to tables, Cypress nodes to table objects, and the checks reads share."""
 
-    # built by Cluster.__init__ (the composition root)
-    name: str
-    config: EngineConfig
-    metrics: EngineMetrics
-    faults: Faults
-    storage: Storage
-    cypress: Cypress
-    timestamps: TimestampProvider
-    transactions: TransactionManager
-    peers: Peers
-    replication: ReplicationManager
-    change_feed: ChangeFeed
-    #: this cluster's XDCR id (``--cluster-id``, kept in the data directory), None without one
-    cluster_id: int | None
-    #: client writes refused (dr_pause, --paused); XDCR peers' changes still applied
-    xdcr_paused: bool
-    xdcr_clock: VersionClock
-    data_dir: Any
+    def __init__(self, name: str, config: EngineConfig, storage: Storage, cypress: Cypress,
+                 timestamps: TimestampProvider, transactions: TransactionManager, change_feed: ChangeFeed,
+                 xdcr_clock: VersionClock) -> None:
+        self.name = name
+        self.config = config
+        self.storage = storage
+        self.cypress = cypress
+        self.timestamps = timestamps
+        self.transactions = transactions
+        self.change_feed = change_feed
+        self.xdcr_clock = xdcr_clock
+        #: this cluster's XDCR id (``--cluster-id``, kept in the data directory), None without one;
+        #: set once at start-up, before any table is made
+        self.cluster_id: int | None = None
 
-    def _make_table(self, node: Node) -> DynamicTable:
+    # -- making table objects ------------------------------------------------------------------------
+
+    def make_table(self, node: Node) -> DynamicTable:
+        """The ``DynamicTable`` of a table's Cypress node (at start-up and on ``create``)."""
         attrs = node.attributes
         path = node.path
         schema = TableSchema.parse(attrs["schema"], path)
@@ -175,7 +152,7 @@ class NodeBase:
         )
         # every commit from now on is remembered for conflict checks; earlier ones are in SQL
         table.recent_floor = self.timestamps.generate()
-        # change streams (node/streams.py): where the log goes on, what was trimmed, who waits
+        # change streams (stream_service.py): where the log goes on, what was trimmed, who waits
         trimmed = attrs.get(CHANGES_TRIMMED_ATTRIBUTE)
         if isinstance(trimmed, list) and len(trimmed) == 2:
             table.changes_trimmed = (int(trimmed[0]), int(trimmed[1]))
@@ -184,9 +161,76 @@ class NodeBase:
                 table.change_seq = changes.next_seq(conn, node.id)
         table.on_change = self.change_feed.notify
         table.xdcr_clock = self.xdcr_clock
-        if _flag(attrs.get("xdcr")) and table.sorted and not replicated:
+        if flag(attrs.get("xdcr")) and table.sorted and not replicated:
             table.xdcr_cluster_id = self.cluster_id
         return table
+
+    def new_node(self, conn: sa.Connection, parent: Node, name: str, node_type: str,
+                 attributes: dict[str, Any], value: Any = None) -> Node:
+        node = Node(id=make_object_id(OBJECT_TYPES.get(node_type, 0x12F)), type=node_type, name=name,
+                    parent=parent, attributes=attributes, value=value)
+        self.cypress.attach(node)
+        self.cypress.save(conn, node)
+        return node
+
+    def save_table_state(self, conn: sa.Connection, node: Node) -> None:
+        assert node.table is not None
+        node.attributes[f"{INTERNAL_PREFIX}tablet_state"] = node.table.state.value
+        self.cypress.save(conn, node)
+
+    # -- resolving -----------------------------------------------------------------------------------
+
+    def resolve(self, path: Any) -> tuple[Node, YPath]:
+        ypath = parse_ypath(path)
+        node = self.cypress.resolve(ypath)
+        assert node is not None
+        return node, ypath
+
+    def table(self, path: Any) -> tuple[DynamicTable, str, Node]:
+        """The dynamic table at ``path``, its path and node; a ``YtError`` naming what is there otherwise."""
+        node, ypath = self.resolve(path)
+        if ypath.attribute_path is not None:
+            raise YtError(f"Path {ypath.text} names an attribute, not a table", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": ypath.text})
+        if node.table is None:
+            raise YtError(f"Node {node.path} is a {node.type}, not a dynamic table",
+                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        return node.table, node.path, node
+
+    def table_by_id(self, table_id: str) -> tuple[DynamicTable, str] | None:
+        return table_by_id(self.cypress, table_id)
+
+    def all_tables(self) -> list[Node]:
+        """The Cypress nodes of every table (a copy: the tree may change meanwhile)."""
+        return [n for n in list(self.cypress.by_id.values()) if n.table is not None]
+
+    def is_plain_table(self, path: Any) -> bool:
+        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster and wait
+        for nothing (not a replicated table, which forwards reads and runs sync replica commits
+        elsewhere; not a replica table while sync writes to it are in flight)."""
+        try:
+            table, _, _ = self.table(path)
+        except YtError:
+            return False
+        # a replica table with prepared writes in flight may make a read wait for them
+        return not table.replicated and not self.transactions.has_remote_prepared(table.table_id)
+
+    def clusters_node(self) -> Node | None:
+        return self.cypress.resolve(parse_ypath(CLUSTERS_PATH), missing_ok=True)
+
+    def sys_node(self) -> Node | None:
+        return self.cypress.root.children.get("sys")
+
+    def under_directory(self, node: Node) -> bool:
+        clusters = self.clusters_node()
+        current: Node | None = node
+        while current is not None:
+            if current is clusters:
+                return True
+            current = current.parent
+        return False
+
+    # -- what reads share ----------------------------------------------------------------------------
 
     def decode_any_columns(self, table: DynamicTable, rows: list[dict[str, Any] | None]) -> None:
         """``any`` values are stored as YSON text; turn them back into structures for output."""
@@ -200,57 +244,7 @@ class NodeBase:
                 if row.get(n) is not None:
                     row[n] = yson_util.loads_text(row[n])
 
-    def _table_by_id(self, table_id: str) -> tuple[DynamicTable, str] | None:
-        node = self.cypress.by_id.get(table_id)
-        if node is None or node.table is None:
-            return None
-        return node.table, node.path
-
-    def _new_node(self, conn: sa.Connection, parent: Node, name: str, node_type: str,
-                  attributes: dict[str, Any], value: Any = None) -> Node:
-        node = Node(id=make_object_id(OBJECT_TYPES.get(node_type, 0x12F)), type=node_type, name=name,
-                    parent=parent, attributes=attributes, value=value)
-        self.cypress.attach(node)
-        self.cypress.save(conn, node)
-        return node
-
-    def _resolve(self, path: Any) -> tuple[Node, YPath]:
-        ypath = parse_ypath(path)
-        node = self.cypress.resolve(ypath)
-        assert node is not None
-        return node, ypath
-
-    def _table(self, path: Any) -> tuple[DynamicTable, str, Node]:
-        node, ypath = self._resolve(path)
-        if ypath.attribute_path is not None:
-            raise YtError(f"Path {ypath.text} names an attribute, not a table", code=ErrorCode.INVALID_PARAMETER,
-                          attributes={"path": ypath.text})
-        if node.table is None:
-            raise YtError(f"Node {node.path} is a {node.type}, not a dynamic table",
-                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
-        return node.table, node.path, node
-
-    def resolve_table(self, path: Any) -> tuple[DynamicTable, str, Node]:
-        """The dynamic table at ``path``, its path and node (``ReplicationHost.resolve_table``)."""
-        return self._table(path)
-
-    def is_plain_table(self, path: Any) -> bool:
-        """Whether ``path`` names a dynamic table whose reads and writes stay on this cluster and wait
-        for nothing (not a replicated table, which forwards reads and runs sync replica commits
-        elsewhere; not a replica table while sync writes to it are in flight)."""
-        try:
-            table, _, _ = self._table(path)
-        except YtError:
-            return False
-        # a replica table with prepared writes in flight may make a read wait for them
-        return not table.replicated and not self.transactions.has_remote_prepared(table.table_id)
-
-    def _save_table_state(self, conn: sa.Connection, node: Node) -> None:
-        assert node.table is not None
-        node.attributes[f"{INTERNAL_PREFIX}tablet_state"] = node.table.state.value
-        self.cypress.save(conn, node)
-
-    def _read_timestamp(self, timestamp: Any) -> int | None:
+    def read_timestamp(self, timestamp: Any) -> int | None:
         """Validate a read timestamp; None means "latest committed"."""
         if timestamp is None:
             return None
@@ -269,17 +263,3 @@ class NodeBase:
         self.timestamps.observe(timestamp)
         self.transactions.wait_visible(timestamp)
         return timestamp
-
-    def table_for_path(self, path: Any) -> DynamicTable:
-        return self._table(path)[0]
-
-    def _clusters_node(self) -> Node | None:
-        return self.cypress.resolve(parse_ypath(CLUSTERS_PATH), missing_ok=True)
-
-    def _under_directory(self, node: Node) -> bool:
-        clusters = self._clusters_node()
-        while node is not None:
-            if node is clusters:
-                return True
-            node = node.parent  # type: ignore[assignment]
-        return False

@@ -11,7 +11,7 @@ every other member (``_rt_xdcr_sink``). Rows, versions, the log and the sink rec
 the same SQL transaction as each change, so the cut is consistent without timestamps: after it,
 the donor ships its changes after its position, and every other member its changes after what the
 donor held of it. The donor writes the cut to pages under its data directory
-(``xdcr_snapshots/<id>``) and serves them by number, so a copy can read them in parallel and a
+(``xdcr_snapshots/<id>``, 0600) and serves them by number, so a copy can read them in parallel and a
 retried copy reads the same cut again.
 
 The joiner drives the copy (``dr_join_*``, the Spark job ``sparkapps/xdcr_join.py`` or
@@ -46,8 +46,9 @@ from ..errors import ErrorCode, YtError
 from ..schema import ColumnType
 from ..storage import changes_table, on_rollback, xdcr_rows_table, xdcr_sink_table
 from ..tablets import DynamicTable, RowWrite, WriteKind, xdcr
-from .base import JOIN_ATTRIBUTE, REWIND_ATTRIBUTE
-from .xdcr import XdcrCommands, log, schema_signature
+from .host import JOIN_ATTRIBUTE, REWIND_ATTRIBUTE
+from .settings import schema_signature
+from .state import XdcrState, log
 
 #: rows (and tombstones) per snapshot page
 PAGE_ROWS = 5000
@@ -80,34 +81,38 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-class XdcrJoinCommands(XdcrCommands):
+
+class Join:
     """Both sides of a join: the donor's snapshot pages and the joiner's ``dr_join_*`` commands."""
 
-    # -- the donor --------------------------------------------------------------------------------------
+    def __init__(self, state: XdcrState) -> None:
+        self.state = state
+        #: where snapshot pages are written (made on first use: the data directory's, or a temp dir)
+        self._snapshot_dir_root: Path | None = None
 
     def _snapshot_root(self) -> Path:
-        root = getattr(self, "_xdcr_snapshot_dir", None)
+        root = self._snapshot_dir_root
         if root is None:
-            if self.data_dir is not None:
-                root = self.data_dir.path / "xdcr_snapshots"
+            if self.state.host.data_dir is not None:
+                root = self.state.host.data_dir / "xdcr_snapshots"
             else:
                 root = Path(tempfile.mkdtemp(prefix="reptables-xdcr-snapshots-"))
             root.mkdir(mode=0o700, exist_ok=True)
-            self._xdcr_snapshot_dir = root
-        assert isinstance(root, Path)
+            self._snapshot_dir_root = root
         return root
 
-    def handle_xdcr_snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    def snapshot(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         """Take a cut of an XDCR table for a joining member (``caller``, which must be connected)."""
-        own = self._own_id()
-        if caller is not None and caller not in self.xdcr_connections():
-            raise YtError(f"Cluster {caller} is not connected to {self.name} for XDCR: add it to "
-                          f"//sys/@xdcr_connections of {self.name} before it joins", code=ErrorCode.XDCR_NOT_CONNECTED)
-        table, path, _ = self._table(body.get("path"))
+        own = self.state.own_id()
+        if caller is not None and caller not in self.state.connections():
+            raise YtError(f"Cluster {caller} is not connected to {self.state.name} for XDCR: add it to "
+                          f"//sys/@xdcr_connections of {self.state.name} before it joins",
+                          code=ErrorCode.XDCR_NOT_CONNECTED)
+        table, path, _ = self.state.host.resolve_table(body.get("path"))
         if table.xdcr_cluster_id is None:
-            raise YtError(f"Table {path} of cluster {self.name} is not an XDCR table",
+            raise YtError(f"Table {path} of cluster {self.state.name} is not an XDCR table",
                           code=ErrorCode.XDCR_NOT_CONNECTED, attributes={"path": path})
-        self.check_same_schema(table, path, body.get("schema"), caller, "a join")
+        self.state.check_same_schema(table, path, body.get("schema"), caller, "a join")
         page_rows = _page_rows(body.get("page_rows", PAGE_ROWS), path)
         holder = caller or ""
         held = self._snapshots_of(holder)
@@ -116,8 +121,9 @@ class XdcrJoinCommands(XdcrCommands):
                 # a new cut of the same table for the same member (a restarted join): the old one goes
                 shutil.rmtree(self._snapshot_root() / snapshot_id, ignore_errors=True)
         if sum(1 for m in held.values() if m.get("path") != path) >= MAX_SNAPSHOTS_PER_PEER:
-            raise YtError(f"Cluster {holder or self.name} already holds {MAX_SNAPSHOTS_PER_PEER} XDCR snapshots on "
-                          f"cluster {self.name}: finish or release a join first (unused snapshots expire after "
+            raise YtError(f"Cluster {holder or self.state.name} already holds {MAX_SNAPSHOTS_PER_PEER} XDCR "
+                          "snapshots on "
+                          f"cluster {self.state.name}: finish or release a join first (unused snapshots expire after "
                           f"{SNAPSHOT_TTL:g} s)", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": path, "cluster_name": holder})
         snapshot_id = uuid.uuid4().hex
@@ -128,7 +134,7 @@ class XdcrJoinCommands(XdcrCommands):
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
-        meta = {"snapshot_id": snapshot_id, "path": path, "donor": self.name, "donor_cluster_id": own, **summary}
+        meta = {"snapshot_id": snapshot_id, "path": path, "donor": self.state.name, "donor_cluster_id": own, **summary}
         # who it is for: only that member reads or releases it (``_owned``)
         _write_private(directory / "meta.json", json.dumps({**meta, "for": holder}))
         log.info("xdcr snapshot taken", extra={"path": path, "for": caller, "rows": summary["rows"],
@@ -140,12 +146,12 @@ class XdcrJoinCommands(XdcrCommands):
         booleans = [c.name for c in table.schema.columns if c.type is ColumnType.BOOLEAN]
         v = xdcr_rows_table.c
         pages = rows = tombstones = 0
-        with self.storage.read() as conn:
+        with self.state.storage.read() as conn:
             c = changes_table.c
             # the read transaction's snapshot starts with its first statement; under the storage
             # writer, so that no trim of the log falls between it and the trimmed position read
             # with it (a log trimmed to nothing still has a position: where it was trimmed)
-            with self.storage.write_lock:
+            with self.state.storage.write_lock:
                 newest = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table.table_id)
                                       .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
                 trimmed = table.changes_trimmed
@@ -184,7 +190,7 @@ class XdcrJoinCommands(XdcrCommands):
             raise YtError("Malformed snapshot_id", code=ErrorCode.PROTOCOL_ERROR)
         directory = self._snapshot_root() / snapshot_id
         if not (directory / "meta.json").exists():
-            raise YtError(f"XDCR snapshot {snapshot_id} is not on cluster {self.name} (expired after "
+            raise YtError(f"XDCR snapshot {snapshot_id} is not on cluster {self.state.name} (expired after "
                           f"{SNAPSHOT_TTL:g} s unused, or released): begin the join again with restart",
                           code=ErrorCode.RESOLVE_ERROR, attributes={"snapshot_id": snapshot_id})
         return directory
@@ -207,12 +213,12 @@ class XdcrJoinCommands(XdcrCommands):
         directory = self._snapshot_dir(snapshot_id)
         meta = json.loads((directory / "meta.json").read_text())
         if caller is not None and meta.get("for") != caller:
-            raise YtError(f"XDCR snapshot {snapshot_id} on cluster {self.name} was taken for another cluster: "
+            raise YtError(f"XDCR snapshot {snapshot_id} on cluster {self.state.name} was taken for another cluster: "
                           f"cluster {caller} may not read or release it", code=ErrorCode.AUTHORIZATION_ERROR,
                           http_status=403, attributes={"snapshot_id": snapshot_id, "cluster_name": caller})
         return directory, meta
 
-    def handle_xdcr_snapshot_read(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    def snapshot_read(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         directory, meta = self._owned(body.get("snapshot_id"), caller)
         page = body.get("page")
         if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < int(meta["pages"]):
@@ -221,7 +227,7 @@ class XdcrJoinCommands(XdcrCommands):
         (directory / "meta.json").touch()  # in use: not expired
         return {"page": page, "entries": json.loads((directory / f"{page}.json").read_text())}
 
-    def handle_xdcr_snapshot_release(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+    def snapshot_release(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         snapshot_id = body.get("snapshot_id")
         if not isinstance(snapshot_id, str) or not _is_snapshot_id(snapshot_id):
             raise YtError("Malformed xdcr_snapshot_release: snapshot_id required", code=ErrorCode.PROTOCOL_ERROR)
@@ -232,9 +238,9 @@ class XdcrJoinCommands(XdcrCommands):
 
     def expire_snapshots(self) -> None:
         """Remove the snapshots nobody read for ``SNAPSHOT_TTL`` (a joiner that gave up)."""
-        root = getattr(self, "_xdcr_snapshot_dir", None)
-        if root is None and self.data_dir is not None:
-            root = self.data_dir.path / "xdcr_snapshots"
+        root = self._snapshot_dir_root
+        if root is None and self.state.host.data_dir is not None:
+            root = self.state.host.data_dir / "xdcr_snapshots"
         if root is None or not root.exists():
             return
         cutoff = time.time() - SNAPSHOT_TTL
@@ -245,12 +251,10 @@ class XdcrJoinCommands(XdcrCommands):
             if used < cutoff:
                 shutil.rmtree(directory, ignore_errors=True)
 
-    # -- the joiner -------------------------------------------------------------------------------------
-
     def _join_state(self, path: Any) -> tuple[DynamicTable, str, Any, dict[str, Any] | None]:
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.state.host.resolve_table(path)
         if table.xdcr_cluster_id is None:
-            raise YtError(f"Table {table_path} of cluster {self.name} is not an XDCR table (create it with "
+            raise YtError(f"Table {table_path} of cluster {self.state.name} is not an XDCR table (create it with "
                           "xdcr=%true, while empty)", code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         state = node.attributes.get(JOIN_ATTRIBUTE)
         return table, table_path, node, state if isinstance(state, dict) else None
@@ -258,25 +262,25 @@ class XdcrJoinCommands(XdcrCommands):
     def _donor(self, source: Any) -> str:
         """The donor: ``source``, else ``//sys/@xdcr_preferred_source`` (a cluster name or id), else
         the first connection."""
-        connections = self.xdcr_connections()
-        preferred = source if source is not None else self._sys_attr("xdcr_preferred_source")
+        connections = self.state.connections()
+        preferred = source if source is not None else self.state.sys_attr("xdcr_preferred_source")
         if preferred is None:
             if not connections:
-                raise YtError(f"Cluster {self.name} has no XDCR connections: set //sys/@xdcr_connections before "
+                raise YtError(f"Cluster {self.state.name} has no XDCR connections: set //sys/@xdcr_connections before "
                               "joining", code=ErrorCode.XDCR_NOT_CONNECTED)
             return connections[0]
         if isinstance(preferred, int) and not isinstance(preferred, bool):
             # the seed names the preferred source by its cluster id: ask each connection its id
             for peer in connections:
                 try:
-                    if self.peers.client(peer).call("xdcr_identity", {}, timeout=10.0).get("cluster_id") == preferred:
+                    if self.state.peer_cluster_id(peer) == preferred:
                         return peer
                 except YtError:
                     continue
-            raise YtError(f"No XDCR connection of cluster {self.name} has cluster id {preferred} "
+            raise YtError(f"No XDCR connection of cluster {self.state.name} has cluster id {preferred} "
                           f"(xdcr_preferred_source); connections: {connections}", code=ErrorCode.RESOLVE_ERROR)
         if preferred not in connections:
-            raise YtError(f"Cluster {preferred} is not an XDCR connection of cluster {self.name} (connections: "
+            raise YtError(f"Cluster {preferred} is not an XDCR connection of cluster {self.state.name} (connections: "
                           f"{connections}): it cannot be the join's source", code=ErrorCode.RESOLVE_ERROR,
                           attributes={"cluster_name": str(preferred)})
         return str(preferred)
@@ -285,24 +289,24 @@ class XdcrJoinCommands(XdcrCommands):
                       restart: bool = False) -> dict[str, Any]:
         """Mark the table joining and have the donor take a cut; resumes a join already begun
         (``restart``: a new cut, e.g. after the donor's expired)."""
-        own = self._own_id()
+        own = self.state.own_id()
         table, table_path, node, state = self._join_state(path)
         page_rows = _page_rows(page_rows, table_path)  # (checked here: a refusal must change nothing)
         if state is not None and state.get("snapshot") and not restart and source in (None, state["source"]):
             return self._join_summary(table_path, state)
         donor = self._donor(source)
-        with self.storage.read() as conn:
+        with self.state.storage.read() as conn:
             written_here = conn.execute(sa.select(sa.func.count()).select_from(xdcr_rows_table).where(
                 xdcr_rows_table.c.table_id == table.table_id, xdcr_rows_table.c.cluster_id == own)).scalar()
         if written_here:
-            raise YtError(f"Table {table_path} of cluster {self.name} holds {written_here} rows written on this "
+            raise YtError(f"Table {table_path} of cluster {self.state.name} holds {written_here} rows written on this "
                           "cluster: only a table never written here can join from a snapshot (its own changes would "
                           "be lost)", code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         # mark first (peers' changes to it are refused from now on), then clear what peers shipped
-        with self.storage.write() as conn:
+        with self.state.storage.write() as conn:
             node.attributes[JOIN_ATTRIBUTE] = {"source": donor, "snapshot": None, "loaded": []}
-            self.cypress.save(conn, node)
-        with self.storage.write() as conn:
+            self.state.cypress.save(conn, node)
+        with self.state.storage.write() as conn:
             keys = [tuple(orjson.loads(r[0])) for r in conn.execute(sa.select(xdcr_rows_table.c.row_key).where(
                 xdcr_rows_table.c.table_id == table.table_id, xdcr_rows_table.c.deleted.is_(False)))]
             if keys:
@@ -311,22 +315,22 @@ class XdcrJoinCommands(XdcrCommands):
                     write = RowWrite(WriteKind.DELETE, dict(zip(table.schema.key_names, k, strict=True)), 1)
                     write.origin = HOUSEKEEPING  # no member's change: never shipped
                     deletes.append(write)
-                table.apply(conn, deletes, self.timestamps.generate(), 0)
+                table.apply(conn, deletes, self.state.timestamps.generate(), 0)
             xdcr.drop_versions(conn, table.table_id)
             conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.table_id == table.table_id))
         try:
-            snapshot = self.peers.client(donor).call("xdcr_snapshot", {
+            snapshot = self.state.peers.client(donor).call("xdcr_snapshot", {
                 "path": table_path, "schema": schema_signature(table.schema), "page_rows": page_rows},
-                timeout=max(self.config.push_timeout, 600.0))
+                timeout=max(self.state.config.push_timeout, 600.0))
         except YtError as exc:
-            raise YtError(f"Cluster {donor} could not take a snapshot of {table_path} for {self.name} to join: "
+            raise YtError(f"Cluster {donor} could not take a snapshot of {table_path} for {self.state.name} to join: "
                           f"{exc.message}", code=exc.code if exc.code else ErrorCode.GENERIC,
                           attributes={"path": table_path, "source": donor}) from None
         snapshot = self._checked_snapshot(snapshot, donor, table_path)
         state = {"source": donor, "snapshot": snapshot, "loaded": []}
-        with self.storage.write() as conn:
+        with self.state.storage.write() as conn:
             node.attributes[JOIN_ATTRIBUTE] = state
-            self.cypress.save(conn, node)
+            self.state.cypress.save(conn, node)
         log.info("xdcr join begun", extra={"path": table_path, "source": donor, "pages": snapshot["pages"]})
         return self._join_summary(table_path, state)
 
@@ -334,7 +338,7 @@ class XdcrJoinCommands(XdcrCommands):
         """The donor's answer to ``xdcr_snapshot``, checked as any peer input: its positions become
         this cluster's sink records at the end of the join, so each must be a member's id and a
         position not past this cluster's clock bound."""
-        bounds = xdcr.Bounds.ahead_of_now(self.config.max_peer_clock_skew)
+        bounds = xdcr.Bounds.ahead_of_now(self.state.config.max_peer_clock_skew)
         try:
             if not isinstance(snapshot, dict):
                 raise ValueError("the answer is not a map")
@@ -355,7 +359,8 @@ class XdcrJoinCommands(XdcrCommands):
                 checked[origin] = list(xdcr.parse_position(position, f"positions[{origin}]", bounds))
         except (ValueError, YtError) as exc:
             message = exc.message if isinstance(exc, YtError) else str(exc)
-            raise YtError(f"Cluster {donor} answered the snapshot of {path} for {self.name} with a malformed cut: "
+            raise YtError(f"Cluster {donor} answered the snapshot of {path} for {self.state.name} with a malformed "
+                          "cut: "
                           f"{message}", code=ErrorCode.PROTOCOL_ERROR, attributes={"path": path, "source": donor}) \
                 from None
         return {**snapshot, "positions": checked}
@@ -373,7 +378,7 @@ class XdcrJoinCommands(XdcrCommands):
     def _begun(self, path: Any) -> tuple[DynamicTable, str, Any, dict[str, Any]]:
         table, table_path, node, state = self._join_state(path)
         if state is None or not state.get("snapshot"):
-            raise YtError(f"Table {table_path} of cluster {self.name} is not joining: run dr_join_begin first",
+            raise YtError(f"Table {table_path} of cluster {self.state.name} is not joining: run dr_join_begin first",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         return table, table_path, node, state
 
@@ -382,7 +387,7 @@ class XdcrJoinCommands(XdcrCommands):
         _, table_path, _, state = self._begun(path)
         snapshot = state["snapshot"]
         try:
-            answer: dict[str, Any] = self.peers.client(state["source"]).call(
+            answer: dict[str, Any] = self.state.peers.client(state["source"]).call(
                 "xdcr_snapshot_read", {"snapshot_id": snapshot["snapshot_id"], "page": page}, timeout=120.0)
         except YtError as exc:
             raise YtError(f"Cluster {state['source']} could not give page {page} of the snapshot of {table_path}: "
@@ -397,12 +402,12 @@ class XdcrJoinCommands(XdcrCommands):
             raise YtError(f"The snapshot of {table_path} has pages 0 to {pages - 1}, not {page!r}",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         writes, tombstones = self._page_writes(table, table_path, entries, page,
-                                               xdcr.Bounds.ahead_of_now(self.config.max_peer_clock_skew))
+                                               xdcr.Bounds.ahead_of_now(self.state.config.max_peer_clock_skew))
         newest = max([w.origin[0] for w in writes if w.origin] + [v.version[0] for v in tombstones.values()],
                      default=0)
-        self.replication.check_peer_writes(table, table_path, writes, f"page {page} of the snapshot of {table_path}")
+        self.state.host.check_peer_writes(table, table_path, writes, f"page {page} of the snapshot of {table_path}")
         if newest:
-            self.xdcr_clock.observe(newest)  # this cluster's next changes are later than all it holds
+            self.state.clock.observe(newest)  # this cluster's next changes are later than all it holds
 
         def check(conn: sa.Connection) -> tuple[Any, Any] | None:
             return (page, 0) if page in node.attributes[JOIN_ATTRIBUTE]["loaded"] else None
@@ -413,10 +418,10 @@ class XdcrJoinCommands(XdcrCommands):
             before = list(state["loaded"])
             state["loaded"] = sorted({*before, page})
             node.attributes[JOIN_ATTRIBUTE] = state
-            self.cypress.save(conn, node)
+            self.state.cypress.save(conn, node)
             self._on_rollback_restore(conn, node, before)
 
-        answer = self.transactions.apply_replicated(table, [(0, writes)] if writes else [], False, 0, check=check,
+        answer = self.state.transactions.apply_replicated(table, [(0, writes)] if writes else [], False, 0, check=check,
                                                     expected=None, record=record, end=page)
         return {"page": page, "applied": bool(answer.get("applied")), "rows": len(writes),
                 "tombstones": len(tombstones)}
@@ -477,8 +482,8 @@ class XdcrJoinCommands(XdcrCommands):
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path})
         snapshot = state["snapshot"]
         positions = {int(k): (int(p[0]), int(p[1])) for k, p in snapshot["positions"].items()}
-        own = self._own_id()
-        with self.storage.write() as conn:
+        own = self.state.own_id()
+        with self.state.storage.write() as conn:
             conn.execute(xdcr_sink_table.delete().where(xdcr_sink_table.c.table_id == table.table_id))
             for origin, position in positions.items():
                 if origin != own:
@@ -486,9 +491,9 @@ class XdcrJoinCommands(XdcrCommands):
                                                                  timestamp=position[0], seq=position[1]))
             node.attributes.pop(JOIN_ATTRIBUTE, None)
             node.attributes[REWIND_ATTRIBUTE] = sorted(o for o in positions if o != own)
-            self.cypress.save(conn, node)
+            self.state.cypress.save(conn, node)
         try:
-            self.peers.client(state["source"]).call("xdcr_snapshot_release",
+            self.state.peers.client(state["source"]).call("xdcr_snapshot_release",
                                                     {"snapshot_id": snapshot["snapshot_id"]}, timeout=10.0)
         except YtError:
             pass  # it expires on the donor
@@ -498,21 +503,8 @@ class XdcrJoinCommands(XdcrCommands):
     def joining_tables(self) -> dict[str, dict[str, Any]]:
         """The tables being joined, with their progress (``dr_status``)."""
         out = {}
-        for node in list(self.cypress.by_id.values()):
+        for node in list(self.state.cypress.by_id.values()):
             state = node.attributes.get(JOIN_ATTRIBUTE)
             if node.table is not None and isinstance(state, dict):
                 out[node.path] = self._join_summary(node.path, state)
         return out
-
-    def dr_status(self) -> dict[str, Any]:
-        return {**super().dr_status(), "joining": self.joining_tables()}
-
-    def _xdcr_maintenance(self) -> None:
-        super()._xdcr_maintenance()
-        self.expire_snapshots()
-
-    def handle_xdcr_identity(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
-        return {"cluster": self.name, "cluster_id": self.cluster_id}
-
-
-__all__ = ["JOIN_ATTRIBUTE", "XdcrJoinCommands"]

@@ -2,40 +2,54 @@
 
 The attributes of a table, a replicated table, a replica or a collocation are computed here from
 the objects that own them (tablets, replication status); reads take no engine lock of their own:
-they read snapshots (the replication layer hands out copies) and SQL in a read transaction.
+they read snapshots (the replication layer hands out copies) and SQL in a read transaction. The
+one place node values leave the tree (``node_value``) masks the tokens of ``//sys/clusters``.
+
+Collaborators (given by the composition root, ``cluster.py``): the tree, the node's tables, the
+replication manager (replica and replicated-table attributes) and the peers (the directory in use).
 """
 
 from __future__ import annotations
 
 import builtins
+import logging
 from typing import Any
 
 from .. import yson_util
 from ..cypress import (
     INTERNAL_PREFIX,
     MAP_NODE,
+    Cypress,
     Node,
     parse_ypath,
 )
 from ..errors import ErrorCode, ResolveError, YtError
-from ..peers import MASKED_TOKEN, parse_directory
+from ..peers import MASKED_TOKEN, Peers, parse_directory
 from ..replication import (
     DEFAULT_MIN_REPLICATION_LOG_TTL_MS,
+    ReplicationManager,
 )
 from ..tablets import (
     tablet_id,
 )
-from .base import (
+from .tables import (
     DEFAULT_CHANGE_RETENTION_MS,
     DEFAULT_MIN_DATA_TTL_MS,
     TABLE_TYPES,
-    NodeBase,
-    log,
+    Tables,
 )
 
+log = logging.getLogger("reptables.engine")
 
-class CypressReads(NodeBase):
+
+class NodeReads:
     """get, list, exists and the attributes of every object type."""
+
+    def __init__(self, cypress: Cypress, tables: Tables, replication: ReplicationManager, peers: Peers) -> None:
+        self.cypress = cypress
+        self.tables = tables
+        self.replication = replication
+        self.peers = peers
 
     def exists(self, path: Any) -> bool:
         try:
@@ -48,15 +62,15 @@ class CypressReads(NodeBase):
         if ypath.attribute_path is None:
             return True
         try:
-            self._get_attribute(node, ypath.attribute_path)
+            self.get_attribute(node, ypath.attribute_path)
         except YtError:
             return False
         return True
 
     def list(self, path: Any, attributes: builtins.list[str] | None = None) -> builtins.list[Any]:
-        node, ypath = self._resolve(path)
+        node, ypath = self.tables.resolve(path)
         if ypath.attribute_path is not None:
-            value = self._get_attribute(node, ypath.attribute_path)
+            value = self.get_attribute(node, ypath.attribute_path)
             if isinstance(value, dict):
                 return sorted(value)
             raise YtError(f"Attribute at {ypath.text} is not a map and cannot be listed",
@@ -68,24 +82,24 @@ class CypressReads(NodeBase):
         for name in sorted(node.children):
             child = node.children[name]
             if attributes:
-                out.append(yson_util.with_attributes(name, self._pick_attributes(child, attributes)))
+                out.append(yson_util.with_attributes(name, self.pick_attributes(child, attributes)))
             else:
                 out.append(name)
         return out
 
     def get(self, path: Any, attributes: builtins.list[str] | None = None) -> Any:
-        node, ypath = self._resolve(path)
+        node, ypath = self.tables.resolve(path)
         if ypath.attribute_path is not None:
-            return self._get_attribute(node, ypath.attribute_path)
-        return self._node_value(node, attributes)
+            return self.get_attribute(node, ypath.attribute_path)
+        return self.node_value(node, attributes)
 
-    def _node_value(self, node: Node, attributes: builtins.list[str] | None, *, reveal_secrets: bool = False) -> Any:
+    def node_value(self, node: Node, attributes: builtins.list[str] | None, *, reveal_secrets: bool = False) -> Any:
         """The value of a node and its subtree: the one place node values leave the tree.
 
         Tokens of other clusters (a node named ``token`` anywhere under ``//sys/clusters``) are
         secrets: they come out as ``<hidden>`` whatever the path, object id or attributes asked
         for. Only the engine's own use of the directory passes ``reveal_secrets``."""
-        directory = None if reveal_secrets else self._clusters_node()
+        directory = None if reveal_secrets else self.tables.clusters_node()
         return self._subtree_value(node, attributes, directory)
 
     def _subtree_value(self, node: Node, attributes: builtins.list[str] | None, directory: Node | None) -> Any:
@@ -100,7 +114,7 @@ class CypressReads(NodeBase):
             value = node.value
         if attributes:
             return yson_util.with_attributes(value if value is not None else yson_util.yson.YsonEntity(),
-                                             self._pick_attributes(node, attributes))
+                                             self.pick_attributes(node, attributes))
         return value
 
     @staticmethod
@@ -112,7 +126,7 @@ class CypressReads(NodeBase):
             parent = parent.parent
         return False
 
-    def _pick_attributes(self, node: Node, names: builtins.list[str]) -> dict[str, Any]:
+    def pick_attributes(self, node: Node, names: builtins.list[str]) -> dict[str, Any]:
         all_attrs = self._all_attributes(node)
         return {n: all_attrs[n] for n in names if n in all_attrs}
 
@@ -164,7 +178,7 @@ class CypressReads(NodeBase):
                 options.setdefault("enable_replicated_table_tracker", False)
                 attrs["replicated_table_options"] = options
                 attrs.setdefault("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS)
-            collocation = self._collocation_of(node)
+            collocation = self.collocation_of(node)
             if collocation is not None:
                 attrs["replication_collocation_id"] = collocation.id
                 attrs["replication_collocation_table_paths"] = [
@@ -187,7 +201,7 @@ class CypressReads(NodeBase):
             tablets.append(info)
         return tablets
 
-    def _get_attribute(self, node: Node, attr_path: tuple[str, ...]) -> Any:
+    def get_attribute(self, node: Node, attr_path: tuple[str, ...]) -> Any:
         value: Any = self._all_attributes(node)
         for i, key in enumerate(attr_path):
             if isinstance(value, dict) and key in value:
@@ -199,15 +213,15 @@ class CypressReads(NodeBase):
                                    attributes={"path": node.path})
         return value
 
-    def _refresh_directory(self) -> None:
-        node = self._clusters_node()
-        value = self._node_value(node, None, reveal_secrets=True) if node is not None else {}
+    def refresh_directory(self) -> None:
+        node = self.tables.clusters_node()
+        value = self.node_value(node, None, reveal_secrets=True) if node is not None else {}
         try:
             self.peers.update(parse_directory(value))
         except YtError as exc:
             log.error("invalid cluster directory", extra={"error": exc.message})
 
-    def _collocation_of(self, table_node: Node) -> Node | None:
+    def collocation_of(self, table_node: Node) -> Node | None:
         for node in list(self.cypress.by_id.values()):
             if node.type == "table_collocation" and table_node.id in node.attributes.get("table_ids", []):
                 return node

@@ -2,6 +2,11 @@
 
 Writes are validated against the schema here and buffered in a tablet transaction; the commit is
 the transaction manager's. Reads of a replicated table are served by an in-sync sync replica.
+
+``RowService`` gets its collaborators from the composition root (``cluster.py``): the storage, the
+tree, the node's tables, timestamps, the transaction manager, replication (reads served by a
+replica), the peers (their clients), the serving state (may a client write now) and the stream
+service (how fresh a read is: ``read_freshness``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from .. import yson_util
+from ..config import EngineConfig
 from ..credentials import made_by
-from ..cypress import parse_ypath
+from ..cypress import Cypress
 from ..errors import ErrorCode, YtError
+from ..peers import Peers
 from ..query import ParsedQuery, compile_query, parse_query
+from ..replication import ReplicationManager
 from ..schema import MAX_ROW_WEIGHT, row_weight, validate_row, validate_rows
+from ..storage import Storage
 from ..tablets import (
     DynamicTable,
     RowWrite,
@@ -25,25 +34,41 @@ from ..tablets import (
     changes,
     validate_key_not_null,
 )
+from ..timestamps import TimestampProvider
 from ..transactions import (
     Atomicity,
     Durability,
     TabletTransaction,
+    TransactionManager,
 )
-from .base import (
+from ..xdcr import JOIN_ATTRIBUTE
+from .serving import ServingState
+from .stream_service import StreamService
+from .tables import (
     DEFAULT_OUTPUT_ROW_LIMIT,
-    JOIN_ATTRIBUTE,
-    _is_storage_outage,
-    _retarget_query,
+    Tables,
+    is_storage_outage,
+    retarget_query,
 )
-from .streams import StreamCommands
-
-#: the node whose ``@read_only`` makes this cluster refuse client row writes (TableCluster ``readOnly``)
-_SYS = parse_ypath("//sys")
 
 
-class RowCommands(StreamCommands):
+class RowService:
     """Timestamps, transactions and rows."""
+
+    def __init__(self, name: str, config: EngineConfig, storage: Storage, cypress: Cypress, tables: Tables,
+                 timestamps: TimestampProvider, transactions: TransactionManager, replication: ReplicationManager,
+                 peers: Peers, serving: ServingState, streams: StreamService) -> None:
+        self.name = name
+        self.config = config
+        self.storage = storage
+        self.cypress = cypress
+        self.tables = tables
+        self.timestamps = timestamps
+        self.transactions = transactions
+        self.replication = replication
+        self.peers = peers
+        self.serving = serving
+        self.streams = streams
 
     def generate_timestamp(self) -> int:
         return self.timestamps.generate()
@@ -103,7 +128,7 @@ class RowCommands(StreamCommands):
                     require_sync_replica: bool = True, input_bytes: int | None = None) -> None:
         """``input_bytes`` is the size of the request body when known: no row of a smaller body can
         reach the row weight limit, so the per-row weight check is skipped."""
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         self._check_direct_write(table, table_path)
         table.check_writable(table_path)
         # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
@@ -142,22 +167,9 @@ class RowCommands(StreamCommands):
 
         self._run_write(tx, implicit, fill)
 
-    def check_accepts_writes(self, path: str) -> None:
-        """This cluster takes writes to its own tables now: not paused (dr_pause, --paused), not
-        read-only (``ReplicationHost.check_accepts_writes``: also what a push into a plain table meets)."""
-        if self.xdcr_paused:
-            raise YtError(f"Cluster {self.name} is paused (dr_pause, or started with --paused): the write to {path} "
-                          "is refused; resume it with `reptables dr resume`", code=ErrorCode.READ_ONLY,
-                          attributes={"path": path, "cluster_name": self.name})
-        sys_node = self.cypress.resolve(_SYS, missing_ok=True)
-        if sys_node is not None and sys_node.attributes.get("read_only") is True:
-            raise YtError(f"Cluster {self.name} is read-only (//sys/@read_only): the write to {path} is refused; "
-                          "write on a writable cluster", code=ErrorCode.READ_ONLY,
-                          attributes={"path": path, "cluster_name": self.name})
-
     def _check_direct_write(self, table: DynamicTable, path: str) -> None:
         """A client's row write: refused on a read-only cluster and on replica tables."""
-        self.check_accepts_writes(path)
+        self.serving.check_accepts_writes(path)
         node = self.cypress.by_id.get(table.table_id)
         joining = node.attributes.get(JOIN_ATTRIBUTE) if node is not None else None
         if isinstance(joining, dict):
@@ -173,7 +185,7 @@ class RowCommands(StreamCommands):
     def delete_rows(self, path: Any, keys: list[Any], transaction_id: str | None = None,
                     atomicity: str | None = None, durability: str | None = None,
                     require_sync_replica: bool = True) -> None:
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         if not table.sorted:
             raise YtError(f"Cannot delete rows from ordered table {table_path}: use trim_rows",
                           code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
@@ -197,7 +209,7 @@ class RowCommands(StreamCommands):
                   locks: list[str] | None = None, lock_type: str = "shared_strong") -> None:
         if not transaction_id:
             raise YtError("lock_rows requires a tablet transaction (transaction_id)", code=ErrorCode.INVALID_PARAMETER)
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         if not table.sorted:
             raise YtError(f"Cannot lock rows of ordered table {table_path}", code=ErrorCode.TABLE_MUST_BE_SORTED)
         if lock_type not in ("shared_weak", "shared_strong", "exclusive"):
@@ -227,7 +239,7 @@ class RowCommands(StreamCommands):
         self._run_write(tx, False, fill)
 
     def trim_rows(self, path: Any, tablet_index: int, trimmed_row_count: int) -> None:
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         for name, value in (("tablet_index", tablet_index), ("trimmed_row_count", trimmed_row_count)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise YtError(f"Invalid {name} {value!r}: expected a non-negative integer",
@@ -243,7 +255,7 @@ class RowCommands(StreamCommands):
             if timestamp is None and tx.atomicity is Atomicity.FULL:
                 self.transactions.wait_visible(tx.start_timestamp)
                 return tx.start_timestamp
-        return self._read_timestamp(timestamp)
+        return self.tables.read_timestamp(timestamp)
 
     def lookup_rows(self, path: Any, keys: list[Any], column_names: list[str] | None = None,
                     timestamp: Any = None, keep_missing_rows: bool = False,
@@ -252,7 +264,7 @@ class RowCommands(StreamCommands):
                     response_parameters: dict[str, Any] | None = None) -> list[dict[str, Any] | None]:
         """``include_event_token``/``compare_event_token`` (change streams, docs/streams.md) put the
         read's freshness into ``response_parameters``."""
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         if not table.sorted:
             raise YtError(f"Cannot lookup rows in ordered table {table_path}: use select_rows",
                           code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
@@ -279,12 +291,12 @@ class RowCommands(StreamCommands):
                 replica.replica_path, key_rows, column_names=column_names, timestamp=ts,
                 keep_missing_rows=keep_missing_rows, include_event_token=include_event_token,
                 compare_event_token=compare_event_token, response_parameters=response_parameters))
-        freshness = self.read_freshness(table, table_path, ts, include_event_token, compare_event_token)
+        freshness = self.streams.read_freshness(table, table_path, ts, include_event_token, compare_event_token)
         if freshness is not None and response_parameters is not None:
             response_parameters.update(freshness)
         with self.storage.read() as conn:
             found = table.lookup(conn, key_tuples, ts)
-        self.decode_any_columns(table, found)
+        self.tables.decode_any_columns(table, found)
         out: list[dict[str, Any] | None] = []
         for row in found:
             if row is None:
@@ -304,7 +316,7 @@ class RowCommands(StreamCommands):
         if not isinstance(query, str):
             raise YtError("Parameter \"query\" must be a string", code=ErrorCode.INVALID_PARAMETER)
         parsed = parse_query(query)
-        tables = [self._table(path) for path in parsed.table_paths]  # FROM first, then each JOIN's
+        tables = [self.tables.table(path) for path in parsed.table_paths]  # FROM first, then each JOIN's
         for table, table_path, _ in tables:
             table.check_readable(table_path)
         ts = self._snapshot_timestamp(timestamp, transaction_id)
@@ -320,7 +332,7 @@ class RowCommands(StreamCommands):
             for table_id in dict.fromkeys(table.table_id for table, _, _ in tables):
                 self.transactions.wait_prepared_writes(table_id)
         # (a join's answer is as fresh as its least fresh table: the FROM table's token is given)
-        freshness = [self.read_freshness(table, path, ts, include_event_token, compare_event_token)
+        freshness = [self.streams.read_freshness(table, path, ts, include_event_token, compare_event_token)
                      for table, path, _ in tables]
         if freshness[0] is not None and response_parameters is not None:
             least = min(f["timestamp"] for f in freshness if f is not None)
@@ -383,7 +395,7 @@ class RowCommands(StreamCommands):
                 raise YtError(f"Query was stopped after the query time limit of {timeout:g} s (query_timeout): "
                               "narrow it with a WHERE condition on the key columns or a LIMIT",
                               code=ErrorCode.TIMEOUT, attributes={"query_timeout": timeout, "query": shown}) from None
-            if _is_storage_outage(exc):
+            if is_storage_outage(exc):
                 raise
             # the storage refused to evaluate this query (overflow, expression too deep...)
             raise YtError(f"Query cannot be evaluated: {exc.orig}", code=ErrorCode.INVALID_PARAMETER,
@@ -419,7 +431,7 @@ class RowCommands(StreamCommands):
         if len(distinct) == 1:
             table, path = next(iter(distinct.values()))
             replica = self.replication.in_sync_read_replica(table, path)
-            return replica, _retarget_query(parsed, dict.fromkeys(parsed.table_paths, replica.replica_path))
+            return replica, retarget_query(parsed, dict.fromkeys(parsed.table_paths, replica.replica_path))
         by_cluster: dict[str, dict[str, Any]] = {}  # cluster -> table id -> its in-sync sync replica
         for table_id in distinct:
             for replica in self.replication.registry.replicas_of(table_id):
@@ -437,7 +449,7 @@ class RowCommands(StreamCommands):
         new_paths = {written: chosen[table.table_id].replica_path
                      for written, (table, _, _) in zip(parsed.table_paths, tables, strict=True)}
         first = tables[0][0].table_id
-        return chosen[first], _retarget_query(parsed, new_paths)
+        return chosen[first], retarget_query(parsed, new_paths)
 
     def check_peer_read(self, caller: str, command: str, params: dict[str, Any]) -> None:
         """A peer credential reads only the replica tables of its own replicas, and only with
@@ -445,7 +457,7 @@ class RowCommands(StreamCommands):
         tables from an in-sync replica, :meth:`_from_replica`) and ``get`` of such a table or its
         attributes (what a bootstrap copy's reader plans with: schema, tablets, pivot keys)."""
         if command == "get":
-            node, _ = self._resolve(params.get("path"))
+            node, _ = self.tables.resolve(params.get("path"))
             if node.table is None:
                 raise YtError(f"Cluster {caller} may not read {node.path}: a peer credential reads only replica "
                               "tables", code=ErrorCode.AUTHORIZATION_ERROR, http_status=403,
@@ -465,7 +477,7 @@ class RowCommands(StreamCommands):
             raise YtError(f"Cluster {caller} may not run {command} here: a peer credential reads only replica "
                           "tables, with get, lookup_rows and select_rows", code=ErrorCode.AUTHORIZATION_ERROR,
                           http_status=403, attributes={"cluster_name": caller})
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         upstream = table.upstream_replica_id
         if upstream is None or not made_by(upstream, caller):
             raise YtError(f"Cluster {caller} may not read table {table_path}: it is not a replica table of "

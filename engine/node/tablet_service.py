@@ -1,10 +1,16 @@
-"""Tablet state (mount, unmount, freeze, reshard) and the replication commands of a table.
+"""Tablet state (mount, unmount, freeze, reshard), schema changes and the replication commands of a
+table (``TabletService``).
 
 A state change runs in one write transaction. Mount, unmount and unfreeze complete before the
 command returns. ``freeze_table`` does not wait for commits in flight: the table is ``freezing``
 (writes refused with the frozen error from then on) until no commit that already passed the
 writable check holds it any more, then ``frozen`` — so "frozen" means what seed 002's queue check
 relies on (every accepted change is in the queue, ``flushed_row_count`` is final).
+
+Collaborators (given by the composition root, ``cluster.py``): the storage and the tree, the node's
+tables, the transaction manager (commits in flight, for a freeze), replication (the replicas of a
+table: a reshard waits for them, a schema change asks them) and the serving state (an XDCR table's
+schema changes only while its cluster is paused).
 """
 
 from __future__ import annotations
@@ -17,26 +23,40 @@ from typing import Any
 from .. import yson_util
 from ..cypress import (
     INTERNAL_PREFIX,
+    Cypress,
 )
 from ..errors import ErrorCode, TabletStateError, YtError
+from ..replication import ReplicationManager
 from ..schema import TableSchema, check_schema_update, validate_row
-from ..storage import on_rollback, tablets_table
+from ..storage import Storage, on_rollback, tablets_table
 from ..tablets import (
     DynamicTable,
     TabletState,
     parse_pivot_keys,
 )
-from .cypress_commands import CypressCommands
+from ..transactions import TransactionManager
+from .serving import ServingState
+from .tables import Tables
 
 log = logging.getLogger("reptables.engine")
 
 
-class TabletCommands(CypressCommands):
-    """Tablet state and the replication commands."""
+class TabletService:
+    """Tablet state, schema changes and the replication commands."""
+
+    def __init__(self, name: str, storage: Storage, cypress: Cypress, tables: Tables,
+                 transactions: TransactionManager, replication: ReplicationManager, serving: ServingState) -> None:
+        self.name = name
+        self.storage = storage
+        self.cypress = cypress
+        self.tables = tables
+        self.transactions = transactions
+        self.replication = replication
+        self.serving = serving
 
     def _transition(self, path: Any, allowed: tuple[TabletState, ...], target: TabletState, verb: str) -> None:
         """Move a table to ``target``; the change is complete when the command returns."""
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.tables.table(path)
         with self.storage.write() as conn:
             if table.state == target:
                 return
@@ -44,7 +64,7 @@ class TabletCommands(CypressCommands):
                 raise TabletStateError(f"Cannot {verb} table {table_path}: tablet state is {table.state.value!r}",
                                        attributes={"path": table_path, "tablet_state": table.state.value})
             table.state = target
-            self._save_table_state(conn, node)
+            self.tables.save_table_state(conn, node)
 
     def mount_table(self, path: Any, freeze: bool = False) -> None:
         target = TabletState.FROZEN if freeze else TabletState.MOUNTED
@@ -54,7 +74,7 @@ class TabletCommands(CypressCommands):
         self._transition(path, (TabletState.MOUNTED, TabletState.FROZEN), TabletState.UNMOUNTED, "unmount")
 
     def remount_table(self, path: Any) -> None:
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         if table.state not in (TabletState.MOUNTED, TabletState.FROZEN):
             raise TabletStateError(f"Cannot remount table {table_path}: it is not mounted")
 
@@ -66,7 +86,7 @@ class TabletCommands(CypressCommands):
         (:meth:`_commits_in_flight`). Returns at once; with nothing in flight the table is frozen
         before it returns. Freezing a freezing table waits on (a restart ends the wait: after it
         nothing is in flight)."""
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.tables.table(path)
         with self.storage.write() as conn:
             if table.state == TabletState.FROZEN:
                 return
@@ -75,7 +95,7 @@ class TabletCommands(CypressCommands):
                                        attributes={"path": table_path, "tablet_state": table.state.value})
             if table.state == TabletState.MOUNTED:
                 table.state = TabletState.FREEZING
-                self._save_table_state(conn, node)
+                self.tables.save_table_state(conn, node)
         if not self._finish_freezing(table, node):
             threading.Thread(target=self._await_frozen, args=(table, node, table_path),
                              name=f"freeze-{table.table_id}", daemon=True).start()
@@ -97,7 +117,7 @@ class TabletCommands(CypressCommands):
             # a commit applies under the storage writer: none is between its check and its apply now
             if table.state == TabletState.FREEZING and not self._commits_in_flight(table.table_id):
                 table.state = TabletState.FROZEN
-                self._save_table_state(conn, node)
+                self.tables.save_table_state(conn, node)
         return table.state != TabletState.FREEZING
 
     def _await_frozen(self, table: DynamicTable, node: Any, table_path: str) -> None:
@@ -136,7 +156,7 @@ class TabletCommands(CypressCommands):
                                     "retriable": True})
 
     def reshard_table(self, path: Any, pivot_keys: Any = None, tablet_count: Any = None) -> None:
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.tables.table(path)
         if (pivot_keys is None) == (tablet_count is None):
             raise YtError(f"Cannot reshard table {table_path}: give exactly one of pivot_keys and tablet_count",
                           code=ErrorCode.INVALID_PARAMETER)
@@ -179,9 +199,9 @@ class TabletCommands(CypressCommands):
             self.cypress.save(conn, node)
 
     def alter_table(self, path: Any, upstream_replica_id: Any = None, schema: Any = None) -> None:
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.tables.table(path)
         if schema is not None:
-            self._alter_schema(path, schema)
+            self.alter_schema(path, schema)
         if upstream_replica_id is None:
             return
         if not isinstance(upstream_replica_id, str):
@@ -203,7 +223,7 @@ class TabletCommands(CypressCommands):
                 node.attributes["upstream_replica_id"] = value
             self.cypress.save(conn, node)
 
-    def _alter_schema(self, path: Any, raw_schema: Any) -> None:
+    def alter_schema(self, path: Any, raw_schema: Any) -> None:
         """``alter_table --schema``: widen a dynamic table's schema, mounted or not (docs/engine.md).
 
         YT asks for an unmounted table; reptables also takes a mounted (or frozen) one, because the
@@ -213,9 +233,9 @@ class TabletCommands(CypressCommands):
         tables first, then the replicated table). A replicated table's new schema must not be wider
         than the table of any enabled (or enabling) replica: the replicas are asked first (network,
         no lock held), and the change is checked again under the lock against the schema then."""
-        table, table_path, node = self._table(path)
+        table, table_path, node = self.tables.table(path)
         new_schema = TableSchema.parse(raw_schema, table_path)
-        if table.xdcr_cluster_id is not None and not self.xdcr_paused:
+        if table.xdcr_cluster_id is not None and not self.serving.paused:
             # seed 001: schema changes are not replicated; every cluster changes its own while the
             # group is paused and drained, so no change in flight meets another schema
             raise YtError(f"Cannot alter the schema of XDCR table {table_path} while cluster {self.name} takes writes: "
@@ -251,14 +271,14 @@ class TabletCommands(CypressCommands):
         self.replication.alter_replica(replica_id, enabled, mode)
 
     def get_in_sync_replicas(self, path: Any, timestamp: Any, keys: list[Any] | None = None) -> list[str]:
-        table, table_path, _ = self._table(path)
+        table, table_path, _ = self.tables.table(path)
         if not table.replicated:
             raise YtError(f"Table {table_path} is not replicated", code=ErrorCode.INVALID_PARAMETER)
         if timestamp is None:
             raise YtError("get_in_sync_replicas requires a timestamp", code=ErrorCode.INVALID_PARAMETER)
-        ts = self._read_timestamp(timestamp)
+        ts = self.tables.read_timestamp(timestamp)
         if ts is None:
-            ts = self.timestamps.generate()
+            ts = self.tables.timestamps.generate()
         for raw in keys or []:
             validate_row(table.schema, raw, table_path, key_only=True)
         return self.replication.in_sync_replicas(table, ts)
