@@ -43,7 +43,7 @@ from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
 from .body import read_body
-from .commands import _BODY_BYTES, COMMANDS, Command
+from .commands import BODY_BYTES, COMMANDS, Command
 from .formats import (
     Format,
     Limit,
@@ -57,7 +57,7 @@ from .formats import (
     parse_format,
 )
 from .inline import inline_internal
-from .params import _bool, _decode_header_value, _encode_header_value, _header_format, _query_value
+from .params import arg_bool, decode_header_value, encode_header_value, header_format_of, query_value
 from .results import Plain, WithParameters
 
 log = logging.getLogger("reptables.engine.http")
@@ -105,7 +105,7 @@ def _bounded_error_header(payload: dict[str, Any], full: str) -> str:
                       "attributes": {}, "inner_errors": []}, ensure_ascii=True, default=str)
 
 
-def _error_response(error: YtError, request_id: str, headers: dict[str, str] | None = None) -> Response:
+def error_response(error: YtError, request_id: str, headers: dict[str, str] | None = None) -> Response:
     payload = error.to_dict()
     body = json.dumps(payload, ensure_ascii=True, default=str)
     return Response(
@@ -217,7 +217,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         try:
             authenticate(request)
         except YtError as error:
-            return _error_response(error, os.urandom(8).hex())
+            return error_response(error, os.urandom(8).hex())
         # a worker thread: the state collector reads SQL (engine/metrics.py), never on the event loop
         return Response(await run_in_threadpool(generate_latest, engine_metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
@@ -238,13 +238,13 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             response.headers["X-YT-Request-Id"] = request_id
             return response
         except YtError as error:
-            return _error_response(error, request_id)
+            return error_response(error, request_id)
         except sqlalchemy.exc.OperationalError as exc:
             log.warning("storage unavailable", extra={"command": name, "error": str(exc)})
-            return _error_response(UnavailableError(f"Storage is temporarily unavailable: {exc.orig}"), request_id)
+            return error_response(UnavailableError(f"Storage is temporarily unavailable: {exc.orig}"), request_id)
         except Exception as exc:  # noqa: BLE001 - the API must answer every request with a YT error
             internal = _internal_error(f"Command {name!r}", exc, command=name, request_id=request_id)
-            return _error_response(internal, request_id)
+            return error_response(internal, request_id)
         finally:
             counted = name if name in COMMANDS else "unknown"
             _metric(engine_metrics.requests, counted, outcome).inc()
@@ -258,11 +258,11 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return False  # the handler, in the pool, gives the error
 
     async def _execute(request: Request, cmd: Command, caller: str | None = None) -> Response:
-        header_format = _header_format(request)
-        params: dict[str, Any] = {k: _query_value(v) for k, v in request.query_params.items()}
+        header_format = header_format_of(request)
+        params: dict[str, Any] = {k: query_value(v) for k, v in request.query_params.items()}
         raw_header = request.headers.get("x-yt-parameters")
         if raw_header:
-            decoded = _decode_header_value(raw_header, header_format)
+            decoded = decode_header_value(raw_header, header_format)
             if not isinstance(decoded, dict):
                 raise YtError("X-YT-Parameters must be a map", code=ErrorCode.PROTOCOL_ERROR)
             params.update(decoded)
@@ -274,7 +274,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
                               code=ErrorCode.PROTOCOL_ERROR)
             params.update(decoded)
         input_value: Any = None
-        params[_BODY_BYTES] = len(body)
+        params[BODY_BYTES] = len(body)
         if cmd.input_type is not None:
             fmt = parse_format(params.get("input_format") or request.headers.get("x-yt-input-format"))
             if cmd.input_type == "tabular":
@@ -292,9 +292,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         headers = {"X-YT-Response-Code": "0"}
         if isinstance(result, WithParameters):
             # (YT's response parameters: the official client reads them, docs/streams.md)
-            headers["X-YT-Response-Parameters"] = _encode_header_value(result.parameters, header_format)
+            headers["X-YT-Response-Parameters"] = encode_header_value(result.parameters, header_format)
             result = result.result
-        if _bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
+        if arg_bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
             result = result["value"]
         if cmd.output_type is None:
             return Response(status_code=200, headers=headers)
@@ -396,10 +396,10 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return JSONResponse(result if result is not None else {})
         except YtError as error:
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
-            return _error_response(error, request_id)
+            return error_response(error, request_id)
         except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
-            return _error_response(_internal_error(f"Internal call {method!r}", exc, method=method,
+            return error_response(_internal_error(f"Internal call {method!r}", exc, method=method,
                                                    request_id=request_id), request_id)
 
     routes = [  # the commands first: routes are matched in order

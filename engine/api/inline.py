@@ -13,21 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..node import Cluster
-from .params import _tx
+from .params import arg_tx
 
 #: cluster-to-cluster calls that never wait for another cluster (so may run on the event loop)
 _INLINE_INTERNAL = frozenset({"prepare", "commit", "abort", "push", "transaction_status"})
 
 
 def inline_lookup(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
-    return (body_bytes <= c.config.inline_body_bytes and p.get("timestamp") is None and _tx(p) is None
+    return (body_bytes <= c.config.inline_body_bytes and p.get("timestamp") is None and arg_tx(p) is None
             and c.tables.is_plain_table(p.get("path")))
 
 
 def inline_write(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:
     # inside a transaction a write is only buffered; else it commits, and must not wait for the writer
     return (body_bytes <= c.config.inline_body_bytes and c.tables.is_plain_table(p.get("path"))
-            and (_tx(p) is not None or not c.storage.write_busy()))
+            and (arg_tx(p) is not None or not c.storage.write_busy()))
 
 
 def always(c: Cluster, p: dict[str, Any], body_bytes: int) -> bool:

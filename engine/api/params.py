@@ -19,19 +19,19 @@ from ..errors import ErrorCode, YtError
 from .formats import parse_format
 
 
-def _p(params: dict[str, Any], name: str, default: Any = None) -> Any:
+def arg(params: dict[str, Any], name: str, default: Any = None) -> Any:
     value = params.get(name, default)
     return yson_util.to_python(value) if value is not None else default
 
 
-def _path(params: dict[str, Any]) -> Any:
+def arg_path(params: dict[str, Any]) -> Any:
     if "path" not in params:
         raise YtError("Missing required parameter \"path\"", code=ErrorCode.INVALID_PARAMETER)
     return params["path"]
 
 
-def _bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = _p(params, name)
+def arg_bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = arg(params, name)
     if value is None:
         return default
     if isinstance(value, str):
@@ -43,8 +43,8 @@ def _bool(params: dict[str, Any], name: str, default: bool = False) -> bool:
     return bool(value)
 
 
-def _int(params: dict[str, Any], name: str, default: Any = None) -> Any:
-    value = _p(params, name)
+def arg_int(params: dict[str, Any], name: str, default: Any = None) -> Any:
+    value = arg(params, name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
@@ -52,8 +52,8 @@ def _int(params: dict[str, Any], name: str, default: Any = None) -> Any:
     return value
 
 
-def _str_list(params: dict[str, Any], name: str) -> list[str] | None:
-    value = _p(params, name)
+def arg_str_list(params: dict[str, Any], name: str) -> list[str] | None:
+    value = arg(params, name)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -61,25 +61,25 @@ def _str_list(params: dict[str, Any], name: str) -> list[str] | None:
     return value
 
 
-def _tx(params: dict[str, Any]) -> str | None:
-    value = _p(params, "transaction_id")
+def arg_tx(params: dict[str, Any]) -> str | None:
+    value = arg(params, "transaction_id")
     if not value or value == "0-0-0-0":
         return None
     return str(value)
 
 
-def _required_str(params: dict[str, Any], name: str) -> str:
-    value = _p(params, name)
+def arg_str(params: dict[str, Any], name: str) -> str:
+    value = arg(params, name)
     if not isinstance(value, str) or not value:
         raise YtError(f"Missing required parameter {name!r}", code=ErrorCode.INVALID_PARAMETER)
     return value
 
 
-def _rows(body: Any) -> list[Any]:
+def arg_rows(body: Any) -> list[Any]:
     return body if isinstance(body, list) else []
 
 
-def _query_value(text: str) -> Any:
+def query_value(text: str) -> Any:
     """Query-string parameters are text; integers and booleans are recognised as such."""
     if text.lstrip("-").isdigit():
         return int(text)
@@ -111,7 +111,7 @@ def _not_utf8(value: Any) -> bool:
     return False
 
 
-def _decode_header_value(raw: str, header_format: str) -> Any:
+def decode_header_value(raw: str, header_format: str) -> Any:
     data = raw.encode("latin-1")
     try:
         if header_format == "yson":
@@ -134,13 +134,13 @@ def _decode_header_value(raw: str, header_format: str) -> Any:
                       code=ErrorCode.PROTOCOL_ERROR) from None
 
 
-def _encode_header_value(value: Any, header_format: str) -> str:
+def encode_header_value(value: Any, header_format: str) -> str:
     """A response header's value in the request's header format (YSON text or JSON)."""
     if header_format == "yson":
         return yson.dumps(value, yson_format="text").decode()
     return json.dumps(value, separators=(",", ":"))
 
 
-def _header_format(request: Request) -> str:
+def header_format_of(request: Request) -> str:
     raw = request.headers.get("x-yt-header-format", "json")
     return parse_format(raw, default="json").name

@@ -57,7 +57,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ..config import EngineConfig
 from ..errors import ErrorCode, UnavailableError, YtError
-from .app import _error_response
+from .app import error_response
 
 log = logging.getLogger("reptables.engine.http")
 
@@ -199,7 +199,7 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[HttpTo
     refused = _Throttled(f"refused %d request(s) beyond {max_connections} open connections (max_connections)")
 
     async def overloaded_app(scope: Any, receive: Any, send: Any) -> None:
-        response = _error_response(overloaded, "", headers={"Connection": "close"})
+        response = error_response(overloaded, "", headers={"Connection": "close"})
         await response(scope, receive, send)
 
     class GuardedProtocol(HttpToolsProtocol):

@@ -41,7 +41,7 @@ class _Node:
 
 
 @dataclass(frozen=True)
-class _Literal(_Node):
+class Literal(_Node):
     value: int | float | str | bool | None
     kind: str  # "int", "uint", "double", "string", "boolean" or "null"
     span: _Span = field(compare=False)
@@ -71,81 +71,81 @@ class _Column(_Node):
 
 
 @dataclass(frozen=True)
-class _Tuple(_Node):
-    items: tuple[_Expr, ...]
+class Tuple(_Node):
+    items: tuple[Expr, ...]
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _Unary(_Node):
+class Unary(_Node):
     op: str  # "-", "+" or "not"
-    operand: _Expr
+    operand: Expr
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _Binary(_Node):
+class Binary(_Node):
     op: str  # a comparison, "+", "-", "*", "/", "%" or "||"
-    left: _Expr
-    right: _Expr
+    left: Expr
+    right: Expr
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _Logical(_Node):
+class Logical(_Node):
     """``a AND b AND ...`` or ``a OR b OR ...``, n-ary so that long generated chains stay shallow."""
 
     op: str  # "and" or "or"
-    operands: tuple[_Expr, ...]
+    operands: tuple[Expr, ...]
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _In(_Node):
-    operand: _Expr
-    rows: tuple[tuple[_Literal, ...], ...]
+class In(_Node):
+    operand: Expr
+    rows: tuple[tuple[Literal, ...], ...]
     negated: bool
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _Between(_Node):
-    operand: _Expr
-    lower: tuple[_Literal, ...]
-    upper: tuple[_Literal, ...]
+class Between(_Node):
+    operand: Expr
+    lower: tuple[Literal, ...]
+    upper: tuple[Literal, ...]
     negated: bool
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class _Call(_Node):
+class Call(_Node):
     name: str  # lower case: function names are case-insensitive
-    args: tuple[_Expr, ...]
+    args: tuple[Expr, ...]
     star: bool  # ``count(*)``
     span: _Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class _Alias(_Node):
-    expr: _Expr
+    expr: Expr
     name: str
     span: _Span = field(compare=False)
 
 
-_Expr = (
-    _Literal | _Reference | _Column | _Tuple | _Unary | _Binary | _Logical | _In | _Between | _Call | _Alias
+Expr = (
+    Literal | _Reference | _Column | Tuple | Unary | Binary | Logical | In | Between | Call | _Alias
 )
 
 
 @dataclass(frozen=True)
 class _SelectItem:
-    expr: _Expr
+    expr: Expr
     name: str
 
 
 @dataclass(frozen=True)
 class _OrderItem:
-    expr: _Expr
+    expr: Expr
     descending: bool
 
 
@@ -165,7 +165,7 @@ class _Join:
 
     table: _TableRef
     left: bool
-    on: _Expr | None  # None for USING
+    on: Expr | None  # None for USING
     using: tuple[str, ...]
     span: _Span = field(compare=False)
 
@@ -177,13 +177,13 @@ class ParsedQuery:
     table_path: str
     text: str
     projection: tuple[_SelectItem, ...] | None  # None stands for ``*``
-    where: _Expr | None
-    group_by: tuple[_Expr, ...]
-    having: _Expr | None
+    where: Expr | None
+    group_by: tuple[Expr, ...]
+    having: Expr | None
     order_by: tuple[_OrderItem, ...]
     offset: int | None
     limit: int | None
-    aliases: tuple[tuple[str, _Expr], ...]  # every ``expr AS name`` of the query, by name
+    aliases: tuple[tuple[str, Expr], ...]  # every ``expr AS name`` of the query, by name
     table: _TableRef | None = None  # the FROM table with its alias (``table_path`` is its path)
     joins: tuple[_Join, ...] = ()
 
@@ -198,36 +198,36 @@ class ParsedQuery:
         return tuple(table.path for table in self.tables)
 
 
-def _children(node: _Expr) -> tuple[_Expr, ...]:
+def _children(node: Expr) -> tuple[Expr, ...]:
     match node:
-        case _Tuple(items=items) | _Logical(operands=items):
+        case Tuple(items=items) | Logical(operands=items):
             return items
-        case _Unary(operand=operand) | _In(operand=operand) | _Between(operand=operand):
+        case Unary(operand=operand) | In(operand=operand) | Between(operand=operand):
             return (operand,)
-        case _Binary(left=left, right=right):
+        case Binary(left=left, right=right):
             return (left, right)
-        case _Call(args=args):
+        case Call(args=args):
             return args
         case _Alias(expr=expr):
             return (expr,)
     return ()
 
 
-def _walk(node: _Expr) -> Iterator[_Expr]:
+def _walk(node: Expr) -> Iterator[Expr]:
     """``node``, its descendants and the literals of its IN lists and BETWEEN bounds."""
     yield node
     match node:
-        case _In(rows=rows):
+        case In(rows=rows):
             yield from (value for row in rows for value in row)
-        case _Between(lower=lower, upper=upper):
+        case Between(lower=lower, upper=upper):
             yield from lower + upper
     for child in _children(node):
         yield from _walk(child)
 
 
-def _items(node: _Expr) -> tuple[_Expr, ...]:
+def items(node: Expr) -> tuple[Expr, ...]:
     """The components of a tuple, or the expression itself as a one-element tuple."""
-    return node.items if isinstance(node, _Tuple) else (node,)
+    return node.items if isinstance(node, Tuple) else (node,)
 
 
 # Whitespace is normalised by ``_Span.text``. The pattern is compiled once at import, read-only after.

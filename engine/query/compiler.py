@@ -17,26 +17,26 @@ import sqlalchemy as sa
 
 from ..errors import ErrorCode, QuerySyntaxError, YtError
 from .ast import (
+    Between,
+    Binary,
+    Call,
+    Expr,
+    In,
+    Logical,
     ParsedQuery,
+    Tuple,
+    Unary,
     _Alias,
-    _Between,
-    _Binary,
-    _Call,
     _children,
     _Column,
-    _Expr,
-    _In,
-    _items,
-    _Logical,
     _Reference,
     _Span,
     _too_deep,
-    _Tuple,
-    _Unary,
     _walk,
+    items,
 )
-from .expressions import _AGGREGATE_ARGUMENT_TYPES, _is_aggregate, _Leaf, _Scope
-from .yt_types import _ALL_TYPES, _BOOLEAN, _DOUBLE, _INT64, _SA_TYPES, _choose
+from .expressions import AGGREGATE_ARGUMENT_TYPES, Leaf, Scope, is_aggregate
+from .yt_types import ALL_TYPES, BOOLEAN, DOUBLE, INT64, SA_TYPES, choose
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def compile_query(
     if len(joined) != len(parsed.joins):
         raise ValueError(f"the query joins {len(parsed.joins)} tables but {len(joined)} sources were given")
     for each in (source, *joined):
-        unknown = set(each.column_types.values()) - _ALL_TYPES
+        unknown = set(each.column_types.values()) - ALL_TYPES
         if set(each.columns) != set(each.column_types) or unknown:
             raise ValueError(f"QuerySource columns and column_types disagree (unknown types: {unknown})")
     try:
@@ -81,7 +81,7 @@ def compile_query(
         raise _too_deep(parsed.text) from None
 
 
-class _RowScope(_Scope):
+class _RowScope(Scope):
     """Expressions over the rows of the table (WHERE, GROUP BY keys, aggregate arguments, ...)."""
 
     def __init__(self, source: QuerySource, clause: str) -> None:
@@ -89,23 +89,23 @@ class _RowScope(_Scope):
         self._source = source
         self._clause = clause
 
-    def leaf(self, node: _Expr) -> _Leaf | None:
+    def leaf(self, node: Expr) -> Leaf | None:
         if isinstance(node, _Column):
-            return _Leaf(self._source.columns[node.name], self._source.column_types[node.name])
-        if _is_aggregate(node):
+            return Leaf(self._source.columns[node.name], self._source.column_types[node.name])
+        if is_aggregate(node):
             raise QuerySyntaxError(f'Misuse of aggregate function "{node.name}" in {self._clause}')
         return None
 
 
-class _GroupScope(_Scope):
+class _GroupScope(Scope):
     """Expressions over groups: only group keys and aggregates may refer to the table's columns."""
 
-    def __init__(self, keys: dict[_Expr, _Leaf], aggregates: dict[_Expr, _Leaf]) -> None:
+    def __init__(self, keys: dict[Expr, Leaf], aggregates: dict[Expr, Leaf]) -> None:
         super().__init__()
         self._keys = keys
         self._aggregates = aggregates
 
-    def leaf(self, node: _Expr) -> _Leaf | None:
+    def leaf(self, node: Expr) -> Leaf | None:
         if node in self._keys:
             return self._keys[node]
         if node in self._aggregates:
@@ -161,7 +161,7 @@ class _QueryCompiler:
             attributes={"name": node.written},
         )
 
-    def _resolve(self, node: _Expr, expanding: frozenset[str] = frozenset()) -> _Expr:
+    def _resolve(self, node: Expr, expanding: frozenset[str] = frozenset()) -> Expr:
         """Replace aliases by their expressions and names by columns.
 
         While an alias is being expanded its name refers to the column, so ``k / 2 AS k`` works.
@@ -173,23 +173,23 @@ class _QueryCompiler:
                 return self._reference(node)
             case _Alias(expr=expr, name=name):
                 return self._resolve(expr, expanding | {name})
-            case _Tuple(items=items):
+            case Tuple(items=items):
                 return replace(node, items=tuple(self._resolve(item, expanding) for item in items))
-            case _Logical(operands=operands):
+            case Logical(operands=operands):
                 return replace(node, operands=tuple(self._resolve(item, expanding) for item in operands))
-            case _Unary(operand=operand) | _In(operand=operand) | _Between(operand=operand):
+            case Unary(operand=operand) | In(operand=operand) | Between(operand=operand):
                 return replace(node, operand=self._resolve(operand, expanding))
-            case _Binary(left=left, right=right):
+            case Binary(left=left, right=right):
                 return replace(
                     node, left=self._resolve(left, expanding), right=self._resolve(right, expanding)
                 )
-            case _Call(args=args):
+            case Call(args=args):
                 return replace(node, args=tuple(self._resolve(arg, expanding) for arg in args))
         return node
 
     def compile(self) -> CompiledQuery:
         parsed = self._parsed
-        items: list[tuple[str, _Expr]]
+        items: list[tuple[str, Expr]]
         if parsed.projection is None:
             items = [(name, _Column(name, _Span(name, 0, len(name)))) for name in self._source.columns]
         else:
@@ -203,7 +203,7 @@ class _QueryCompiler:
         having = None if parsed.having is None else self._resolve(parsed.having)
         order = [(self._resolve(item.expr), item.descending) for item in parsed.order_by]
         expressions = [e for _, e in items] + [e for e, _ in order] + ([having] if having is not None else [])
-        if keys or having is not None or any(_is_aggregate(n) for e in expressions for n in _walk(e)):
+        if keys or having is not None or any(is_aggregate(n) for e in expressions for n in _walk(e)):
             statement, output_types = self._grouped(items, where, keys, having, order, expressions)
         else:
             statement, output_types = self._plain(items, where, order)
@@ -214,7 +214,7 @@ class _QueryCompiler:
         return CompiledQuery(statement, names, dict(zip(names, output_types, strict=True)))
 
     def _plain(
-        self, items: list[tuple[str, _Expr]], where: _Expr | None, order: list[tuple[_Expr, bool]]
+        self, items: list[tuple[str, Expr]], where: Expr | None, order: list[tuple[Expr, bool]]
     ) -> tuple[sa.Select[Any], list[str]]:
         scope = _RowScope(self._source, "SELECT")
         columns, types = _project(scope, items)
@@ -231,25 +231,25 @@ class _QueryCompiler:
 
     def _grouped(
         self,
-        items: list[tuple[str, _Expr]],
-        where: _Expr | None,
-        keys: list[_Expr],
-        having: _Expr | None,
-        order: list[tuple[_Expr, bool]],
-        expressions: list[_Expr],
+        items: list[tuple[str, Expr]],
+        where: Expr | None,
+        keys: list[Expr],
+        having: Expr | None,
+        order: list[tuple[Expr, bool]],
+        expressions: list[Expr],
     ) -> tuple[sa.Select[Any], list[str]]:
         key_scope = _RowScope(self._source, "GROUP BY")
-        key_types = [_choose(key_scope.types(key)) for key in keys]
+        key_types = [choose(key_scope.types(key)) for key in keys]
         inner = [
             key_scope.emit(key, t).label(f"g{i}")
             for i, (key, t) in enumerate(zip(keys, key_types, strict=True))
         ]
 
-        calls: dict[_Call, None] = {}
+        calls: dict[Call, None] = {}
         for expr in expressions:
             _collect_aggregates(expr, set(keys), calls)
         argument_scope = _RowScope(self._source, "an aggregate function argument")
-        aggregates: list[tuple[_Call, str, str | None]] = []  # call, result type, inner column
+        aggregates: list[tuple[Call, str, str | None]] = []  # call, result type, inner column
         for call in calls:
             result_type, argument = _aggregate_argument(call, argument_scope)
             label = None
@@ -266,7 +266,7 @@ class _QueryCompiler:
         subquery = rows.subquery()
         scope = _GroupScope(
             {
-                key: _Leaf(subquery.c[f"g{i}"], t)
+                key: Leaf(subquery.c[f"g{i}"], t)
                 for i, (key, t) in enumerate(zip(keys, key_types, strict=True))
             },
             {call: _aggregate_sql(call, t, subquery, label) for call, t, label in aggregates},
@@ -384,11 +384,11 @@ class _JoinBinder:
             )
         return columns[left[0]], mine[name], name
 
-    def _owners(self, node: _Expr) -> set[int]:
+    def _owners(self, node: Expr) -> set[int]:
         return {self._compiler._owner[n.name] for n in _walk(node) if isinstance(n, _Column)}
 
     def _on(
-        self, index: int, condition: _Expr, scope: _RowScope, mine: dict[str, sa.ColumnElement[Any]]
+        self, index: int, condition: Expr, scope: _RowScope, mine: dict[str, sa.ColumnElement[Any]]
     ) -> tuple[list[str], list[sa.ColumnElement[bool]]]:
         """The key columns an ON condition equates and its SQL, one term per conjunct."""
         path = self._tables[index].path
@@ -396,11 +396,11 @@ class _JoinBinder:
             raise QuerySyntaxError(
                 f'The JOIN condition of table {path} refers to a table joined after it: "{condition.text}"'
             )
-        if _BOOLEAN not in scope.types(condition):
+        if BOOLEAN not in scope.types(condition):
             raise QuerySyntaxError(
-                f'JOIN condition "{condition.text}" must be boolean, got {_choose(scope.types(condition))}'
+                f'JOIN condition "{condition.text}" must be boolean, got {choose(scope.types(condition))}'
             )
-        conjuncts = condition.operands if isinstance(condition, _Logical) and condition.op == "and" else (condition,)
+        conjuncts = condition.operands if isinstance(condition, Logical) and condition.op == "and" else (condition,)
         table = self._tables[index]
         key_by_column = {name if table.alias is None else f"{table.alias}.{name}": name for name in mine}
         equated: list[str] = []
@@ -408,24 +408,24 @@ class _JoinBinder:
         for conjunct in conjuncts:
             pairs = self._key_pairs(index, conjunct)
             if pairs is None:
-                terms.append(scope.emit(conjunct, _BOOLEAN, predicate=True))
+                terms.append(scope.emit(conjunct, BOOLEAN, predicate=True))
                 continue
-            assert isinstance(conjunct, _Binary)
+            assert isinstance(conjunct, Binary)
             for outer, column in pairs:
                 (t,) = scope._comparison_types(conjunct, (outer,), (column,))
                 terms.append(scope.emit(outer, t) == scope.emit(column, t))
                 equated.append(key_by_column[column.name])
         return equated, terms
 
-    def _key_pairs(self, index: int, conjunct: _Expr) -> list[tuple[_Expr, _Column]] | None:
+    def _key_pairs(self, index: int, conjunct: Expr) -> list[tuple[Expr, _Column]] | None:
         """``outer = column`` pairs if the conjunct equates columns of table ``index`` with expressions
         over the tables before it (tuples pairwise), else None."""
-        if not (isinstance(conjunct, _Binary) and conjunct.op == "="):
+        if not (isinstance(conjunct, Binary) and conjunct.op == "="):
             return None
-        lefts, rights = _items(conjunct.left), _items(conjunct.right)
+        lefts, rights = items(conjunct.left), items(conjunct.right)
         if len(lefts) != len(rights):
             return None
-        pairs: list[tuple[_Expr, _Column]] = []
+        pairs: list[tuple[Expr, _Column]] = []
         for left, right in zip(lefts, rights, strict=True):
             for outer, column in ((left, right), (right, left)):
                 if isinstance(column, _Column) and self._owners(column) == {index} and index not in self._owners(outer):
@@ -458,11 +458,11 @@ def _aliased_column(aliased: sa.FromClause, column: sa.ColumnElement[Any]) -> sa
     return found
 
 
-def _collect_aggregates(node: _Expr, keys: set[_Expr], found: dict[_Call, None]) -> None:
+def _collect_aggregates(node: Expr, keys: set[Expr], found: dict[Call, None]) -> None:
     """Find the aggregates a grouped expression uses; a column outside keys and aggregates is an error."""
     if node in keys:
         return
-    if _is_aggregate(node):
+    if is_aggregate(node):
         found.setdefault(node)
     elif isinstance(node, _Column):
         raise _not_a_group_key(node)
@@ -471,34 +471,34 @@ def _collect_aggregates(node: _Expr, keys: set[_Expr], found: dict[_Call, None])
             _collect_aggregates(child, keys, found)
 
 
-def _aggregate_argument(call: _Call, scope: _RowScope) -> tuple[str, sa.ColumnElement[Any] | None]:
+def _aggregate_argument(call: Call, scope: _RowScope) -> tuple[str, sa.ColumnElement[Any] | None]:
     """The result type of an aggregate and the SQL of its argument (None for ``count(*)``)."""
     if call.star:
         if call.name != "count":
             raise QuerySyntaxError(f'Aggregate function "{call.name}" does not accept "*"')
-        return _INT64, None
+        return INT64, None
     if len(call.args) != 1:
         raise QuerySyntaxError(
             f'Wrong number of arguments to aggregate function "{call.name}": expected 1, got {len(call.args)}'
         )
-    argument_type = _choose(scope.expect(call.args[0], _AGGREGATE_ARGUMENT_TYPES[call.name], call))
-    result_type = {"count": _INT64, "avg": _DOUBLE}.get(call.name, argument_type)
+    argument_type = choose(scope.expect(call.args[0], AGGREGATE_ARGUMENT_TYPES[call.name], call))
+    result_type = {"count": INT64, "avg": DOUBLE}.get(call.name, argument_type)
     argument = scope.emit(call.args[0], argument_type)
-    if argument_type == _BOOLEAN and call.name in ("min", "max"):  # PostgreSQL has no min(boolean)
+    if argument_type == BOOLEAN and call.name in ("min", "max"):  # PostgreSQL has no min(boolean)
         argument = sa.cast(argument, sa.Integer())
     return result_type, argument
 
 
-def _aggregate_sql(call: _Call, t: str, subquery: sa.Subquery, label: str | None) -> _Leaf:
+def _aggregate_sql(call: Call, t: str, subquery: sa.Subquery, label: str | None) -> Leaf:
     if label is None:
-        return _Leaf(sa.func.count(), t)
+        return Leaf(sa.func.count(), t)
     sql = getattr(sa.func, call.name)(subquery.c[label])
-    if call.name in ("sum", "avg") or t == _BOOLEAN:  # PostgreSQL's sum and avg of integers are NUMERIC
-        sql = sa.cast(sql, _SA_TYPES[t])
-    return _Leaf(sql, t)
+    if call.name in ("sum", "avg") or t == BOOLEAN:  # PostgreSQL's sum and avg of integers are NUMERIC
+        sql = sa.cast(sql, SA_TYPES[t])
+    return Leaf(sql, t)
 
 
-def _project(scope: _Scope, items: list[tuple[str, _Expr]]) -> tuple[list[sa.ColumnElement[Any]], list[str]]:
+def _project(scope: Scope, items: list[tuple[str, Expr]]) -> tuple[list[sa.ColumnElement[Any]], list[str]]:
     """The labelled SELECT list and the YT type of each output column.
 
     Leaves keep the column's own SQL type, so the source's result processing applies; computed
@@ -507,30 +507,30 @@ def _project(scope: _Scope, items: list[tuple[str, _Expr]]) -> tuple[list[sa.Col
     columns: list[sa.ColumnElement[Any]] = []
     types: list[str] = []
     for i, (_, node) in enumerate(items):
-        t = _choose(scope.types(node))
+        t = choose(scope.types(node))
         sql = scope.emit(node, t)
         if scope.leaf(node) is None:
-            sql = sa.type_coerce(sql, _SA_TYPES[t])
+            sql = sa.type_coerce(sql, SA_TYPES[t])
         columns.append(sql.label(f"c{i}"))
         types.append(t)
     return columns, types
 
 
-def _predicate(scope: _Scope, node: _Expr, clause: str) -> sa.ColumnElement[bool]:
-    if _BOOLEAN not in scope.types(node):
+def _predicate(scope: Scope, node: Expr, clause: str) -> sa.ColumnElement[bool]:
+    if BOOLEAN not in scope.types(node):
         raise QuerySyntaxError(
-            f'{clause} predicate "{node.text}" must be boolean, got {_choose(scope.types(node))}'
+            f'{clause} predicate "{node.text}" must be boolean, got {choose(scope.types(node))}'
         )
-    return scope.emit(node, _BOOLEAN, predicate=True)
+    return scope.emit(node, BOOLEAN, predicate=True)
 
 
-def _order_by(scope: _Scope, order: list[tuple[_Expr, bool]]) -> list[sa.ColumnElement[Any]]:
+def _order_by(scope: Scope, order: list[tuple[Expr, bool]]) -> list[sa.ColumnElement[Any]]:
     """ORDER BY terms; NULL is the smallest value as in YT. Constant terms order nothing and are
     skipped (an integer constant would be a column position in SQL)."""
     terms: list[sa.ColumnElement[Any]] = []
     for node, descending in order:
-        if not any(isinstance(n, _Column) or _is_aggregate(n) for n in _walk(node)):
+        if not any(isinstance(n, _Column) or is_aggregate(n) for n in _walk(node)):
             continue
-        sql = scope.emit(node, _choose(scope.types(node)))
+        sql = scope.emit(node, choose(scope.types(node)))
         terms.append(sql.desc().nulls_last() if descending else sql.asc().nulls_first())
     return terms

@@ -1,11 +1,11 @@
 """The typing and SQL of one expression: built-in functions, YT's comparison semantics, scopes.
 
 Why this module exists: it is the part of the compiler that looks at a single expression and not at
-the query around it. :class:`_Scope` infers the set of YT types an expression may take (rejecting
+the query around it. :class:`Scope` infers the set of YT types an expression may take (rejecting
 type errors as YT does) and emits its SQL, rewriting comparisons so that NULL equals NULL and sorts
 first; the tables of built-in functions, aggregates and comparisons are here too. What a name
 stands for in a given clause (a column, a group key, an aggregate) is decided by the subclasses of
-:class:`_Scope` in :mod:`.compiler`.
+:class:`Scope` in :mod:`.compiler`.
 """
 
 from __future__ import annotations
@@ -19,30 +19,30 @@ import sqlalchemy as sa
 from sqlalchemy.types import NullType, TypeEngine
 
 from ..errors import QuerySyntaxError
-from .ast import _Between, _Binary, _Call, _Expr, _In, _items, _Literal, _Logical, _Tuple, _Unary
+from .ast import Between, Binary, Call, Expr, In, Literal, Logical, Tuple, Unary, items
 from .yt_types import (
-    _ALL_TYPES,
     _ANY,
-    _BOOLEAN,
     _BOOLEAN_ONLY,
-    _DOUBLE,
-    _INT64,
     _INTEGRAL,
     _NUMERIC,
-    _SA_TYPES,
     _STRING,
     _STRING_ONLY,
-    _UINT64,
-    _choose,
+    ALL_TYPES,
+    BOOLEAN,
+    DOUBLE,
+    INT64,
+    SA_TYPES,
+    UINT64,
+    choose,
 )
 
 # The tables below are built once at import and read-only after.
 
-_AGGREGATE_ARGUMENT_TYPES = {
-    "count": _ALL_TYPES,
+AGGREGATE_ARGUMENT_TYPES = {
+    "count": ALL_TYPES,
     "sum": _NUMERIC,
-    "min": _ALL_TYPES - {_ANY},
-    "max": _ALL_TYPES - {_ANY},
+    "min": ALL_TYPES - {_ANY},
+    "max": ALL_TYPES - {_ANY},
     "avg": _NUMERIC,
 }
 
@@ -59,16 +59,16 @@ class _Function:
 
 
 _FUNCTIONS = {
-    "is_null": _Function((_ALL_TYPES,), _BOOLEAN),
-    "if": _Function((_BOOLEAN_ONLY, _ALL_TYPES, _ALL_TYPES), None),
+    "is_null": _Function((ALL_TYPES,), BOOLEAN),
+    "if": _Function((_BOOLEAN_ONLY, ALL_TYPES, ALL_TYPES), None),
     "lower": _Function((_STRING_ONLY,), _STRING),
     "upper": _Function((_STRING_ONLY,), _STRING),
-    "length": _Function((_STRING_ONLY,), _INT64),
+    "length": _Function((_STRING_ONLY,), INT64),
     "abs": _Function((_NUMERIC,), None),
     "concat": _Function((_STRING_ONLY, _STRING_ONLY), _STRING),
-    "int64": _Function((_NUMERIC,), _INT64),
-    "uint64": _Function((_NUMERIC,), _UINT64),
-    "double": _Function((_NUMERIC,), _DOUBLE),
+    "int64": _Function((_NUMERIC,), INT64),
+    "uint64": _Function((_NUMERIC,), UINT64),
+    "double": _Function((_NUMERIC,), DOUBLE),
     "string": _Function((_STRING_ONLY | _NUMERIC,), _STRING),
 }
 
@@ -92,44 +92,44 @@ _AGAINST_NULL: dict[str, Callable[[sa.ColumnElement[Any]], sa.ColumnElement[bool
 }
 
 
-def _is_aggregate(node: _Expr) -> TypeGuard[_Call]:
-    return isinstance(node, _Call) and node.name in _AGGREGATE_ARGUMENT_TYPES
+def is_aggregate(node: Expr) -> TypeGuard[Call]:
+    return isinstance(node, Call) and node.name in AGGREGATE_ARGUMENT_TYPES
 
 
-def _non_null_literal(node: _Expr) -> bool:
-    return isinstance(node, _Literal) and node.value is not None
+def _non_null_literal(node: Expr) -> bool:
+    return isinstance(node, Literal) and node.value is not None
 
 
-def _literal_types(literal: _Literal) -> frozenset[str]:
+def _literal_types(literal: Literal) -> frozenset[str]:
     match literal.kind:
         case "int":
             assert isinstance(literal.value, int)
-            return _NUMERIC if literal.value >= 0 else frozenset({_INT64, _DOUBLE})
+            return _NUMERIC if literal.value >= 0 else frozenset({INT64, DOUBLE})
         case "uint":
-            return frozenset({_UINT64})
+            return frozenset({UINT64})
         case "double":
-            return frozenset({_DOUBLE})
+            return frozenset({DOUBLE})
         case "string":
             return _STRING_ONLY
         case "boolean":
             return _BOOLEAN_ONLY
-    return _ALL_TYPES  # null fits every type
+    return ALL_TYPES  # null fits every type
 
 
-def _type_mismatch(parent: _Expr, *found: frozenset[str]) -> QuerySyntaxError:
-    described = " and ".join(_choose(types) for types in found)
+def _type_mismatch(parent: Expr, *found: frozenset[str]) -> QuerySyntaxError:
+    described = " and ".join(choose(types) for types in found)
     return QuerySyntaxError(f'Type mismatch in expression "{parent.text}": {described}')
 
 
 @dataclass(frozen=True)
-class _Leaf:
+class Leaf:
     """An expression the scope already holds as SQL: a column, a group key or an aggregate."""
 
     sql: sa.ColumnElement[Any]
     yt_type: str
 
 
-class _Scope(ABC):
+class Scope(ABC):
     """Types and emits resolved expressions; a subclass decides which nodes are leaves.
 
     ``emit(node, t, predicate)`` produces SQL for ``node`` typed as the YT type ``t`` (one of the
@@ -138,29 +138,29 @@ class _Scope(ABC):
     """
 
     def __init__(self) -> None:
-        self._types: dict[_Expr, frozenset[str]] = {}
+        self._types: dict[Expr, frozenset[str]] = {}
 
     @abstractmethod
-    def leaf(self, node: _Expr) -> _Leaf | None: ...
+    def leaf(self, node: Expr) -> Leaf | None: ...
 
     # typing -----------------------------------------------------------------------------------
 
-    def types(self, node: _Expr) -> frozenset[str]:
+    def types(self, node: Expr) -> frozenset[str]:
         if node not in self._types:
             leaf = self.leaf(node)
             self._types[node] = frozenset({leaf.yt_type}) if leaf is not None else self._infer(node)
         return self._types[node]
 
-    def expect(self, node: _Expr, allowed: frozenset[str], parent: _Expr) -> frozenset[str]:
+    def expect(self, node: Expr, allowed: frozenset[str], parent: Expr) -> frozenset[str]:
         types = self.types(node) & allowed
         if not types:
             raise QuerySyntaxError(
                 f'Type mismatch in expression "{parent.text}": expected {"|".join(sorted(allowed))}, '
-                f'got {_choose(self.types(node))} in "{node.text}"'
+                f'got {choose(self.types(node))} in "{node.text}"'
             )
         return types
 
-    def _unify(self, parent: _Expr, allowed: frozenset[str], *nodes: _Expr) -> frozenset[str]:
+    def _unify(self, parent: Expr, allowed: frozenset[str], *nodes: Expr) -> frozenset[str]:
         types = allowed
         for node in nodes:
             types &= self.types(node)
@@ -168,54 +168,54 @@ class _Scope(ABC):
             raise _type_mismatch(parent, *(self.types(node) for node in nodes))
         return types
 
-    def _infer(self, node: _Expr) -> frozenset[str]:
+    def _infer(self, node: Expr) -> frozenset[str]:
         match node:
-            case _Literal():
+            case Literal():
                 return _literal_types(node)
-            case _Tuple():
+            case Tuple():
                 raise QuerySyntaxError(
                     f'Tuple "{node.text}" can only be compared or used with IN and BETWEEN'
                 )
-            case _Unary(op="not"):
+            case Unary(op="not"):
                 self.expect(node.operand, _BOOLEAN_ONLY, node)
                 return _BOOLEAN_ONLY
-            case _Unary():
+            case Unary():
                 return self.expect(node.operand, _NUMERIC, node)
-            case _Logical(operands=operands):
+            case Logical(operands=operands):
                 for operand in operands:
                     self.expect(operand, _BOOLEAN_ONLY, node)
                 return _BOOLEAN_ONLY
-            case _Binary(op=op) if op in _COMPARISONS:
-                self._comparison_types(node, _items(node.left), _items(node.right))
+            case Binary(op=op) if op in _COMPARISONS:
+                self._comparison_types(node, items(node.left), items(node.right))
                 return _BOOLEAN_ONLY
-            case _Binary(op="%"):
+            case Binary(op="%"):
                 return self._unify(node, _INTEGRAL, node.left, node.right)
-            case _Binary(op="||"):
+            case Binary(op="||"):
                 return self._unify(node, _STRING_ONLY, node.left, node.right)
-            case _Binary():
+            case Binary():
                 return self._unify(node, _NUMERIC, node.left, node.right)
-            case _In():
+            case In():
                 self._in_types(node)
                 return _BOOLEAN_ONLY
-            case _Between():
+            case Between():
                 self._between_types(node)
                 return _BOOLEAN_ONLY
-            case _Call():
+            case Call():
                 return self._call_types(node)
         raise AssertionError(f"unresolved node {node!r}")
 
     def _comparison_types(
-        self, parent: _Expr, lefts: tuple[_Expr, ...], rights: tuple[_Expr, ...]
+        self, parent: Expr, lefts: tuple[Expr, ...], rights: tuple[Expr, ...]
     ) -> list[str]:
         if len(lefts) != len(rights):
             raise QuerySyntaxError(f'Tuple size mismatch in expression "{parent.text}"')
         return [
-            _choose(self._unify(parent, _ALL_TYPES, left, right))
+            choose(self._unify(parent, ALL_TYPES, left, right))
             for left, right in zip(lefts, rights, strict=True)
         ]
 
-    def _in_types(self, node: _In) -> list[str]:
-        lefts = _items(node.operand)
+    def _in_types(self, node: In) -> list[str]:
+        lefts = items(node.operand)
         chosen = []
         for position, left in enumerate(lefts):
             types = self.types(left)
@@ -225,17 +225,17 @@ class _Scope(ABC):
                 types &= _literal_types(row[position])
                 if not types:
                     raise _type_mismatch(node, self.types(left), _literal_types(row[position]))
-            chosen.append(_choose(types))
+            chosen.append(choose(types))
         return chosen
 
-    def _between_types(self, node: _Between) -> None:
-        lefts = _items(node.operand)
+    def _between_types(self, node: Between) -> None:
+        lefts = items(node.operand)
         for bound in (node.lower, node.upper):
             if len(bound) > len(lefts):
                 raise QuerySyntaxError(f'Tuple size mismatch in expression "{node.text}"')
             self._comparison_types(node, lefts[: len(bound)], bound)
 
-    def _call_types(self, node: _Call) -> frozenset[str]:
+    def _call_types(self, node: Call) -> frozenset[str]:
         function = _FUNCTIONS.get(node.name)
         if function is None:
             raise QuerySyntaxError(f'Unknown function "{node.name}"')
@@ -249,42 +249,42 @@ class _Scope(ABC):
         if function.result is not None:
             return frozenset({function.result})
         if node.name == "if":
-            return self._unify(node, _ALL_TYPES, node.args[1], node.args[2])
+            return self._unify(node, ALL_TYPES, node.args[1], node.args[2])
         return self.expect(node.args[0], function.arguments[0], node)
 
     # SQL --------------------------------------------------------------------------------------
 
-    def emit(self, node: _Expr, t: str, predicate: bool = False) -> sa.ColumnElement[Any]:
+    def emit(self, node: Expr, t: str, predicate: bool = False) -> sa.ColumnElement[Any]:
         leaf = self.leaf(node)
         if leaf is not None:
             return leaf.sql
         match node:
-            case _Literal():
+            case Literal():
                 return _bind(node, t, None)
-            case _Unary(op="not"):
-                return sa.not_(self.emit(node.operand, _BOOLEAN))
-            case _Unary(op="-"):
+            case Unary(op="not"):
+                return sa.not_(self.emit(node.operand, BOOLEAN))
+            case Unary(op="-"):
                 return -self.emit(node.operand, t)
-            case _Unary():
+            case Unary():
                 return self.emit(node.operand, t)
-            case _Logical(op=op, operands=operands):
+            case Logical(op=op, operands=operands):
                 combine = sa.and_ if op == "and" else sa.or_
-                return combine(*(self.emit(operand, _BOOLEAN, predicate) for operand in operands))
-            case _Binary(op=op) if op in _COMPARISONS:
-                return self._compare(op, _items(node.left), _items(node.right), node, predicate)
-            case _Binary(op=op):
+                return combine(*(self.emit(operand, BOOLEAN, predicate) for operand in operands))
+            case Binary(op=op) if op in _COMPARISONS:
+                return self._compare(op, items(node.left), items(node.right), node, predicate)
+            case Binary(op=op):
                 left, right = self.emit(node.left, t), self.emit(node.right, t)
-                return left.op(op, return_type=_SA_TYPES[t])(right)
-            case _In():
+                return left.op(op, return_type=SA_TYPES[t])(right)
+            case In():
                 return self._emit_in(node, predicate and not node.negated)
-            case _Between():
+            case Between():
                 return self._emit_between(node, predicate and not node.negated)
-            case _Call():
+            case Call():
                 return self._emit_call(node, t)
         raise AssertionError(f"unresolved node {node!r}")
 
     def _compare(
-        self, op: str, lefts: tuple[_Expr, ...], rights: tuple[_Expr, ...], parent: _Expr, predicate: bool
+        self, op: str, lefts: tuple[Expr, ...], rights: tuple[Expr, ...], parent: Expr, predicate: bool
     ) -> sa.ColumnElement[bool]:
         """Compare tuples lexicographically (a scalar is a one-element tuple)."""
         types = self._comparison_types(parent, lefts, rights)
@@ -303,13 +303,13 @@ class _Scope(ABC):
         return result
 
     def _compare_scalar(
-        self, op: str, left: _Expr, right: _Expr, t: str, predicate: bool
+        self, op: str, left: Expr, right: Expr, t: str, predicate: bool
     ) -> sa.ColumnElement[bool]:
         """One comparison with YT's NULL semantics (NULL equals NULL and is less than anything)."""
-        if isinstance(left, _Literal) and (not isinstance(right, _Literal) or left.value is None):
+        if isinstance(left, Literal) and (not isinstance(right, Literal) or left.value is None):
             left, right, op = right, left, _FLIPPED[op]  # literal (and above all NULL) to the right
-        if isinstance(right, _Literal) and right.value is None:
-            if isinstance(left, _Literal):
+        if isinstance(right, Literal) and right.value is None:
+            if isinstance(left, Literal):
                 both_null = left.value is None
                 return _constant(op in ("=", "<=", ">=") if both_null else op in ("!=", ">", ">="))
             against_null = _AGAINST_NULL[op]
@@ -317,7 +317,7 @@ class _Scope(ABC):
                 return _constant(against_null)
             return against_null(self.emit(left, t))
         left_sql = self.emit(left, t)
-        if isinstance(right, _Literal):
+        if isinstance(right, Literal):
             bind_type = None if isinstance(left_sql.type, NullType) else left_sql.type
             right_sql: sa.ColumnElement[Any] = _bind(right, t, bind_type)
         else:
@@ -344,8 +344,8 @@ class _Scope(ABC):
                 fallback = right_sql.is_(None)
         return sa.func.coalesce(plain, fallback)
 
-    def _emit_in(self, node: _In, predicate: bool) -> sa.ColumnElement[bool]:
-        lefts = _items(node.operand)
+    def _emit_in(self, node: In, predicate: bool) -> sa.ColumnElement[bool]:
+        lefts = items(node.operand)
         types = self._in_types(node)
         if any(value.value is None for row in node.rows for value in row):
             result = sa.or_(
@@ -376,21 +376,21 @@ class _Scope(ABC):
                 result = sa.and_(result, *guards)
         return sa.not_(result) if node.negated else result
 
-    def _emit_between(self, node: _Between, predicate: bool) -> sa.ColumnElement[bool]:
-        lefts = _items(node.operand)
+    def _emit_between(self, node: Between, predicate: bool) -> sa.ColumnElement[bool]:
+        lefts = items(node.operand)
         result = sa.and_(
             self._compare(">=", lefts[: len(node.lower)], node.lower, node, predicate),
             self._compare("<=", lefts[: len(node.upper)], node.upper, node, predicate),
         )
         return sa.not_(result) if node.negated else result
 
-    def _emit_call(self, node: _Call, t: str) -> sa.ColumnElement[Any]:
+    def _emit_call(self, node: Call, t: str) -> sa.ColumnElement[Any]:
         args = node.args
         match node.name:
             case "is_null":
-                return self.emit(args[0], _choose(self.types(args[0]))).is_(None)
+                return self.emit(args[0], choose(self.types(args[0]))).is_(None)
             case "if":
-                condition = self.emit(args[0], _BOOLEAN, predicate=True)
+                condition = self.emit(args[0], BOOLEAN, predicate=True)
                 return sa.case((condition, self.emit(args[1], t)), else_=self.emit(args[2], t))
             case "lower" | "upper":
                 return sa.type_coerce(getattr(sa.func, node.name)(self.emit(args[0], _STRING)), sa.String())
@@ -402,11 +402,11 @@ class _Scope(ABC):
                 return self.emit(args[0], _STRING).op("||", return_type=sa.String())(
                     self.emit(args[1], _STRING)
                 )
-        source_type = _choose(self.types(args[0]) & _FUNCTIONS[node.name].arguments[0])
+        source_type = choose(self.types(args[0]) & _FUNCTIONS[node.name].arguments[0])
         sql = self.emit(args[0], source_type)
         if source_type == t or (t in _INTEGRAL and source_type in _INTEGRAL):
             return sql
-        if t == _DOUBLE:
+        if t == DOUBLE:
             return sa.cast(sql, sa.Float())
         if t == _STRING:
             return sa.cast(sql, sa.String())
@@ -417,18 +417,18 @@ def _constant(value: bool) -> sa.ColumnElement[bool]:
     return sa.true() if value else sa.false()
 
 
-def _python_value(literal: _Literal, t: str) -> Any:
+def _python_value(literal: Literal, t: str) -> Any:
     """The literal's value as the database should get it: an integer literal typed double is a float."""
-    if t == _DOUBLE and isinstance(literal.value, int):
+    if t == DOUBLE and isinstance(literal.value, int):
         return float(literal.value)
     return literal.value
 
 
-def _bind(literal: _Literal, t: str, bind_type: TypeEngine[Any] | None) -> sa.ColumnElement[Any]:
+def _bind(literal: Literal, t: str, bind_type: TypeEngine[Any] | None) -> sa.ColumnElement[Any]:
     """A literal as a bound parameter, typed like the column it is compared with when there is one."""
     if literal.value is None:
-        return sa.type_coerce(sa.null(), _SA_TYPES[t])
-    return sa.literal(_python_value(literal, t), bind_type if bind_type is not None else _SA_TYPES[t])
+        return sa.type_coerce(sa.null(), SA_TYPES[t])
+    return sa.literal(_python_value(literal, t), bind_type if bind_type is not None else SA_TYPES[t])
 
 
 def _truncate(value: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

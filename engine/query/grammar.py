@@ -196,7 +196,7 @@ def _build_parser() -> Lark:
 
 # Built once at import, read-only after: Lark.parse keeps its lexer and parser state per call (the basic
 # lexer builds its scanner lazily on first use, idempotently), so concurrent parses may share it.
-_PARSER = _build_parser()
+PARSER = _build_parser()
 
 _TERMINAL_NAMES = {  # read-only
     "NAME": "identifier",
@@ -243,7 +243,7 @@ def _excerpt(text: str, position: int, radius: int = 40) -> str:
     return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
 
 
-def _error_at(text: str, position: int, problem: str, expected: list[str] | None = None) -> QuerySyntaxError:
+def error_at(text: str, position: int, problem: str, expected: list[str] | None = None) -> QuerySyntaxError:
     """``Error while parsing query: <problem> at <line>:<column>[, expected ...]; query: <excerpt>``."""
     line, column = _line_column(text, position)
     message = f"Error while parsing query: {problem} at {line}:{column}"
@@ -259,11 +259,11 @@ def _error_at(text: str, position: int, problem: str, expected: list[str] | None
     return QuerySyntaxError(f"{message}; query: {_excerpt(text, position)}", attributes=attributes)
 
 
-def _parse_error(text: str, exc: UnexpectedInput) -> QuerySyntaxError:
+def parse_error(text: str, exc: UnexpectedInput) -> QuerySyntaxError:
     if isinstance(exc, UnexpectedCharacters):
         # lark declares ``pos_in_stream = None`` on UnexpectedInput; UnexpectedCharacters always sets an int
         position = cast(int, exc.pos_in_stream)
-        return _error_at(text, position, f'unexpected character "{text[position]}"')
+        return error_at(text, position, f'unexpected character "{text[position]}"')
     if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
         position, found = exc.token.start_pos or 0, f'"{exc.token.value}"'
     else:
@@ -272,4 +272,4 @@ def _parse_error(text: str, exc: UnexpectedInput) -> QuerySyntaxError:
     names = (
         (exc.accepts or exc.expected) if isinstance(exc, UnexpectedToken) else getattr(exc, "expected", ())
     )
-    return _error_at(text, position, f"unexpected {found}", sorted({_terminal_name(n) for n in names}))
+    return error_at(text, position, f"unexpected {found}", sorted({_terminal_name(n) for n in names}))

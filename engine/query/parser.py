@@ -20,28 +20,28 @@ from lark.tree import Meta
 
 from ..errors import QuerySyntaxError, YtError
 from .ast import (
+    Between,
+    Binary,
+    Call,
+    Expr,
+    In,
+    Literal,
+    Logical,
     ParsedQuery,
+    Tuple,
+    Unary,
     _Alias,
-    _Between,
-    _Binary,
-    _Call,
-    _Expr,
-    _In,
     _Join,
-    _Literal,
-    _Logical,
     _OrderItem,
     _Reference,
     _SelectItem,
     _Span,
     _TableRef,
     _too_deep,
-    _Tuple,
-    _Unary,
     _walk,
 )
-from .grammar import _PARSER, _error_at, _parse_error
-from .yt_types import _INT64, _INT64_MAX, _INT64_MIN, _UINT64, _UINT64_MAX
+from .grammar import PARSER, error_at, parse_error
+from .yt_types import INT64, INT64_MAX, INT64_MIN, UINT64, UINT64_MAX
 
 
 def parse_query(text: str) -> ParsedQuery:
@@ -49,11 +49,11 @@ def parse_query(text: str) -> ParsedQuery:
     if not text.strip():
         raise QuerySyntaxError("Error while parsing query: the query is empty", attributes={"query": text})
     try:
-        tree = _PARSER.parse(text)
+        tree = PARSER.parse(text)
         parsed: ParsedQuery = _AstBuilder(text).transform(tree)
         return replace(parsed, aliases=_validate(parsed))
     except UnexpectedInput as exc:
-        raise _parse_error(text, exc) from None
+        raise parse_error(text, exc) from None
     except VisitError as exc:  # lark wraps what the tree builder raises
         if isinstance(exc.orig_exc, YtError):
             raise exc.orig_exc from None
@@ -132,7 +132,7 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def star_projection(self, meta: Meta, children: list[Token]) -> tuple[str, None]:
         return "projection", None
 
-    def item_projection(self, meta: Meta, children: list[_Expr]) -> tuple[str, tuple[_SelectItem, ...]]:
+    def item_projection(self, meta: Meta, children: list[Expr]) -> tuple[str, tuple[_SelectItem, ...]]:
         return "projection", tuple(_SelectItem(expr, _output_name(expr)) for expr in children)
 
     def table_path(self, meta: Meta, children: list[Token]) -> _TableRef:
@@ -155,13 +155,13 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def column_name(self, meta: Meta, children: list[Token]) -> str:
         return _identifier(children[0])
 
-    def where(self, meta: Meta, children: list[_Expr]) -> tuple[str, _Expr]:
+    def where(self, meta: Meta, children: list[Expr]) -> tuple[str, Expr]:
         return "where", children[0]
 
-    def group_by(self, meta: Meta, children: list[_Expr]) -> tuple[str, tuple[_Expr, ...]]:
+    def group_by(self, meta: Meta, children: list[Expr]) -> tuple[str, tuple[Expr, ...]]:
         return "group_by", tuple(children)
 
-    def having(self, meta: Meta, children: list[_Expr]) -> tuple[str, _Expr]:
+    def having(self, meta: Meta, children: list[Expr]) -> tuple[str, Expr]:
         return "having", children[0]
 
     def order_by(self, meta: Meta, children: list[_OrderItem]) -> tuple[str, tuple[_OrderItem, ...]]:
@@ -179,8 +179,8 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
 
     def _count(self, token: Token) -> int:
         value = int(token.value)
-        if value > _INT64_MAX:
-            raise _error_at(self._text, token.start_pos or 0, f"{token.value} is out of int64 range")
+        if value > INT64_MAX:
+            raise error_at(self._text, token.start_pos or 0, f"{token.value} is out of int64 range")
         return value
 
     # expressions ------------------------------------------------------------------------------
@@ -191,57 +191,57 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def alias_name(self, meta: Meta, children: list[Token]) -> str:
         return _identifier(children[0])
 
-    def or_op(self, meta: Meta, children: list[_Expr]) -> _Logical:
+    def or_op(self, meta: Meta, children: list[Expr]) -> Logical:
         return self._logical("or", meta, *children)
 
-    def and_op(self, meta: Meta, children: list[_Expr]) -> _Logical:
+    def and_op(self, meta: Meta, children: list[Expr]) -> Logical:
         return self._logical("and", meta, *children)
 
-    def _logical(self, op: str, meta: Meta, left: _Expr, right: _Expr) -> _Logical:
-        operands = left.operands if isinstance(left, _Logical) and left.op == op else (left,)
-        return _Logical(op, (*operands, right), self._span(meta))
+    def _logical(self, op: str, meta: Meta, left: Expr, right: Expr) -> Logical:
+        operands = left.operands if isinstance(left, Logical) and left.op == op else (left,)
+        return Logical(op, (*operands, right), self._span(meta))
 
-    def not_op(self, meta: Meta, children: list[_Expr]) -> _Unary:
-        return _Unary("not", children[0], self._span(meta))
+    def not_op(self, meta: Meta, children: list[Expr]) -> Unary:
+        return Unary("not", children[0], self._span(meta))
 
-    def is_null(self, meta: Meta, children: list[_Expr]) -> _Call:
-        return _Call("is_null", (children[0],), False, self._span(meta))
+    def is_null(self, meta: Meta, children: list[Expr]) -> Call:
+        return Call("is_null", (children[0],), False, self._span(meta))
 
-    def is_not_null(self, meta: Meta, children: list[_Expr]) -> _Unary:
+    def is_not_null(self, meta: Meta, children: list[Expr]) -> Unary:
         span = self._span(meta)
-        return _Unary("not", _Call("is_null", (children[0],), False, span), span)
+        return Unary("not", Call("is_null", (children[0],), False, span), span)
 
-    def binary(self, meta: Meta, children: list[Any]) -> _Binary:
+    def binary(self, meta: Meta, children: list[Any]) -> Binary:
         left, op, right = children
-        return _Binary("!=" if op.value == "<>" else op.value, left, right, self._span(meta))
+        return Binary("!=" if op.value == "<>" else op.value, left, right, self._span(meta))
 
-    def between(self, meta: Meta, children: list[Any]) -> _Between:
-        return _Between(children[0], children[1], children[2], False, self._span(meta))
+    def between(self, meta: Meta, children: list[Any]) -> Between:
+        return Between(children[0], children[1], children[2], False, self._span(meta))
 
-    def not_between(self, meta: Meta, children: list[Any]) -> _Between:
-        return _Between(children[0], children[1], children[2], True, self._span(meta))
+    def not_between(self, meta: Meta, children: list[Any]) -> Between:
+        return Between(children[0], children[1], children[2], True, self._span(meta))
 
-    def in_list(self, meta: Meta, children: list[Any]) -> _In:
-        return _In(children[0], tuple(children[1:]), False, self._span(meta))
+    def in_list(self, meta: Meta, children: list[Any]) -> In:
+        return In(children[0], tuple(children[1:]), False, self._span(meta))
 
-    def not_in_list(self, meta: Meta, children: list[Any]) -> _In:
-        return _In(children[0], tuple(children[1:]), True, self._span(meta))
+    def not_in_list(self, meta: Meta, children: list[Any]) -> In:
+        return In(children[0], tuple(children[1:]), True, self._span(meta))
 
-    def unary(self, meta: Meta, children: list[Any]) -> _Expr:
+    def unary(self, meta: Meta, children: list[Any]) -> Expr:
         sign, operand = children
         span = self._span(meta)
-        if isinstance(operand, _Literal) and operand.kind in ("int", "uint", "double"):
+        if isinstance(operand, Literal) and operand.kind in ("int", "uint", "double"):
             return _signed(sign.value, operand, span)
-        return _Unary(sign.value, operand, span)
+        return Unary(sign.value, operand, span)
 
-    def star_call(self, meta: Meta, children: list[Token]) -> _Call:
-        return _Call(children[0].value.lower(), (), True, self._span(meta))
+    def star_call(self, meta: Meta, children: list[Token]) -> Call:
+        return Call(children[0].value.lower(), (), True, self._span(meta))
 
-    def call(self, meta: Meta, children: list[Any]) -> _Call:
-        return _Call(children[0].value.lower(), tuple(children[1:]), False, self._span(meta))
+    def call(self, meta: Meta, children: list[Any]) -> Call:
+        return Call(children[0].value.lower(), tuple(children[1:]), False, self._span(meta))
 
-    def parens(self, meta: Meta, children: list[_Expr]) -> _Expr:
-        return children[0] if len(children) == 1 else _Tuple(tuple(children), self._span(meta))
+    def parens(self, meta: Meta, children: list[Expr]) -> Expr:
+        return children[0] if len(children) == 1 else Tuple(tuple(children), self._span(meta))
 
     def reference(self, meta: Meta, children: list[Token]) -> _Reference:
         return _Reference(_identifier(children[0]), self._span(meta))
@@ -249,56 +249,56 @@ class _AstBuilder(Transformer_NonRecursive[Token, Any]):
     def qualified_reference(self, meta: Meta, children: list[Token]) -> _Reference:
         return _Reference(_identifier(children[1]), self._span(meta), qualifier=children[0].value)
 
-    def const_tuple(self, meta: Meta, children: list[_Literal]) -> tuple[_Literal, ...]:
+    def const_tuple(self, meta: Meta, children: list[Literal]) -> tuple[Literal, ...]:
         return tuple(children)
 
-    def const_value(self, meta: Meta, children: list[Any]) -> _Literal:
+    def const_value(self, meta: Meta, children: list[Any]) -> Literal:
         *signs, value = children
         if signs and value.kind not in ("int", "uint", "double"):
-            raise _error_at(self._text, meta.start_pos, f"a sign cannot be applied to {value.text}")
+            raise error_at(self._text, meta.start_pos, f"a sign cannot be applied to {value.text}")
         for sign in reversed(signs):
             value = _signed(sign.value, value, self._span(meta))
         return value
 
     # literals ---------------------------------------------------------------------------------
 
-    def int_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(int(children[0].value), "int", self._span(meta))
+    def int_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(int(children[0].value), "int", self._span(meta))
 
-    def uint_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(int(children[0].value[:-1]), "uint", self._span(meta))
+    def uint_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(int(children[0].value[:-1]), "uint", self._span(meta))
 
-    def float_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(float(children[0].value), "double", self._span(meta))
+    def float_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(float(children[0].value), "double", self._span(meta))
 
-    def string_literal(self, meta: Meta, children: list[Token]) -> _Literal:
+    def string_literal(self, meta: Meta, children: list[Token]) -> Literal:
         token = children[0]
         try:
             value = _unescape(token.value[1:-1])
         except UnicodeDecodeError:
-            raise _error_at(self._text, token.start_pos or 0, "string literal is not valid UTF-8") from None
-        return _Literal(value, "string", self._span(meta))
+            raise error_at(self._text, token.start_pos or 0, "string literal is not valid UTF-8") from None
+        return Literal(value, "string", self._span(meta))
 
-    def true_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(True, "boolean", self._span(meta))
+    def true_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(True, "boolean", self._span(meta))
 
-    def false_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(False, "boolean", self._span(meta))
+    def false_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(False, "boolean", self._span(meta))
 
-    def null_literal(self, meta: Meta, children: list[Token]) -> _Literal:
-        return _Literal(None, "null", self._span(meta))
+    def null_literal(self, meta: Meta, children: list[Token]) -> Literal:
+        return Literal(None, "null", self._span(meta))
 
 
-def _signed(sign: str, literal: _Literal, span: _Span) -> _Literal:
+def _signed(sign: str, literal: Literal, span: _Span) -> Literal:
     """Fold a unary sign into a numeric literal; a negated uint64 wraps around, as in C (and YT)."""
     value = literal.value
     assert isinstance(value, int | float)
     if sign == "-":
-        value = (-value) % (_UINT64_MAX + 1) if literal.kind == "uint" else -value
-    return _Literal(value, literal.kind, span)
+        value = (-value) % (UINT64_MAX + 1) if literal.kind == "uint" else -value
+    return Literal(value, literal.kind, span)
 
 
-def _output_name(expr: _Expr) -> str:
+def _output_name(expr: Expr) -> str:
     if isinstance(expr, _Reference):
         return expr.written
     if isinstance(expr, _Alias):
@@ -306,7 +306,7 @@ def _output_name(expr: _Expr) -> str:
     return expr.text
 
 
-def _clause_expressions(parsed: ParsedQuery) -> Iterator[_Expr]:
+def _clause_expressions(parsed: ParsedQuery) -> Iterator[Expr]:
     yield from (item.expr for item in parsed.projection or ())
     yield from (e for e in (parsed.where, parsed.having) if e is not None)
     yield from parsed.group_by
@@ -314,7 +314,7 @@ def _clause_expressions(parsed: ParsedQuery) -> Iterator[_Expr]:
     yield from (join.on for join in parsed.joins if join.on is not None)
 
 
-def _validate(parsed: ParsedQuery) -> tuple[tuple[str, _Expr], ...]:
+def _validate(parsed: ParsedQuery) -> tuple[tuple[str, Expr], ...]:
     """The checks that need no schema; returns the aliases of the query."""
     if parsed.order_by and parsed.limit is None:
         raise QuerySyntaxError("ORDER BY used without LIMIT", attributes={"query": parsed.text})
@@ -331,16 +331,16 @@ def _validate(parsed: ParsedQuery) -> tuple[tuple[str, _Expr], ...]:
         if len(set(join.using)) != len(join.using):
             raise QuerySyntaxError(f'Column repeated in USING of the join of table {join.table.path}',
                                    attributes={"query": parsed.text})
-    aliases: dict[str, _Expr] = {}
+    aliases: dict[str, Expr] = {}
     for node in (n for expr in _clause_expressions(parsed) for n in _walk(expr)):
         if isinstance(node, _Alias):
             if node.name in aliases:
                 raise QuerySyntaxError(f'Alias "{node.name}" has been already used')
             aliases[node.name] = node.expr
-        elif isinstance(node, _Literal) and isinstance(node.value, int) and node.kind in ("int", "uint"):
-            low, high = (_INT64_MIN, _INT64_MAX) if node.kind == "int" else (0, _UINT64_MAX)
+        elif isinstance(node, Literal) and isinstance(node.value, int) and node.kind in ("int", "uint"):
+            low, high = (INT64_MIN, INT64_MAX) if node.kind == "int" else (0, UINT64_MAX)
             if not low <= node.value <= high:
                 raise QuerySyntaxError(
-                    f"Integer literal {node.text} is out of {_INT64 if node.kind == 'int' else _UINT64} range"
+                    f"Integer literal {node.text} is out of {INT64 if node.kind == 'int' else UINT64} range"
                 )
     return tuple(aliases.items())

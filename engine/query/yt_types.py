@@ -14,26 +14,26 @@ import sqlalchemy as sa
 from sqlalchemy.types import NullType, TypeEngine
 
 # Every constant here is built once at import and read-only after; the TypeEngine instances of
-# _SA_TYPES are shared by all compiled statements and never mutated.
+# SA_TYPES are shared by all compiled statements and never mutated.
 
-_INT64, _UINT64, _DOUBLE, _BOOLEAN, _STRING, _ANY = "int64", "uint64", "double", "boolean", "string", "any"
-_TYPE_PREFERENCE = (_INT64, _UINT64, _DOUBLE, _BOOLEAN, _STRING, _ANY)  # picked first when several fit
-_ALL_TYPES = frozenset(_TYPE_PREFERENCE)
-_NUMERIC = frozenset({_INT64, _UINT64, _DOUBLE})
-_INTEGRAL = frozenset({_INT64, _UINT64})
+INT64, UINT64, DOUBLE, BOOLEAN, _STRING, _ANY = "int64", "uint64", "double", "boolean", "string", "any"
+_TYPE_PREFERENCE = (INT64, UINT64, DOUBLE, BOOLEAN, _STRING, _ANY)  # picked first when several fit
+ALL_TYPES = frozenset(_TYPE_PREFERENCE)
+_NUMERIC = frozenset({INT64, UINT64, DOUBLE})
+_INTEGRAL = frozenset({INT64, UINT64})
 _STRING_ONLY = frozenset({_STRING})
-_BOOLEAN_ONLY = frozenset({_BOOLEAN})
-_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+_BOOLEAN_ONLY = frozenset({BOOLEAN})
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
-_SA_TYPES: dict[str, TypeEngine[Any]] = {
-    _INT64: sa.BigInteger(),
-    _UINT64: sa.BigInteger(),
-    _DOUBLE: sa.Float(),
-    _BOOLEAN: sa.Boolean(),
+SA_TYPES: dict[str, TypeEngine[Any]] = {
+    INT64: sa.BigInteger(),
+    UINT64: sa.BigInteger(),
+    DOUBLE: sa.Float(),
+    BOOLEAN: sa.Boolean(),
     _STRING: sa.String(),
     _ANY: NullType(),
 }
 
 
-def _choose(types: frozenset[str]) -> str:
+def choose(types: frozenset[str]) -> str:
     return next(t for t in _TYPE_PREFERENCE if t in types)

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from ..errors import ErrorCode, YtError
 from ..storage import replica_sink_table
 from ..tablets import RowWrite, WriteKind
-from .sink import MAX_ROW_INDEX, ReplicaSink, _bad, int_field, read_sink, str_field
+from .sink import MAX_ROW_INDEX, ReplicaSink, bad_request, int_field, read_sink, str_field
 
 #: the sink records of a bootstrap's chunks are kept under this prefix and the replica id
 BOOTSTRAP_PREFIX = "bootstrap:"
@@ -53,9 +53,9 @@ def handle_bootstrap_write(sink: ReplicaSink, body: dict[str, Any], caller: str 
     chunk = int_field(body, "chunk", what, MAX_ROW_INDEX)
     rows = body.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise _bad(f"Invalid rows in internal request {what}: expected a list of maps", field="rows")
+        raise bad_request(f"Invalid rows in internal request {what}: expected a list of maps", field="rows")
     if len(rows) > sink.config.max_peer_batch_rows:
-        raise _bad(f"Invalid chunk {chunk} of the {what}: {len(rows)} rows, more than the "
+        raise bad_request(f"Invalid chunk {chunk} of the {what}: {len(rows)} rows, more than the "
                    f"{sink.config.max_peer_batch_rows} a batch may carry (max_peer_batch_rows)")
     writes = [RowWrite(WriteKind.WRITE, row, table.schema.full_lock_mask, False) for row in rows]
     sink.check_writes(table, path, writes, what)

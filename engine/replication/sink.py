@@ -69,17 +69,17 @@ def _restore_attribute(attributes: dict[str, Any], name: str, previous: Any) -> 
         attributes[name] = previous
 
 
-def _bad(message: str, **attributes: Any) -> YtError:
+def bad_request(message: str, **attributes: Any) -> YtError:
     return YtError(message, code=ErrorCode.PROTOCOL_ERROR, attributes=attributes)
 
 
 def int_field(body: dict[str, Any], name: str, what: str, high: int = MAX_ROW_INDEX) -> int:
     """A non-negative integer field of a peer's request, at most ``high``."""
     if name not in body:
-        raise _bad(f"Internal request {what} misses field {name!r}")
+        raise bad_request(f"Internal request {what} misses field {name!r}")
     value = body[name]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
-        raise _bad(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected an integer "
+        raise bad_request(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected an integer "
                    f"in [0, {high}]", field=name)
     return value
 
@@ -87,10 +87,10 @@ def int_field(body: dict[str, Any], name: str, what: str, high: int = MAX_ROW_IN
 def str_field(body: dict[str, Any], name: str, what: str, max_length: int = MAX_NAME_LENGTH) -> str:
     """A non-empty string field of a peer's request, at most ``max_length`` characters."""
     if name not in body:
-        raise _bad(f"Internal request {what} misses field {name!r}")
+        raise bad_request(f"Internal request {what} misses field {name!r}")
     value = body[name]
     if not isinstance(value, str) or not 0 < len(value) <= max_length:
-        raise _bad(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected a string of "
+        raise bad_request(f"Invalid {name} {str(value)[:100]!r} in internal request {what}: expected a string of "
                    f"1 to {max_length} characters", field=name)
     return value
 
@@ -169,7 +169,7 @@ class ReplicaSink:
         directory, the conflict log) and never an XDCR table, whose changes come only from its group
         (``xdcr_apply``) and would be shipped to the whole group as this cluster's own."""
         if not isinstance(path, str):
-            raise _bad(f"Invalid replica_path {str(path)[:100]!r}: expected a string", field="replica_path")
+            raise bad_request(f"Invalid replica_path {str(path)[:100]!r}: expected a string", field="replica_path")
         table, table_path, _ = self.host.resolve_table(path)
         self.check_replication_target(table, table_path, replica_id)
         expected = replica_id if preserve else None
@@ -210,7 +210,7 @@ class ReplicaSink:
 
     def table_info(self, path: Any, caller: str | None) -> dict[str, Any]:
         if not isinstance(path, str):
-            raise _bad(f"Invalid path {str(path)[:100]!r}: expected a string", field="path")
+            raise bad_request(f"Invalid path {str(path)[:100]!r}: expected a string", field="path")
         table, table_path, _ = self.host.resolve_table(path)
         if caller is not None:
             # what a meta-cluster inspects before enabling a replica: its replica tables, or a plain
@@ -342,13 +342,14 @@ class ReplicaSink:
         for flag in ("update", "shared", "strong"):
             value = body.get(flag, False)
             if not (isinstance(value, bool) or isinstance(value, list) and all(isinstance(v, bool) for v in value)):
-                raise _bad(f"Malformed writes in {what}: {flag} must be a boolean or a list of booleans", field=flag)
+                raise bad_request(f"Malformed writes in {what}: {flag} must be a boolean or a list of booleans",
+                                  field=flag)
         try:
             writes = decode_writes(body)
         except YtError as exc:
-            raise _bad(f"Malformed writes in {what}: {exc.message}") from None
+            raise bad_request(f"Malformed writes in {what}: {exc.message}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise _bad(f"Malformed writes in {what}: {type(exc).__name__}: {str(exc)[:200]}") from None
+            raise bad_request(f"Malformed writes in {what}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if len(writes) > self.config.max_rows_per_transaction:
             raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(writes)} rows, more than "
                           f"the {self.config.max_rows_per_transaction} a transaction may write",
@@ -374,7 +375,7 @@ class ReplicaSink:
         commit_ts = self.check_timestamp(body.get("commit_timestamp"), f"commit timestamp of transaction {tx_id}")
         raw_progress = body.get("progress", [])
         if not isinstance(raw_progress, list) or not all(isinstance(p, dict) for p in raw_progress):
-            raise _bad(f"Invalid progress in internal request {what}: expected a list of maps", field="progress")
+            raise bad_request(f"Invalid progress in internal request {what}: expected a list of maps", field="progress")
         progress = {(str_field(p, "replica_id", what), int_field(p, "tablet_index", what, MAX_PEER_TABLET_INDEX)):
                     int_field(p, "row_index", what) for p in raw_progress}
 
@@ -398,7 +399,7 @@ class ReplicaSink:
         what = f"push of replica {replica_id}"
         preserve = body.get("preserve_timestamps", True)
         if not isinstance(preserve, bool):
-            raise _bad(f"Invalid preserve_timestamps {str(preserve)[:100]!r} in internal request {what}: "
+            raise bad_request(f"Invalid preserve_timestamps {str(preserve)[:100]!r} in internal request {what}: "
                        "expected a boolean", field="preserve_timestamps")
         table, path = self.replica_table(body.get("replica_path"), replica_id, preserve)
         self.check_caller(caller, replica_id, what, path)
@@ -406,10 +407,10 @@ class ReplicaSink:
         prev, end = int_field(body, "prev_row_index", what), int_field(body, "row_index", what)
         entries = body.get("entries")
         if not isinstance(entries, list):
-            raise _bad(f"Invalid entries in internal request {what}: expected a list", field="entries")
+            raise bad_request(f"Invalid entries in internal request {what}: expected a list", field="entries")
         limit = self.config.max_peer_batch_rows
         if prev > end or end - prev > limit or len(entries) > end - prev:
-            raise _bad(f"Invalid batch in internal request {what}: rows [{prev}, {end}) with {len(entries)} "
+            raise bad_request(f"Invalid batch in internal request {what}: rows [{prev}, {end}) with {len(entries)} "
                        f"changes (a batch covers at most {limit} rows, max_peer_batch_rows, and carries at most "
                        "one change per row)", prev_row_index=prev, row_index=end, path=path)
         groups: list[tuple[int, list[RowWrite]]] = []
@@ -419,30 +420,31 @@ class ReplicaSink:
         group: list[RowWrite] | None = None
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
-                raise _bad(f"Invalid change {i} in internal request {what}: expected a map")
+                raise bad_request(f"Invalid change {i} in internal request {what}: expected a map")
             ts = entry.get("timestamp")
             if ts != last_ts or type(ts) is not int:  # (the changes of one commit share it: checked once)
                 ts = self.check_timestamp(ts, f"timestamp of change {i} of a {what}", preserve)
             if ts < last_ts:
-                raise _bad(f"Invalid change {i} in internal request {what}: its timestamp {ts:#x} is before that "
-                           f"of the change before it ({last_ts:#x}); a batch is in commit order")
+                raise bad_request(f"Invalid change {i} in internal request {what}: its timestamp {ts:#x} is before "
+                                  f"that of the change before it ({last_ts:#x}); a batch is in commit order")
             raw_kind = entry.get("kind")
             kind = kinds.get(raw_kind) if isinstance(raw_kind, str) else None
             if kind is None or kind is WriteKind.LOCK:
-                raise _bad(f"Unknown change kind {str(entry.get('kind'))[:100]!r} in a replication batch "
+                raise bad_request(f"Unknown change kind {str(entry.get('kind'))[:100]!r} in a replication batch "
                            f"({what})")
             payload = entry.get("payload")
             if isinstance(payload, str):
                 try:
                     payload = json.loads(payload)
                 except ValueError as exc:
-                    raise _bad(f"Malformed payload of change {i} in internal request {what}: {exc}") from None
+                    raise bad_request(f"Malformed payload of change {i} in internal request {what}: {exc}") from None
             if not isinstance(payload, dict) or "row" not in payload:
-                raise _bad(f"Malformed payload of change {i} in internal request {what}: expected a map with "
+                raise bad_request(f"Malformed payload of change {i} in internal request {what}: expected a map with "
                            "a row")
             update = payload.get("update", False)
             if not isinstance(update, bool):
-                raise _bad(f"Malformed payload of change {i} in internal request {what}: update must be a boolean")
+                raise bad_request(f"Malformed payload of change {i} in internal request {what}: update must be "
+                                  "a boolean")
             if ts != last_ts or group is None:
                 last_ts, group = ts, []
                 groups.append((ts, group))

@@ -349,7 +349,7 @@ def open_data_dir(data_dir: DataDir) -> Storage:
     the directory is not what it should be.
 
     The lock is released by ``data_dir.mark_stopped`` (``Cluster.close``), or, for a storage opened
-    without the ``DataDir`` being kept (``Storage.for_data_dir``), once the storage is garbage."""
+    without the ``DataDir`` being kept (``storage_for_data_dir``), once the storage is garbage."""
     try:
         data_dir.prepare()
         storage = Storage(f"sqlite:///{data_dir.database}", create_schema=False)
@@ -365,3 +365,9 @@ def open_data_dir(data_dir: DataDir) -> Storage:
         raise
     weakref.finalize(storage, data_dir.release)
     return storage
+
+
+def storage_for_data_dir(path: Path) -> Storage:
+    """The storage of the data directory ``path``, after its checks (``open_data_dir``; ``Cluster.open``
+    keeps the ``DataDir`` too, to mark it)."""
+    return open_data_dir(DataDir(path))

@@ -27,7 +27,6 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -462,14 +461,6 @@ class Storage:
     def create_schema(self) -> None:
         """Create the system tables that are missing."""
         SYSTEM_METADATA.create_all(self.engine)
-
-    @classmethod
-    def for_data_dir(cls, data_dir: Path) -> Storage:
-        """The storage of ``data_dir``, after the data directory's checks (``datadir.open_data_dir``;
-        ``Cluster.open`` keeps the ``DataDir`` too, to mark it)."""
-        from .datadir import DataDir, open_data_dir  # datadir builds on this module
-
-        return open_data_dir(DataDir(data_dir))
 
     def _corrupted(self, exc: BaseException) -> StorageCorruptedError | None:
         """The API's error for ``exc`` if it says the database file is damaged, else None; the first

@@ -714,7 +714,7 @@ def test_the_parser_tables_are_cached_per_user_and_a_bad_cache_file_is_rebuilt(t
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     text = "select k, v from [//t] where k in (1, 2) order by k limit 3"
-    expected = grammar._PARSER.parse(text)
+    expected = grammar.PARSER.parse(text)
     grammar._build_parser()
     (cached,) = (tmp_path / "reptables").iterdir()
     assert cached.stat().st_mode & 0o077 == 0

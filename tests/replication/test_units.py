@@ -32,7 +32,7 @@ from reptables.engine.replication import ReplicationHost, ReplicationManager
 from reptables.engine.replication.registry import Replica, ReplicaRegistry, SyncPhase
 from reptables.engine.replication.sink import ReplicaSink
 from reptables.engine.schema import TableSchema
-from reptables.engine.storage import Storage, UserTables, replica_progress_table
+from reptables.engine.storage import UserTables, replica_progress_table, storage_for_data_dir
 from reptables.engine.tablets import DynamicTable, RowWrite, TabletState, WriteKind
 from reptables.engine.timestamps import TimestampProvider
 from reptables.engine.transactions import Participant, RemoteParticipant, TransactionManager, make_object_id
@@ -49,7 +49,7 @@ class FakeHost:
 
     def __init__(self, name: str, data_dir: Path) -> None:
         self.name = name
-        self.storage = Storage.for_data_dir(data_dir)
+        self.storage = storage_for_data_dir(data_dir)
         self.timestamps = TimestampProvider(0, lambda _reserved: None)
         self.cypress = Cypress()
         self.transactions = TransactionManager(self.storage, self.timestamps, self._by_id)
