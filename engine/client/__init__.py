@@ -9,6 +9,12 @@ build every request (``_Build``, ``_Request``) and parse every response (``_pars
 ``_error_from_response``) with the same private helpers; the two classes differ only in the call
 that moves bytes, so the protocol is written down exactly once.
 
+Every public command of the engine (its command table, ``GET /api/v4``) has a typed method of the
+same name with YT's parameter names, so a reader (and mypy) can follow a command from its caller to
+the engine's handler; answers of a fixed shape are typed (``types.py``: ``XdcrStatus``,
+``PullAnswer``...). :meth:`Client.call` stays as the escape hatch for a command this client does not
+know (another proxy's, or one newer than the client).
+
 The tricky parts of the protocol, all handled here:
 
 * **Parameters** travel JSON-encoded in the ``X-YT-Parameters`` header (``X-YT-Header-Format:
@@ -61,22 +67,42 @@ from ..errors import (
 from .aio import AsyncClient
 from .protocol import Schema, TransportError, compare_tokens, token_timestamp
 from .sync import Client
+from .types import (
+    ChangeEvent,
+    ConsumerRegistration,
+    PullAnswer,
+    XdcrJoinFinished,
+    XdcrJoinPage,
+    XdcrJoinProgress,
+    XdcrJoinWritten,
+    XdcrPeerStatus,
+    XdcrStatus,
+)
 
 __all__ = [
     "AlreadyExistsError",
     "AsyncClient",
     "AuthenticationError",
+    "ChangeEvent",
     "Client",
+    "ConsumerRegistration",
     "ErrorCode",
     "LockConflict",
     "NoSuchTransaction",
     "QuerySyntaxError",
     "ResolveError",
+    "PullAnswer",
     "Schema",
     "SchemaViolation",
     "TabletStateError",
     "TransportError",
     "UnavailableError",
+    "XdcrJoinFinished",
+    "XdcrJoinPage",
+    "XdcrJoinProgress",
+    "XdcrJoinWritten",
+    "XdcrPeerStatus",
+    "XdcrStatus",
     "YtError",
     "compare_tokens",
     "token_timestamp",

@@ -12,6 +12,16 @@ import httpx
 
 from ..errors import YtError
 from .protocol import TransportError, _Build, _Config, _Request, _result, _Row
+from .types import (
+    ChangeEvent,
+    ConsumerRegistration,
+    PullAnswer,
+    XdcrJoinFinished,
+    XdcrJoinPage,
+    XdcrJoinProgress,
+    XdcrJoinWritten,
+    XdcrStatus,
+)
 
 
 class AsyncClient:
@@ -60,9 +70,9 @@ class AsyncClient:
 
     # -- Cypress --
 
-    async def create(self, type: str, path: str, attributes: dict[str, Any] | None = None, recursive: bool = False,
-                     ignore_existing: bool = False, force: bool = False) -> str:
-        """Create a node; returns its id."""
+    async def create(self, type: str, path: str | None = None, attributes: dict[str, Any] | None = None,
+                     recursive: bool = False, ignore_existing: bool = False, force: bool = False) -> str:
+        """Create a node (or a ``table_replica``/``table_collocation``, which take no path); returns its id."""
         return await self._send(_Build.create(type, path, attributes, recursive, ignore_existing, force))
 
     async def get(self, path: str, attributes: builtins.list[str] | None = None) -> Any:
@@ -88,8 +98,13 @@ class AsyncClient:
     async def mount_table(self, path: str, freeze: bool = False) -> None:
         await self._send(_Build.mount_table(path, freeze))
 
-    async def unmount_table(self, path: str) -> None:
-        await self._send(_Build.by_path("unmount_table", path))
+    async def unmount_table(self, path: str, force: bool = False) -> None:
+        await self._send(_Build.unmount_table(path, force))
+
+    async def remount_table(self, path: str) -> None:
+        """Remount a mounted (or frozen) table, as YT does to apply changed settings; an unmounted one is
+        refused (``TabletStateError``)."""
+        await self._send(_Build.by_path("remount_table", path))
 
     async def freeze_table(self, path: str) -> None:
         await self._send(_Build.by_path("freeze_table", path))
@@ -103,6 +118,27 @@ class AsyncClient:
 
     async def trim_rows(self, path: str, tablet_index: int, trimmed_row_count: int) -> None:
         await self._send(_Build.trim_rows(path, tablet_index, trimmed_row_count))
+
+    async def alter_table(self, path: str, schema: builtins.list[dict[str, Any]] | None = None,
+                          upstream_replica_id: str | None = None) -> None:
+        """Change a table's ``schema`` (add value columns, relax ``required``: docs/engine.md, "Changing a
+        schema"), or, unmounted, the replica it follows (``upstream_replica_id``; ``"0-0-0-0"``: none)."""
+        await self._send(_Build.alter_table(path, schema, upstream_replica_id))
+
+    # -- replicas (docs/replication.md) --
+
+    async def alter_table_replica(self, replica_id: str, enabled: bool | None = None, mode: str | None = None,
+                                  enable_replicated_table_tracker: bool | None = None) -> None:
+        """Enable or disable a replica, switch its ``mode`` (a ``ReplicaMode``: ``sync`` or ``async``), or
+        let the replicated table tracker own its mode or not; what is None is left as it is. Enabling
+        and disabling run in the background: the replica is ``enabling``/``disabling`` meanwhile."""
+        await self._send(_Build.alter_table_replica(replica_id, enabled, mode, enable_replicated_table_tracker))
+
+    async def get_in_sync_replicas(self, path: str, timestamp: int,
+                                   keys: Iterable[_Row] | None = None) -> builtins.list[str]:
+        """Ids of the replicas of replicated table ``path`` that hold every change up to ``timestamp``
+        for ``keys`` (None: for every key, ``all_keys``)."""
+        return await self._send(_Build.get_in_sync_replicas(path, timestamp, keys))
 
     # -- rows --
 
@@ -137,14 +173,18 @@ class AsyncClient:
     async def select_rows(self, query: str, timestamp: int | None = None, transaction_id: str | None = None,
                           output_row_limit: int | None = None, include_event_token: bool = False,
                           compare_event_token: str | None = None,
-                          response_parameters: dict[str, Any] | None = None) -> builtins.list[dict[str, Any]]:
+                          response_parameters: dict[str, Any] | None = None, input_row_limit: int | None = None,
+                          fail_on_incomplete_result: bool | None = None) -> builtins.list[dict[str, Any]]:
+        """The rows of a query (docs/engine.md, "Query language"); past ``input_row_limit`` or
+        ``output_row_limit`` it fails, unless ``fail_on_incomplete_result`` is False."""
         return await self._send(_Build.select_rows(query, timestamp, transaction_id, output_row_limit,
-                                             include_event_token, compare_event_token, response_parameters))
+                                                   include_event_token, compare_event_token, response_parameters,
+                                                   input_row_limit, fail_on_incomplete_result))
 
     # -- change streams (docs/streams.md) --
 
     async def pull_changes(self, path: str, from_event_token: str | None = None, from_timestamp: int | None = None,
-                           max_row_count: int | None = None, wait_timeout: int | None = None) -> dict[str, Any]:
+                           max_row_count: int | None = None, wait_timeout: int | None = None) -> PullAnswer:
         """One answer of the change stream of ``path`` after a token or a timestamp (or from now):
         ``{"events", "event_token", "timestamp"}``; waits up to ``wait_timeout`` ms for a change."""
         return await self._send(_Build.pull_changes(path, from_event_token, from_timestamp, max_row_count,
@@ -152,7 +192,7 @@ class AsyncClient:
 
     async def stream_changes(self, path: str, from_event_token: str | None = None, from_timestamp: int | None = None,
                              heartbeats: bool = False, max_row_count: int | None = None,
-                             wait_timeout: int | None = None) -> AsyncIterator[dict[str, Any]]:
+                             wait_timeout: int | None = None) -> AsyncIterator[ChangeEvent]:
         """Every change of ``path`` after the token or timestamp (or from now), once and in order, as
         it commits; endless. Each event carries its ``event_token``: resume from the last one
         handled. With ``heartbeats`` the idle answers' heartbeat events are yielded too."""
@@ -170,11 +210,11 @@ class AsyncClient:
     async def unregister_queue_consumer(self, queue_path: str, consumer_path: str) -> None:
         await self._send(_Build.unregister_queue_consumer(queue_path, consumer_path))
 
-    async def list_queue_consumer_registrations(self, queue_path: str) -> builtins.list[dict[str, Any]]:
+    async def list_queue_consumer_registrations(self, queue_path: str) -> builtins.list[ConsumerRegistration]:
         return await self._send(_Build.list_queue_consumer_registrations(queue_path))
 
     async def pull_consumer(self, consumer_path: str, queue_path: str, max_row_count: int | None = None,
-                            wait_timeout: int | None = None) -> dict[str, Any]:
+                            wait_timeout: int | None = None) -> PullAnswer:
         """Changes after the consumer's offset (the offset moves only with ``advance_consumer``)."""
         return await self._send(_Build.pull_consumer(consumer_path, queue_path, max_row_count, wait_timeout))
 
@@ -184,15 +224,61 @@ class AsyncClient:
         otherwise ``YtError`` 1761 with the current offset."""
         await self._send(_Build.advance_consumer(consumer_path, queue_path, old_offset, new_offset))
 
+    # -- active-active replication, XDCR (docs/xdcr.md) --
+
+    async def dr_status(self) -> XdcrStatus:
+        """This cluster's XDCR state: its id, whether it is paused, its connections and tables, each peer's
+        state, lag, queue and conflicts, and the tables joining from a snapshot."""
+        return await self._send(_Build.no_parameters("dr_status"))
+
+    async def dr_pause(self, wait: bool = True, timeout: int | None = None) -> XdcrStatus:
+        """Refuse client writes on this cluster (peers' changes are still applied); with ``wait``, answer
+        once every change was delivered to every peer, within ``timeout`` ms (default 60,000)."""
+        return await self._send(_Build.dr_pause(wait, timeout))
+
+    async def dr_resume(self) -> XdcrStatus:
+        """Take client writes again."""
+        return await self._send(_Build.no_parameters("dr_resume"))
+
+    async def dr_reset(self, cluster: str | None = None, force: bool = False) -> XdcrStatus:
+        """Stop replicating with ``cluster`` (``force`` required: its undelivered changes are dropped), or
+        with every peer (``cluster`` None)."""
+        return await self._send(_Build.dr_reset(cluster, force))
+
+    async def dr_drop(self, timeout: int | None = None) -> XdcrStatus:
+        """Leave the group: deliver every change (within ``timeout`` ms), make every peer forget this
+        cluster, reset."""
+        return await self._send(_Build.dr_drop(timeout))
+
+    async def dr_join_begin(self, path: str, source: str | None = None, page_rows: int | None = None,
+                            restart: bool = False) -> XdcrJoinProgress:
+        """Begin joining XDCR table ``path`` from a snapshot of ``source`` (default: the cluster's preferred
+        source, else its first connection), or resume the join begun (``restart``: a new snapshot)."""
+        return await self._send(_Build.dr_join_begin(path, source, page_rows, restart))
+
+    async def dr_join_read(self, path: str, page: int) -> XdcrJoinPage:
+        """One page of the snapshot being joined, read from the donor through this cluster."""
+        return await self._send(_Build.dr_join_read(path, page))
+
+    async def dr_join_write(self, path: str, page: int, entries: builtins.list[Any]) -> XdcrJoinWritten:
+        """Load one page of the snapshot (the ``entries`` of :meth:`dr_join_read`), exactly once."""
+        return await self._send(_Build.dr_join_write(path, page, entries))
+
+    async def dr_join_finish(self, path: str) -> XdcrJoinFinished:
+        """Every page loaded: the table is a member, and the peers ship it their changes after the snapshot."""
+        return await self._send(_Build.by_path("dr_join_finish", path))
+
     # -- timestamps and transactions --
 
     async def generate_timestamp(self) -> int:
         return await self._send(_Build.generate_timestamp())
 
     async def start_transaction(self, type: str = "tablet", atomicity: str | None = None,
-                                durability: str | None = None, timeout: int | None = None) -> str:
-        """Start a transaction (``timeout`` in milliseconds); returns its id."""
-        return await self._send(_Build.start_transaction(type, atomicity, durability, timeout))
+                                durability: str | None = None, timeout: int | None = None,
+                                start_timestamp: int | None = None) -> str:
+        """Start a transaction (``timeout`` in milliseconds); returns its id. A non-atomic one
+        (``atomicity="none"``) may take the client's ``start_timestamp`` (checked against the clock)."""
+        return await self._send(_Build.start_transaction(type, atomicity, durability, timeout, start_timestamp))
 
     async def ping_transaction(self, transaction_id: str) -> None:
         await self._send(_Build.by_transaction_id("ping_transaction", transaction_id))

@@ -83,8 +83,11 @@ class _Spec:
 _READ = _Spec(None, "structured", volatile=False)
 _ACTION = _Spec(None, None, volatile=True)
 _ROWS_IN = _Spec("tabular", None, volatile=True)
+#: a command that changes state and answers with a structure (the XDCR administration)
+_ADMIN = _Spec(None, "structured", volatile=True)
 
-#: the commands with typed methods; any other command's descriptor is fetched by ``call``
+#: the commands with typed methods (every public command of the engine, as its ``GET /api/v4`` describes
+#: them); any other command's descriptor is fetched by ``call``
 _KNOWN_SPECS: dict[str, _Spec] = {
     "create": _Spec(None, "structured", volatile=True),
     "get": _READ,
@@ -94,10 +97,14 @@ _KNOWN_SPECS: dict[str, _Spec] = {
     "list": _READ,
     "mount_table": _ACTION,
     "unmount_table": _ACTION,
+    "remount_table": _ACTION,
     "freeze_table": _ACTION,
     "unfreeze_table": _ACTION,
     "reshard_table": _ACTION,
     "trim_rows": _ACTION,
+    "alter_table": _ACTION,
+    "alter_table_replica": _ACTION,
+    "get_in_sync_replicas": _Spec("tabular", "structured", volatile=False),
     "insert_rows": _ROWS_IN,
     "delete_rows": _ROWS_IN,
     "lock_rows": _ROWS_IN,
@@ -114,6 +121,15 @@ _KNOWN_SPECS: dict[str, _Spec] = {
     "list_queue_consumer_registrations": _READ,
     "pull_consumer": _READ,
     "advance_consumer": _ACTION,
+    "dr_pause": _ADMIN,
+    "dr_resume": _ADMIN,
+    "dr_reset": _ADMIN,
+    "dr_drop": _ADMIN,
+    "dr_status": _READ,
+    "dr_join_begin": _ADMIN,
+    "dr_join_read": _READ,
+    "dr_join_write": _Spec("structured", "structured", volatile=True),
+    "dr_join_finish": _ADMIN,
 }
 
 #: the commands that may wait ``wait_timeout`` milliseconds for a change before they answer
@@ -383,7 +399,7 @@ class _Build:
         return _Request.command(command, params, input, spec=specs[command])
 
     @staticmethod
-    def create(type: str, path: str, attributes: dict[str, Any] | None, recursive: bool, ignore_existing: bool,
+    def create(type: str, path: str | None, attributes: dict[str, Any] | None, recursive: bool, ignore_existing: bool,
                force: bool) -> _Request:
         return _Request.command("create", {
             "type": type, "path": path, "attributes": attributes, "recursive": recursive,
@@ -417,8 +433,12 @@ class _Build:
 
     @staticmethod
     def by_path(command: str, path: str) -> _Request:
-        """unmount_table, freeze_table, unfreeze_table: commands of a path alone."""
+        """remount_table, freeze_table, unfreeze_table, dr_join_finish: commands of a path alone."""
         return _Request.command(command, {"path": path})
+
+    @staticmethod
+    def unmount_table(path: str, force: bool) -> _Request:
+        return _Request.command("unmount_table", {"path": path, "force": force or None})
 
     @staticmethod
     def reshard_table(path: str, pivot_keys: builtins.list[builtins.list[Any]] | None,
@@ -430,6 +450,25 @@ class _Build:
     def trim_rows(path: str, tablet_index: int, trimmed_row_count: int) -> _Request:
         return _Request.command("trim_rows", {"path": path, "tablet_index": tablet_index,
                                               "trimmed_row_count": trimmed_row_count})
+
+    @staticmethod
+    def alter_table(path: str, schema: Any, upstream_replica_id: str | None) -> _Request:
+        return _Request.command("alter_table", {"path": path, "schema": schema,
+                                                "upstream_replica_id": upstream_replica_id})
+
+    @staticmethod
+    def alter_table_replica(replica_id: str, enabled: bool | None, mode: str | None,
+                            enable_replicated_table_tracker: bool | None) -> _Request:
+        return _Request.command("alter_table_replica", {
+            "replica_id": replica_id, "enabled": enabled, "mode": mode,
+            "enable_replicated_table_tracker": enable_replicated_table_tracker})
+
+    @staticmethod
+    def get_in_sync_replicas(path: str, timestamp: int, keys: Iterable[_Row] | None) -> _Request:
+        """``keys`` None asks about every key (``all_keys``)."""
+        return _Request.command("get_in_sync_replicas", {
+            "path": path, "timestamp": timestamp, "all_keys": True if keys is None else None},
+            None if keys is None else list(keys))
 
     @staticmethod
     def insert_rows(path: str, rows: Iterable[_Row], update: bool | None, transaction_id: str | None,
@@ -467,11 +506,13 @@ class _Build:
     def select_rows(query: str, timestamp: int | None, transaction_id: str | None,
                     output_row_limit: int | None, include_event_token: bool = False,
                     compare_event_token: str | None = None,
-                    response_parameters: dict[str, Any] | None = None) -> _Request:
+                    response_parameters: dict[str, Any] | None = None, input_row_limit: int | None = None,
+                    fail_on_incomplete_result: bool | None = None) -> _Request:
         req = _Request.command("select_rows", {
             "query": query, "timestamp": timestamp, "transaction_id": transaction_id,
-            "output_row_limit": output_row_limit, "include_event_token": include_event_token or None,
-            "compare_event_token": compare_event_token})
+            "input_row_limit": input_row_limit, "output_row_limit": output_row_limit,
+            "fail_on_incomplete_result": fail_on_incomplete_result,
+            "include_event_token": include_event_token or None, "compare_event_token": compare_event_token})
         return replace(req, response_parameters=response_parameters)
 
     # -- change streams (docs/streams.md) --
@@ -518,10 +559,10 @@ class _Build:
 
     @staticmethod
     def start_transaction(type: str, atomicity: str | None, durability: str | None,
-                          timeout: int | None) -> _Request:
+                          timeout: int | None, start_timestamp: int | None = None) -> _Request:
         return _Request.command("start_transaction", {
-            "type": type, "atomicity": atomicity, "durability": durability, "timeout": timeout},
-            unwrap="transaction_id")
+            "type": type, "atomicity": atomicity, "durability": durability, "timeout": timeout,
+            "start_timestamp": start_timestamp}, unwrap="transaction_id")
 
     @staticmethod
     def by_transaction_id(command: str, transaction_id: str) -> _Request:
@@ -531,6 +572,38 @@ class _Build:
     @staticmethod
     def commit_transaction(transaction_id: str) -> _Request:
         return _Request.command("commit_transaction", {"transaction_id": transaction_id}, unwrap="commit_timestamp")
+
+    # -- active-active replication, XDCR (docs/xdcr.md) --
+
+    @staticmethod
+    def dr_pause(wait: bool, timeout: int | None) -> _Request:
+        return _Request.command("dr_pause", {"wait": wait, "timeout": timeout})
+
+    @staticmethod
+    def dr_reset(cluster: str | None, force: bool) -> _Request:
+        return _Request.command("dr_reset", {"cluster": cluster, "force": force or None})
+
+    @staticmethod
+    def dr_drop(timeout: int | None) -> _Request:
+        return _Request.command("dr_drop", {"timeout": timeout})
+
+    @staticmethod
+    def no_parameters(command: str) -> _Request:
+        """dr_status, dr_resume: commands without parameters."""
+        return _Request.command(command, {})
+
+    @staticmethod
+    def dr_join_begin(path: str, source: str | None, page_rows: int | None, restart: bool) -> _Request:
+        return _Request.command("dr_join_begin", {"path": path, "source": source, "page_rows": page_rows,
+                                                  "restart": restart})
+
+    @staticmethod
+    def dr_join_read(path: str, page: int) -> _Request:
+        return _Request.command("dr_join_read", {"path": path, "page": page})
+
+    @staticmethod
+    def dr_join_write(path: str, page: int, entries: builtins.list[Any]) -> _Request:
+        return _Request.command("dr_join_write", {"path": path, "page": page}, entries)
 
 
 class _Config:

@@ -2,7 +2,7 @@
 
 Every engine knows its peers through ``//sys/clusters``, a map from cluster name to
 ``{proxy_url=...; token=...}`` kept by the operator (or the local runner, or a config file at
-start-up). Tokens are secrets: Cypress never returns them in clear (``node/reads.py`` masks them
+start-up). Tokens are secrets: Cypress never returns them in clear (``node/node_reads.py`` masks them
 where node values leave the tree), and a token belongs to a URL: when a cluster's ``proxy_url``
 changes, its stored token is dropped (:func:`keep_stored_tokens`) and calls to that cluster fail
 with :class:`NoCredential` until a new token is set — an old secret is never sent to a new address.

@@ -55,5 +55,5 @@ class ReplicationHost(Protocol):
 
     def stream_hold(self, table: DynamicTable, node: Node) -> int | None:
         """The newest commit timestamp change streams let a replicated table's queue be trimmed
-        to (its ``change_retention`` and vital consumers, ``node/streams.py``); None: no hold."""
+        to (its ``change_retention`` and vital consumers, ``node/stream_service.py``); None: no hold."""
         ...

@@ -14,7 +14,7 @@ from ..errors import ErrorCode, YtError
 #: the replicated table's node attribute holding ``DynamicTable.trimmed_timestamp``
 TRIMMED_TIMESTAMP_ATTRIBUTE = "_rt_trimmed_timestamp"
 #: a replica table's node attribute: the id of its replicated table on the meta-cluster (sent with
-#: every push), whose event tokens a read of the replica may be compared with (node/streams.py)
+#: every push), whose event tokens a read of the replica may be compared with (node/stream_service.py)
 UPSTREAM_TABLE_ATTRIBUTE = "_rt_upstream_table_id"
 
 #: ``@min_replication_log_ttl`` when unset (ms): queue rows every replica has are kept this long

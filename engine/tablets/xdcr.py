@@ -195,7 +195,7 @@ Position = tuple[int, int]
 MAX_SEQ = (1 << 63) - 1
 #: the largest cluster id of seed 001
 MAX_CLUSTER_ID = 127
-#: the version of a joiner's clean-up deletes (never shipped; ``node/xdcr_join.py``)
+#: the version of a joiner's clean-up deletes (never shipped; ``xdcr/join.py``)
 HOUSEKEEPING_CLUSTER_ID = -1
 
 

@@ -25,7 +25,7 @@ The joiner drives the copy (``dr_join_*``, the Spark job ``sparkapps/xdcr_join.p
    transaction per page with the page's number, so a page is loaded exactly once.
 3. ``dr_join_finish``: once every page is loaded, the sink records become the cut's positions and
    the mark is removed, in one SQL transaction. Each peer's next batch then starts where the cut
-   left it (a peer ahead of that point is told to rewind, ``node/xdcr.py``).
+   left it (a peer ahead of that point is told to rewind, ``receiver.py``).
 """
 
 from __future__ import annotations
