@@ -56,6 +56,15 @@ from ..tablets.changes import ChangeFeed, drop_log
 from ..transactions import (
     make_object_id,
 )
+from .node_checks import (
+    check_depth,
+    check_names,
+    check_node_depth,
+    check_xdcr_table,
+    checked,
+    validate_table_attributes,
+    xdcr_flag,
+)
 from .node_reads import NodeReads
 from .tables import (
     CLUSTERS_PATH,
@@ -63,20 +72,12 @@ from .tables import (
     SCALAR_TYPES,
     TABLE_TYPES,
     Tables,
-    flag,
 )
 
 #: a check of an attribute set, run before the writer lock: (the path, the value) -> None or a YtError
 SettingCheck = Callable[[YPath, Any], None]
 
 
-def _xdcr_flag(value: Any, path: str) -> bool:
-    """The value of a table's ``@xdcr``: a boolean (``%true``), nothing else."""
-    if not isinstance(value, bool):
-        raise YtError(f"Attribute \"xdcr\" of {path} must be a boolean (%true or %false), not "
-                      f"{yson_util.type_name(value)}", code=ErrorCode.INVALID_PARAMETER,
-                      attributes={"path": path, "attribute": "xdcr"})
-    return value
 
 
 class CypressService:
@@ -100,7 +101,7 @@ class CypressService:
     def create(self, type: str, path: Any, attributes: dict[str, Any] | None = None, recursive: bool = False,
                ignore_existing: bool = False, force: bool = False) -> str:
         where = "" if path is None else f" {yson_util.printable(yson_util.to_str(yson_util.strip(path)))}"
-        attributes = self._checked(attributes or {}, f"Cannot create {type}{where}", yson_util.MAX_DEPTH)
+        attributes = checked(attributes or {}, f"Cannot create {type}{where}", yson_util.MAX_DEPTH)
         if not isinstance(attributes, dict):
             raise YtError("Parameter \"attributes\" must be a map", code=ErrorCode.INVALID_PARAMETER)
         if type == "table_replica":
@@ -116,7 +117,7 @@ class CypressService:
         if type not in ("map_node", "table", "replicated_table", "document", "string_node", "int64_node",
                         "uint64_node", "double_node", "boolean_node", "list_node"):
             raise YtError(f"Unknown or unsupported object type {type!r}", code=ErrorCode.INVALID_PARAMETER)
-        self._check_names(ypath.segments, f"Cannot create {yson_util.printable(ypath.text)}")
+        check_names(ypath.segments, f"Cannot create {yson_util.printable(ypath.text)}")
         with self.storage.write() as conn:
             existing = self.cypress.resolve(ypath, missing_ok=True)
             if existing is not None:
@@ -128,12 +129,13 @@ class CypressService:
             parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
             # everything is checked before the first change (a forced create removes the old node)
             action = f"Cannot create {yson_util.printable(ypath.text)}"
-            depth = self._check_node_depth(parent.depth + len(missing) + 1, action)
-            self._check_depth(attributes, yson_util.MAX_DEPTH - depth, action, what="its attributes", extra=1)
+            depth = check_node_depth(parent.depth + len(missing) + 1, action)
+            check_depth(attributes, yson_util.MAX_DEPTH - depth, action, what="its attributes", extra=1)
             if type in TABLE_TYPES:
                 if type == "replicated_table":
                     attributes["dynamic"] = attributes.get("dynamic", True)
-                self._validate_table_attributes(attributes, ypath.text, replicated=type == "replicated_table")
+                validate_table_attributes(attributes, ypath.text, self.name, self.tables.cluster_id,
+                                          replicated=type == "replicated_table")
             if parent is self.tables.clusters_node() or self.tables.under_directory(parent):
                 raise YtError(f"Use set to change {CLUSTERS_PATH}", code=ErrorCode.INVALID_PARAMETER)
             if existing is not None:
@@ -149,108 +151,22 @@ class CypressService:
 
     # -- checks of input, before anything changes ----------------------------------------------------
 
-    @staticmethod
-    def _checked(value: Any, action: str, max_depth: int, *, node_keys: bool = False) -> Any:
-        """A request's value as plain Python, or a 4xx naming ``action`` (\"Cannot set //tmp/x\") and
-        the reason: too deep, an integer out of range, a lone surrogate, a ``$`` key."""
-        try:
-            return yson_util.checked_python(value, max(max_depth, 0), node_keys=node_keys)
-        except yson_util.InvalidValue as exc:
-            raise YtError(f"{action}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER) from None
 
-    @staticmethod
-    def _check_depth(value: Any, max_depth: int, action: str, what: str = "the value", extra: int = 0) -> None:
-        """Refuse a (checked) value nested deeper than the tree has room for at its place."""
-        if yson_util.depth(value) - extra > max_depth:
-            raise YtError(f"{action}: depth limit of {yson_util.MAX_DEPTH} exceeded ({what} would nest "
-                          f"deeper than the tree allows there)", code=ErrorCode.INVALID_PARAMETER)
 
-    @staticmethod
-    def _check_node_depth(depth: int, action: str) -> int:
-        if depth > yson_util.MAX_DEPTH:
-            raise YtError(f"{action}: depth limit of {yson_util.MAX_DEPTH} exceeded (the node would be at "
-                          f"depth {depth})", code=ErrorCode.INVALID_PARAMETER)
-        return depth
 
-    @staticmethod
-    def _check_names(names: tuple[str, ...], action: str, kind: str = "node name") -> None:
-        """Names a path gives to nodes (or attributes): each one storable and addressable."""
-        for name in names:
-            try:
-                yson_util.check_key(name, node_name=True, kind=kind)
-            except yson_util.InvalidValue as exc:
-                raise YtError(f"{action}: {exc.reason}", code=ErrorCode.INVALID_PARAMETER) from None
 
-    def _validate_table_attributes(self, attrs: dict[str, Any], path: str, replicated: bool = False) -> None:
-        if not flag(attrs.get("dynamic")):
-            raise YtError(f"Cannot create table {path}: only dynamic tables are supported "
-                          "(set attribute dynamic=%true)", code=ErrorCode.INVALID_PARAMETER)
-        if "schema" not in attrs:
-            raise YtError(f"Cannot create dynamic table {path}: attribute \"schema\" is required",
-                          code=ErrorCode.INVALID_PARAMETER)
-        schema = TableSchema.parse(attrs["schema"], path)
-        if "pivot_keys" in attrs:
-            if not schema.is_sorted:
-                raise YtError(f"Cannot create table {path}: pivot_keys are for sorted tables; "
-                              "use tablet_count for ordered tables", code=ErrorCode.INVALID_PARAMETER)
-            parse_pivot_keys(attrs["pivot_keys"], schema, path)
-        if "tablet_count" in attrs:
-            count = attrs["tablet_count"]
-            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000:
-                raise YtError(f"Cannot create table {path}: tablet_count must be an integer in [1, 10000]",
-                              code=ErrorCode.INVALID_PARAMETER)
-            if schema.is_sorted:
-                raise YtError(f"Cannot create sorted table {path} with tablet_count: give pivot_keys",
-                              code=ErrorCode.INVALID_PARAMETER)
-        if attrs.get("atomicity", "full") not in ("full", "none"):
-            raise YtError(f"Cannot create table {path}: atomicity must be \"full\" or \"none\"",
-                          code=ErrorCode.INVALID_PARAMETER)
-        for name in ("min_data_ttl", "min_replication_log_ttl", "change_retention"):
-            ttl = attrs.get(name, 0)
-            if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
-                raise YtError(f"Cannot create table {path}: {name} must be a non-negative number of "
-                              "milliseconds", code=ErrorCode.INVALID_PARAMETER)
-        upstream = attrs.get("upstream_replica_id")
-        if upstream is not None and not isinstance(upstream, str):
-            raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",
-                          code=ErrorCode.INVALID_PARAMETER)
-        if _xdcr_flag(attrs.get("xdcr", False), path):
-            self._check_xdcr_table(schema, attrs, path, replicated)
-        if replicated:
-            if attrs.get("atomicity", "full") != "full":
-                raise YtError(f"Cannot create replicated table {path}: atomicity must be full",
-                              code=ErrorCode.INVALID_PARAMETER)
-            if upstream:
-                raise YtError(f"Cannot create replicated table {path} with upstream_replica_id",
-                              code=ErrorCode.INVALID_PARAMETER)
-            validate_replicated_table_options(attrs.get("replicated_table_options"), path)
-            validate_throttler(attrs.get("replication_throttler"), path)
 
-    def _check_xdcr_table(self, schema: TableSchema, attrs: dict[str, Any], path: str, replicated: bool) -> None:
-        """An XDCR table (seed 001's DR TABLE): sorted, written here, on a cluster with an id."""
-        if self.tables.cluster_id is None:
-            raise YtError(f"Cannot make {path} an XDCR table: cluster {self.name} has no XDCR cluster id (start "
-                          "its engine with --cluster-id N, 0-127)", code=ErrorCode.INVALID_PARAMETER,
-                          attributes={"path": path})
-        if not schema.is_sorted or replicated or attrs.get("upstream_replica_id"):
-            raise YtError(f"Cannot make {path} an XDCR table: only a sorted table written on this cluster can be "
-                          "(conflicts are resolved by primary key; not a replicated or a replica table)",
-                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
-        if attrs.get("atomicity", "full") != "full":
-            raise YtError(f"Cannot make {path} an XDCR table: its atomicity must be full",
-                          code=ErrorCode.INVALID_PARAMETER, attributes={"path": path})
 
     def _set_xdcr(self, conn: sa.Connection, node: Node, table: Any, value: Any) -> None:
         """``set @xdcr %true`` makes a table an XDCR table, only while it is empty (seed 001)."""
-        wanted = _xdcr_flag(value, node.path)
+        wanted = xdcr_flag(value, node.path)
         if wanted == (table.xdcr_cluster_id is not None):
             return
         if not wanted:
             raise YtError(f"Cannot turn XDCR off for {node.path}: leave the group with dr_drop or dr_reset instead",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
-        self._check_xdcr_table(table.schema, {"atomicity": table.atomicity,
-                                              "upstream_replica_id": table.upstream_replica_id},
-                               node.path, table.replicated)
+        check_xdcr_table(table.schema, {"atomicity": table.atomicity, "upstream_replica_id": table.upstream_replica_id},
+                         node.path, self.name, self.tables.cluster_id, table.replicated)
         if not table.is_empty(conn):
             raise YtError(f"Cannot make {node.path} an XDCR table: it holds rows (only an empty table can become "
                           "one; load data on one cluster after the group is set up)", code=ErrorCode.INVALID_PARAMETER,
@@ -408,11 +324,11 @@ class CypressService:
         ypath = parse_ypath(path)
         action = f"Cannot set {yson_util.printable(ypath.text)}"
         if ypath.attribute_path is None:
-            self._check_names(ypath.segments, action)
+            check_names(ypath.segments, action)
         elif ypath.attribute_path:
-            self._check_names(ypath.attribute_path, action, kind="attribute name")
+            check_names(ypath.attribute_path, action, kind="attribute name")
         # the value is checked whole before the writer lock, its depth at its place below
-        value = self._checked(value, action, yson_util.MAX_DEPTH, node_keys=ypath.attribute_path is None)
+        value = checked(value, action, yson_util.MAX_DEPTH, node_keys=ypath.attribute_path is None)
         if ypath.attribute_path:
             # settings whose check asks other clusters: before the writer lock (network, no lock held)
             self._check_setting(ypath, value)
@@ -422,7 +338,7 @@ class CypressService:
                 node = self.cypress.resolve(ypath)
                 assert node is not None
                 # an attribute's value nests below the node's map of attributes
-                self._check_depth(value, yson_util.MAX_DEPTH - node.depth - max(len(ypath.attribute_path) - 1, 0),
+                check_depth(value, yson_util.MAX_DEPTH - node.depth - max(len(ypath.attribute_path) - 1, 0),
                                   action)
                 self._set_attribute(conn, node, ypath.attribute_path, value)
                 return
@@ -433,12 +349,12 @@ class CypressService:
             else:
                 node = self.cypress.resolve(ypath, missing_ok=True)
                 if node is not None:
-                    self._check_depth(value, yson_util.MAX_DEPTH - node.depth, action)
+                    check_depth(value, yson_util.MAX_DEPTH - node.depth, action)
                     self._replace_node_value(conn, node, value)
                     return
                 parent, name, missing = self.cypress.resolve_parent(ypath, recursive=recursive)
-                depth = self._check_node_depth(parent.depth + len(missing) + 1, action)
-                self._check_depth(value, yson_util.MAX_DEPTH - depth, action)
+                depth = check_node_depth(parent.depth + len(missing) + 1, action)
+                check_depth(value, yson_util.MAX_DEPTH - depth, action)
                 for seg in missing:
                     parent = self.tables.new_node(conn, parent, seg, MAP_NODE, {})
                 self._build_value_node(conn, parent, name, value)
@@ -506,7 +422,7 @@ class CypressService:
             target[relative[-1]] = value
         updated = keep_stored_tokens(stored, copy.deepcopy(updated))
         parse_directory(updated)
-        self._check_depth(updated, yson_util.MAX_DEPTH - clusters.depth, f"Cannot set {where}")
+        check_depth(updated, yson_util.MAX_DEPTH - clusters.depth, f"Cannot set {where}")
         self._replace_node_value(conn, clusters, updated)
 
     def _build_value_node(self, conn: sa.Connection, parent: Node, name: str, value: Any) -> Node:
