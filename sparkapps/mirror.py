@@ -30,6 +30,10 @@ The stream must start before the table's ``@change_retention`` (1 h by default) 
 StartTime, and a stopped mirror must be restarted within it; otherwise the job fails with the oldest
 position the table still has (start a new mirror into an empty table then).
 
+The job's parts: this module (the state file, the snapshot copy, the streaming query and the
+command line), ``mirror_pg.py`` (the PostgreSQL table, its tombstones and the newest-token-wins
+statements), ``mirror_batches.py`` (each micro-batch of changes in one PostgreSQL transaction).
+
 Secrets: the engine token comes from ``--token-file`` or ``$YT_TOKEN``, never the command line; a
 PostgreSQL password belongs in ``$PGPASSWORD`` or ``~/.pgpass``, not in ``--pg-dsn``. Neither is
 logged. docs/mirror.md is the user's guide.
@@ -46,29 +50,30 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 
 from .changes_source import FORMAT as CHANGES_FORMAT
 from .changes_source import position_token
+from .mirror_batches import BatchApplier
+from .mirror_pg import TOKEN_COLUMN, PgLayout, table_ident
 from .options import ReptablesSparkError, SourceOptions
 from .reader import KeyRange, ReptablesReader, plan_partitions
-from .schema_mapping import JSON_TYPES, YtColumn, spark_schema
+from .schema_mapping import spark_schema
 from .tables import TableInfo
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("reptables.sparkapps.mirror")
 
@@ -76,18 +81,6 @@ log = logging.getLogger("reptables.sparkapps.mirror")
 STATE_FILE = "mirror.json"
 #: Spark's own checkpoint, beside it
 SPARK_CHECKPOINT = "spark"
-#: the column that holds each row's event token
-TOKEN_COLUMN = "_event_token"
-#: the tombstone table of ``T`` is ``T`` + this
-TOMBSTONE_SUFFIX = "_tombstones"
-
-#: YT column type -> PostgreSQL column type. Floats become double precision: a float column's
-#: values travel as JSON doubles, and "real" would round them.
-PG_TYPES: dict[str, str] = {
-    **{t: "bigint" for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
-    "double": "double precision", "float": "double precision", "boolean": "boolean",
-    "string": "text", "utf8": "text", "any": "jsonb", "yson": "jsonb",
-}
 
 
 # -- the state file ----------------------------------------------------------------------------------------
@@ -136,240 +129,6 @@ class MirrorState:
         finally:
             os.close(dir_fd)
 
-
-# -- PostgreSQL --------------------------------------------------------------------------------------------
-
-
-def table_ident(name: str, suffix: str = "") -> sql.Identifier:
-    """``name`` or ``schema.name`` as an identifier, ``suffix`` appended to the table's name."""
-    parts = name.split(".")
-    if not 1 <= len(parts) <= 2 or not all(parts):
-        raise ReptablesSparkError(f"mirror: --pg-table must be NAME or SCHEMA.NAME, got {name!r}")
-    parts[-1] += suffix
-    return sql.Identifier(*parts)
-
-
-@dataclass(frozen=True)
-class PgLayout:
-    """The PostgreSQL side of a mirrored table: its columns, key and the statements that change it."""
-
-    pg_table: str
-    columns: tuple[YtColumn, ...]
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns if c.key)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
-
-    @property
-    def json_columns(self) -> frozenset[str]:
-        return frozenset(c.name for c in self.columns if c.type in JSON_TYPES)
-
-    def table(self) -> sql.Identifier:
-        return table_ident(self.pg_table)
-
-    def tombstones(self) -> sql.Identifier:
-        return table_ident(self.pg_table, TOMBSTONE_SUFFIX)
-
-    def create(self, conn: psycopg.Connection[Any]) -> None:
-        """The table and its tombstone table, if they do not exist yet (tokens compare bytewise: COLLATE "C")."""
-        def column(c: YtColumn) -> sql.Composed:
-            not_null = sql.SQL(" NOT NULL") if not c.nullable else sql.SQL("")
-            return sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(PG_TYPES[c.type]), not_null)
-
-        token = sql.SQL('{} text COLLATE "C" NOT NULL').format(sql.Identifier(TOKEN_COLUMN))
-        key = sql.SQL("PRIMARY KEY ({})").format(self._list(self.keys))
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            self.table(), sql.SQL(", ").join([*(column(c) for c in self.columns), token, key])))
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            self.tombstones(),
-            sql.SQL(", ").join([*(column(c) for c in self.columns if c.key), token, key])))
-
-    def holds_rows(self, conn: psycopg.Connection[Any]) -> bool:
-        exists = conn.execute("SELECT to_regclass(%s)", [self.table().as_string(conn)]).fetchone()
-        if exists is None or exists[0] is None:
-            return False
-        return conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(self.table())).fetchone() is not None
-
-    @staticmethod
-    def _list(names: Iterable[str]) -> sql.Composed:
-        return sql.SQL(", ").join(sql.Identifier(n) for n in names)
-
-    def _param(self, param: str, column: str | None) -> sql.Composed:
-        """A placeholder cast to its column's type (a NULL or a string would otherwise be text)."""
-        pg_type = "text" if column is None else PG_TYPES[self._types[column]]
-        return sql.SQL("%({})s::{}").format(sql.SQL(param), sql.SQL(pg_type))
-
-    @property
-    def _types(self) -> dict[str, str]:
-        return {c.name: c.type for c in self.columns}
-
-    def _key_values(self) -> list[sql.Composed]:
-        return [self._param(f"k{i}", k) for i, k in enumerate(self.keys)]
-
-    def _key_match(self, table: sql.Identifier) -> sql.Composed:
-        return sql.SQL(" AND ").join(sql.SQL("{}.{} = {}").format(table, sql.Identifier(k), p)
-                                     for k, p in zip(self.keys, self._key_values(), strict=True))
-
-    def value(self, name: str, value: Any) -> Any:
-        """A row value as psycopg should send it (a column of type any: its structure as jsonb)."""
-        if name in self.json_columns and value is not None:
-            return Jsonb(value)
-        return value
-
-    def write_statement(self, names: tuple[str, ...]) -> sql.Composed:
-        """Upsert of the columns ``names`` at token %(t)s, unless the row or its tombstone is as new or newer.
-
-        Parameters: ``k0..`` the key, ``c0..`` the values of ``names``, ``t`` the token."""
-        table, tomb = self.table(), self.tombstones()
-        columns = [*self.keys, *names, TOKEN_COLUMN]
-        values = [*self._key_values(), *(self._param(f"c{i}", n) for i, n in enumerate(names)), self._param("t", None)]
-        updates = [sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in (*names, TOKEN_COLUMN)]
-        return sql.SQL(
-            "INSERT INTO {table} AS m ({columns}) SELECT {values} "
-            "WHERE NOT EXISTS (SELECT 1 FROM {tomb} WHERE {tomb_key} AND {tomb}.{token} >= %(t)s) "
-            "ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE m.{token} < EXCLUDED.{token}").format(
-            table=table, columns=self._list(columns), values=sql.SQL(", ").join(values), tomb=tomb,
-            tomb_key=self._key_match(tomb), token=sql.Identifier(TOKEN_COLUMN), keys=self._list(self.keys),
-            updates=sql.SQL(", ").join(updates))
-
-    def clear_tombstone_statement(self) -> sql.Composed:
-        """A write at token %(t)s ends an older tombstone of its key."""
-        tomb = self.tombstones()
-        return sql.SQL("DELETE FROM {tomb} WHERE {key} AND {tomb}.{token} < %(t)s").format(
-            tomb=tomb, key=self._key_match(tomb), token=sql.Identifier(TOKEN_COLUMN))
-
-    def delete_statements(self) -> tuple[sql.Composed, sql.Composed]:
-        """A delete at token %(t)s: remove an older row, then leave (or renew) the key's tombstone."""
-        table, tomb = self.table(), self.tombstones()
-        token = sql.Identifier(TOKEN_COLUMN)
-        delete = sql.SQL("DELETE FROM {table} WHERE {key} AND {table}.{token} < %(t)s").format(
-            table=table, key=self._key_match(table), token=token)
-        values = [*self._key_values(), self._param("t", None)]
-        tombstone = sql.SQL(
-            "INSERT INTO {tomb} AS d ({columns}) SELECT {values} "
-            "WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {key} AND {table}.{token} >= %(t)s) "
-            "ON CONFLICT ({keys}) DO UPDATE SET {token} = EXCLUDED.{token} WHERE d.{token} < EXCLUDED.{token}").format(
-            tomb=tomb, columns=self._list([*self.keys, TOKEN_COLUMN]), values=sql.SQL(", ").join(values),
-            table=table, key=self._key_match(table), token=token, keys=self._list(self.keys))
-        return delete, tombstone
-
-
-# -- applying changes --------------------------------------------------------------------------------------
-
-
-@dataclass
-class NetChange:
-    """What the changes of one key in one micro-batch amount to, at the token of the last of them."""
-
-    token: str
-    #: None: the key ends deleted; else the columns written (all of them unless ``partial``)
-    values: dict[str, Any] | None
-    #: only some columns are known (a partial-row write onto a row this batch did not see)
-    partial: bool = False
-
-
-def fold(changes: Iterable[Mapping[str, Any]], layout: PgLayout, path: str) -> dict[tuple[Any, ...], NetChange]:
-    """The net change per key of a micro-batch's changes (in stream order)."""
-    out: dict[tuple[Any, ...], NetChange] = {}
-    keys = layout.keys
-    known = set(layout.names)
-    for change in changes:
-        kind = str(change["kind"])
-        token = str(change["event_token"])
-        key_values = json.loads(change["key"]) if change["key"] is not None else None
-        if not isinstance(key_values, dict) or any(k not in key_values for k in keys):
-            raise ReptablesSparkError(f"mirror: change {token} of {path} ({kind}) has no key "
-                                      f"{list(keys)}: only sorted tables can be mirrored")
-        key = tuple(key_values[k] for k in keys)
-        if kind == "delete":
-            out[key] = NetChange(token, None)
-            continue
-        if kind not in ("insert", "update", "upsert"):
-            raise ReptablesSparkError(f"mirror: change {token} of {path} has kind {kind!r}, which a mirror of a "
-                                      "sorted table cannot apply")
-        row = json.loads(change["row"]) if change["row"] is not None else {}
-        written = {n: v for n, v in row.items() if not n.startswith("$")}
-        unknown = sorted(set(written) - known)
-        if unknown:
-            raise ReptablesSparkError(f"mirror: change {token} of {path} writes columns {unknown} that the mirrored "
-                                      "schema does not have: the table's schema changed; start a new mirror")
-        values = {n: v for n, v in written.items() if n not in keys}
-        before = out.get(key)
-        if not change["update"]:  # a full row: columns it lacks are null
-            out[key] = NetChange(token, {c: values.get(c) for c in layout.names if c not in keys})
-        elif before is None:
-            out[key] = NetChange(token, values, partial=True)
-        elif before.values is None:  # written after a delete: a new row, the other columns null
-            out[key] = NetChange(token, {c: values.get(c) for c in layout.names if c not in keys})
-        else:
-            out[key] = NetChange(token, {**before.values, **values}, partial=before.partial)
-    return out
-
-
-def apply_changes(conn: psycopg.Connection[Any], layout: PgLayout, net: Mapping[tuple[Any, ...], NetChange]) -> None:
-    """Apply the net changes in the connection's current transaction (one statement kind at a time)."""
-    writes: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    deletes: list[dict[str, Any]] = []
-    for key, change in net.items():
-        at: dict[str, Any] = {f"k{i}": v for i, v in enumerate(key)}
-        at["t"] = change.token
-        if change.values is None:
-            deletes.append(at)
-            continue
-        names = tuple(sorted(change.values))
-        values = {f"c{i}": layout.value(n, change.values[n]) for i, n in enumerate(names)}
-        writes.setdefault(names, []).append((at, values))
-    with conn.cursor() as cur:
-        for names, rows in writes.items():
-            cur.executemany(layout.write_statement(names), [{**at, **values} for at, values in rows])
-            cur.executemany(layout.clear_tombstone_statement(), [at for at, _ in rows])
-        if deletes:
-            delete, tombstone = layout.delete_statements()
-            cur.executemany(delete, deletes)
-            cur.executemany(tombstone, deletes)
-
-
-class BatchApplier:
-    """The ``foreachBatch`` function: each micro-batch's changes in one PostgreSQL transaction."""
-
-    def __init__(self, dsn: str, layout: PgLayout, path: str) -> None:
-        self.dsn, self.layout, self.path = dsn, layout, path
-        self._conn: psycopg.Connection[Any] | None = None
-        self.changes_applied = 0
-        #: monotonic time of the last batch that had changes (or of the start)
-        self.last_change = time.monotonic()
-        self.last_token: str | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, connect_timeout=30)
-        return self._conn
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        changes = sorted((r.asDict() for r in batch.collect()), key=lambda c: str(c["event_token"])[:32])
-        if not changes:
-            return
-        net = fold(changes, self.layout, self.path)
-        conn = self._connection()
-        try:
-            with conn.transaction():
-                apply_changes(conn, self.layout, net)
-        except psycopg.OperationalError:
-            conn.close()  # a new connection for the replay of this batch
-            raise
-        self.changes_applied += len(changes)
-        self.last_token = str(changes[-1]["event_token"])
-        self.last_change = time.monotonic()
-        log.info("batch %d: applied %d changes of %d keys to %s (up to %s)", batch_id, len(changes), len(net),
-                 self.layout.pg_table, self.last_token)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
 
 
 # -- the snapshot copy -------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ state (disabled/enabling/enabled/disabling), mode (sync/async) and per-tablet pr
   made a first pass over every tablet (a sync replica: until it starts draining), ``disabling``
   until its replicator has stopped; the replicator pool ends both (``replicator.py``).
 
-The pieces, each with one job: ``registry.py`` owns the replicas and their mutable state,
-``status.py`` reads it for attributes, ``options.py`` validates table options. This class builds
-them over a ``ReplicationHost`` (the engine, without knowing ``Cluster``) and keeps the methods the
-node, the API and the transaction manager call. The lock order is documented in ``registry.py``.
+The pieces, each with one job: ``registry.py`` owns the set of replicas and their persistence,
+``replica.py`` a replica's mutable state and its transitions, ``status.py`` reads it for
+attributes, ``options.py`` validates table options. This class builds them over a
+``ReplicationHost`` (the engine, without knowing ``Cluster``) and keeps the methods the node, the
+API and the transaction manager call. The lock order is documented in ``registry.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from ..tablets import DynamicTable, RowWrite
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
 from .bootstrap import bootstrap_progress, handle_bootstrap_write
 from .host import ReplicationHost
-from .registry import Replica, ReplicaRegistry
+from .registry import ReplicaRegistry
+from .replica import Replica
 from .replicator import ReplicatorPool, trim_queues
 from .sink import ReplicaSink, replica_freshness
 from .status import ReplicationStatus

@@ -42,7 +42,8 @@ from ..tablets import DynamicTable
 from ..timestamps import COUNTER_BITS
 from .host import ReplicationHost
 from .options import DEFAULT_MIN_REPLICATION_LOG_TTL_MS, TRIMMED_TIMESTAMP_ATTRIBUTE
-from .registry import Replica, ReplicaRegistry, SyncPhase, TabletProgress, history_trimmed_error, save_progress
+from .registry import ReplicaRegistry, save_progress
+from .replica import Replica, SyncPhase, TabletProgress, history_trimmed_error
 
 log = logging.getLogger("reptables.engine.replication")
 

@@ -20,7 +20,8 @@ from ..replica_types import ReplicaMode, ReplicaState
 from ..tablets import DynamicTable, tablet_id
 from ..timestamps import COUNTER_BITS
 from .host import ReplicationHost
-from .registry import Replica, ReplicaRegistry, ReplicaSnapshot
+from .registry import ReplicaRegistry
+from .replica import Replica, ReplicaSnapshot
 
 #: the keys of each replica in a replicated table's ``@replicas``
 REPLICAS_ATTRIBUTE_KEYS = ("cluster_name", "replica_path", "state", "mode", "replication_lag_time", "errors",

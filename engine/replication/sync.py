@@ -42,7 +42,8 @@ from ..storage import on_rollback
 from ..tablets import WriteKind, encode_writes
 from ..transactions import Participant, RemoteParticipant, TabletTransaction, commit_messages
 from .host import ReplicationHost
-from .registry import Replica, ReplicaRegistry, SyncPhase, save_progress, sync_not_in_sync
+from .registry import ReplicaRegistry, save_progress
+from .replica import Replica, SyncPhase, sync_not_in_sync
 from .sink import ReplicaSink
 
 log = logging.getLogger("reptables.engine.replication")

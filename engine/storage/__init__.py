@@ -1,30 +1,25 @@
 """Storage: SQL through SQLAlchemy Core, one serialized writer, the system tables and user table shapes;
-the data directory and its start-up checks."""
+the data directory and its start-up checks.
+
+``sql`` holds ``Storage`` (the writer connection and its lock, the readers, ``on_commit`` and
+``on_rollback``), ``system_tables`` the engine's own tables, ``shapes`` the SQL shape of user
+tables, ``statements`` the statements the hot paths compile once, ``datadir`` the data directory.
+"""
 
 from .datadir import DataDir, new_database_id, open_data_dir, storage_for_data_dir
-from .sql import (
-    DELETED,
-    KIND,
-    LOCK_MASK,
-    PAYLOAD,
-    ROW_INDEX,
-    TABLET_INDEX,
-    TS,
-    FastStatement,
-    Storage,
-    UserTables,
+from .shapes import DELETED, KIND, LOCK_MASK, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, UserTables
+from .sql import Storage, on_commit, on_rollback
+from .statements import FastStatement, system_upsert
+from .system_tables import (
     changes_table,
     commits_table,
     consumers_table,
     meta_table,
     nodes_table,
-    on_commit,
-    on_rollback,
     prepared_table,
     read_locks_table,
     replica_progress_table,
     replica_sink_table,
-    system_upsert,
     tablets_table,
     xdcr_progress_table,
     xdcr_rows_table,

@@ -58,7 +58,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from ..errors import DataDirError, DataDirInUseError
-from .sql import Storage, meta_table, nodes_table
+from .sql import Storage
+from .system_tables import meta_table, nodes_table
 
 log = logging.getLogger("reptables.engine.storage")
 

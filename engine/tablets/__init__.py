@@ -1,9 +1,12 @@
 """Tablets: dynamic tables (sorted, ordered, replication queues), their rows, versions and counters.
 
-``table`` holds ``DynamicTable`` (SQL layout, reads at a timestamp, conflict memory), ``writes``
-the row changes every layer above exchanges, ``queue`` the replication queue of a replicated
-table, ``changes`` the change log and event tokens of change streams, ``keys`` the key-to-tablet
-helpers, ``leases`` the snapshot leases that hold compaction back.
+``table`` holds ``DynamicTable`` (a table's tablets, state and layout; it routes each call to the
+storage that serves it), ``sorted_rows`` the rows of sorted tables (latest image + versions, reads
+at a timestamp, compaction), ``ordered_rows`` the rows of ordered tables, ``queue`` the
+replication queue of a replicated table, ``conflicts`` the memory of recent commits that conflict
+checks read, ``writes`` the row changes every layer above exchanges, ``changes`` the change log
+and event tokens of change streams, ``keys`` the key-to-tablet helpers, ``leases`` the snapshot
+leases that hold compaction back.
 Only ``SnapshotLeases`` takes a lock of its own (a leaf); everything else is changed under
 ``Storage.write_lock`` (see ``table.py``).
 """

@@ -6,9 +6,10 @@ queue of each tablet it wrote (one SQL table keyed by ``(tablet_index, row_index
 each tablet are also kept in memory (``DynamicTable.queue_tail``) so that replicators keeping up
 with the writes never read them back from SQL.
 
-These are functions of a ``DynamicTable`` rather than methods so that ``table.py`` reads as "how
-sorted and ordered tables are stored and read", the queue's own concerns (the in-memory tail, the
-payload encoding, trimming) being here; the table keeps thin methods for its callers.
+These are functions of a ``DynamicTable`` rather than methods so that ``table.py`` reads as "what
+a table is and which kind of storage serves a call" (sorted rows in ``sorted_rows.py``, ordered
+rows in ``ordered_rows.py``), the queue's own concerns (the in-memory tail, the payload encoding,
+trimming) being here; the table keeps thin methods for its callers.
 
 Locking: :func:`append` and :func:`trim` run inside a write transaction, under
 ``Storage.write_lock``; :func:`read` runs in replicator threads *without* it, and sees committed

@@ -1,71 +1,50 @@
-"""Dynamic tables: sorted (keyed, multi-versioned) and ordered (append-only, per-tablet queues).
+"""Dynamic tables: what a table is (its tablets, state and layout) and which storage serves a call.
 
-This module knows how table data is laid out in SQL and how to read it at a timestamp; it knows
-nothing of transactions beyond "apply these already-validated, already-locked writes with this
-commit timestamp" and "which keys changed after timestamp T" (the conflict check of seed 003).
+``DynamicTable`` is the one object per dynamic table the node keeps: its schema and SQL shape, its
+tablets (pivot keys, or a count of ordered tablets) and their row counts, its mount state, and the
+in-memory state that changes with commits. It knows nothing of transactions beyond "apply these
+already-validated, already-locked writes with this commit timestamp" and "which keys changed after
+timestamp T" (the conflict check of seed 003).
 
-Sorted tables keep two SQL tables: the latest image of every row (what SQL tools see) and the
-older versions and tombstones (see ``storage``); a read at a timestamp takes a row from the first
-when its latest write is old enough, else the newest older version from the second. Conflict checks
-(seed 003: "a write with a timestamp greater than the transaction start timestamp") look at the
-commits a table remembers in memory - the ones a running transaction can still conflict with - and
-at SQL only for a transaction older than that memory (one started before a restart, say).
-
-Ordered tables are one SQL table keyed by ``(tablet_index, row_index)``; a row's timestamp is its
-commit timestamp, and row indexes are assigned at commit so they follow commit order within a tablet.
-A replicated table's replication queue is such a table too; its appends, reads and trims are in
-``queue.py``, the row changes themselves in ``writes.py``, key and tablet helpers in ``keys.py``.
+Its methods route each call to the module that knows the storage: ``sorted_rows.py`` (sorted
+tables: the latest image of every row and its older versions, reads at a timestamp, compaction),
+``ordered_rows.py`` (ordered tables: per-tablet appends in commit order, ``trim_rows``),
+``queue.py`` (a replicated table's replication queue), ``conflicts.py`` (the memory of recent
+commits that conflict checks read), ``changes.py`` (the change log every commit writes),
+``keys.py`` (key and tablet helpers). Those are functions of the table, not mixins: each declares
+as a protocol what it uses of it.
 
 Locking: a ``DynamicTable`` has no lock of its own. Everything in it - row counts, remembered
 commits, its state and layout - is changed only under ``Storage.write_lock``, inside a write
 transaction whose rollback undoes the in-memory changes too (``on_rollback``), or at start-up
 before any other thread runs. Readers without the writer lock (lookups, selects, replicators)
 read the fields as they stand (single assignments); what they must not see before the SQL commit,
-the queue tail, is published after it (``on_commit``). Under the writer lock the table calls out
-to one thing only: ``pinned_by``, which takes the transaction manager's session lock (a leaf).
+the queue tail and a new schema, is published after it (``on_commit``). Under the writer lock the
+table calls out to one thing only: ``pinned_by``, which takes the transaction manager's session
+lock (a leaf).
 """
 
 from __future__ import annotations
 
 import bisect
-import operator
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql.compiler import SQLCompiler
 
-from .. import yson_util
 from ..config import DEFAULT_CONFIG, EngineConfig
 from ..errors import ErrorCode, SchemaViolation, TabletStateError, YtError
 from ..query import QuerySource
 from ..schema import TableSchema
-from ..storage import (
-    DELETED,
-    LOCK_MASK,
-    ROW_INDEX,
-    TABLET_INDEX,
-    TS,
-    UserTables,
-    on_commit,
-    on_rollback,
-    read_locks_table,
-    tablets_table,
-)
-from ..timestamps import COUNTER_BITS
-from . import changes, queue, xdcr
+from ..storage import UserTables, on_commit, on_rollback
+from . import conflicts, ordered_rows, queue, sorted_rows
 from .keys import key_sort_tuple
 from .queue import QueueEntry
-from .writes import RowWrite, WriteKind, masks_conflict
-
-#: rows per SQL statement when we bind key lists
-_CHUNK = 500
-#: up to this many keys, a lookup runs one prepared point query per key
-_POINT_LOOKUPS = 8
+from .writes import RowWrite
 
 
 class TabletState(StrEnum):
@@ -238,90 +217,20 @@ class DynamicTable:
             self.sql = sql
             self.schema = schema
             # compiled statements naming every column (the "move" of replaced images) are stale
-            self.__dict__.pop("_key_statements", None)
+            sorted_rows.drop_compiled(self)
 
         on_commit(conn, publish)
 
-    # -- conflict checks -------------------------------------------------------------------------
+    # -- conflict checks (``conflicts.py``) ------------------------------------------------------
 
     def find_conflicts(self, conn: sa.Connection, writes: dict[tuple[Any, ...], RowWrite],
                        start_ts: int) -> tuple[tuple[Any, ...], str] | None:
         """First key whose write or lock conflicts with history after ``start_ts`` (seed 003)."""
-        why = "a write with a timestamp greater than the transaction start timestamp"
-        if start_ts >= self.recent_floor:
-            # newest first, until every earlier commit is known to be older than the start
-            for ts, newest, committed in reversed(self.recent):
-                if newest <= start_ts:
-                    break
-                if ts <= start_ts:
-                    continue
-                for key in committed.keys() & writes.keys():
-                    other = committed[key]
-                    if other.kind is not WriteKind.LOCK and masks_conflict(other.mask, writes[key].mask):
-                        return key, why
-        else:
-            for key, mask in self._writes_after(conn, list(writes), start_ts):
-                if masks_conflict(mask, writes[key].mask):
-                    return key, why
-        if self.has_read_locks and any(not w.shared for w in writes.values()):
-            rl = read_locks_table
-            stmt = sa.select(rl.c.row_key, rl.c.lock_mask).where(
-                rl.c.table_id == self.table_id, rl.c.timestamp > start_ts)
-            for row_key, mask in conn.execute(stmt):
-                key = tuple(yson_util.loads_text(row_key))
-                w = writes.get(key)
-                if w is not None and not w.shared and masks_conflict(mask, w.mask):
-                    return key, "a lock taken after the transaction start timestamp"
-        return None
-
-    def _writes_after(self, conn: sa.Connection, keys: list[tuple[Any, ...]],
-                      start_ts: int) -> Iterator[tuple[tuple[Any, ...], int]]:
-        """(key, lock mask) of every write to ``keys`` committed after ``start_ts``, from SQL."""
-        nkeys = len(self.schema.key_names)
-        for which, table in (("data", self.sql.data), ("versions", self.sql.versions)):
-            assert table is not None
-
-            def build(key_in: sa.ColumnElement[bool], table: sa.Table = table) -> sa.ClauseElement:
-                return sa.select(*self._key_cols(table), table.c[LOCK_MASK]).where(
-                    key_in, table.c[TS] > sa.bindparam("start_ts"))
-
-            for result in self._run_with_keys(conn, f"writes_after:{which}", table, build, keys,
-                                              {"start_ts": start_ts}):
-                for row in result:
-                    yield tuple(row[:nkeys]), row[nkeys]
+        return conflicts.find(self, conn, writes, start_ts)
 
     def remember_commit(self, commit_ts: int, writes: dict[Any, RowWrite]) -> None:
         """Keep a commit's writes for conflict checks; forget the ones no check can need any more."""
-        if self.atomicity != "full":
-            return  # atomicity=none commits are never checked
-        recent = self.recent
-        # commits arrive in timestamp order, except replicated ones that keep their source's
-        # timestamps: each entry carries the largest timestamp so far, so a check can stop early
-        newest = max(commit_ts, recent[-1][1]) if recent else commit_ts
-        entry = (commit_ts, newest, writes)
-        recent.append(entry)
-        self.recent_keys += len(writes)
-        max_keys = self.config.recent_commit_keys
-        cutoff = commit_ts - int(self.config.recent_commit_grace_seconds * (1 << COUNTER_BITS))
-        if recent[0][0] > cutoff and self.recent_keys <= max_keys:
-            return
-        pin = self.pinned_by() if self.pinned_by is not None else None
-        if pin is not None:
-            cutoff = min(cutoff, pin)
-        floor = self.recent_floor if self.recent_floor < (1 << 64) else 0
-        while recent and (recent[0][0] <= cutoff or self.recent_keys > max_keys):
-            ts, _, keyed = recent.popleft()
-            floor = max(floor, ts)
-            self.recent_keys -= len(keyed)
-        self.recent_floor = floor
-
-    def _unremember(self, writes: dict[Any, RowWrite]) -> None:
-        """Forget a commit that rolled back (its entry, if still remembered)."""
-        for i in range(len(self.recent) - 1, -1, -1):
-            if self.recent[i][2] is writes:
-                del self.recent[i]
-                self.recent_keys -= len(writes)
-                return
+        conflicts.remember(self, commit_ts, writes)
 
     # -- applying writes -------------------------------------------------------------------------
 
@@ -340,8 +249,17 @@ class DynamicTable:
             if keyed is None:
                 key_of = self.key_of
                 keyed = {key_of(w.row): w for w in writes}
-            return self._apply_sorted(conn, writes, commit_ts, keyed)
-        return self._apply_ordered(conn, writes, commit_ts, tablet_index or 0)
+            by_key = keyed
+            written = sorted_rows.apply(self, conn, writes, commit_ts, by_key)
+            self.remember_commit(commit_ts, by_key)
+            on_rollback(conn, lambda: conflicts.forget(self, by_key))
+            return written
+        return ordered_rows.append(self, conn, writes, commit_ts, tablet_index or 0)
+
+    def trim_rows(self, conn: sa.Connection, tablet_index: int, trimmed_row_count: int, path: str) -> None:
+        ordered_rows.trim(self, conn, tablet_index, trimmed_row_count, path)
+
+    # -- the replication queue (``queue.py``) ----------------------------------------------------
 
     def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
         """Up to ``limit`` committed changes of a replication queue from ``from_row`` on (no writer lock)."""
@@ -355,347 +273,21 @@ class DynamicTable:
         """Drop queue rows below ``below_row`` committed at or before ``not_after_ts``."""
         return queue.trim(self, conn, tablet_index, below_row, not_after_ts)
 
-    def _apply_sorted(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
-                      keyed: dict[Any, RowWrite]) -> int:
-        data = self.sql.data
-        versions = self.sql.versions
-        assert versions is not None
-        keys = self.schema.key_names
-        names = [c.name for c in self.schema.columns]
-        updates = [w for w in writes if w.kind is WriteKind.WRITE and w.update]
-        current: dict[tuple[Any, ...], dict[str, Any]] = {}
-        if updates:
-            current = self._fetch_latest(conn, [self.key_of(w.row) for w in updates])
-        upserts: list[tuple[Any, ...]] = []
-        deletes: list[tuple[Any, ...]] = []
-        tombstones: list[tuple[Any, ...]] = []
-        lock_rows: list[dict[str, Any]] = []
-        locks_only: set[Any] = set()
-        #: the change log (``changes.py``): (key, image or None for a delete), in write order
-        logged: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]] = []
-        nkeys = len(keys)
-        key_positions = [names.index(k) for k in keys]
-        # a whole-row write of every column is one C call from dict to tuple
-        image_of = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
-        write_kind = WriteKind.WRITE
-        for w in writes:
-            row = w.row
-            if w.kind is write_kind and not w.update:
-                try:
-                    image = image_of(row)
-                except KeyError:
-                    image = tuple(row.get(n) for n in names)
-                upserts.append(image + (commit_ts, w.mask))
-                logged.append((image[:nkeys] if key_positions == list(range(nkeys))
-                               else tuple(image[i] for i in key_positions), image))
-                continue
-            if w.kind is WriteKind.LOCK:
-                locks_only.add(self.key_of(row))
-                if w.strong or not w.shared:
-                    lock_rows.append({"table_id": self.table_id,
-                                      "row_key": yson_util.dumps_text(list(self.key_of(row))),
-                                      "lock_mask": w.mask, "timestamp": commit_ts})
-                continue
-            if w.kind is WriteKind.DELETE:
-                deletes.append(tuple(row[k] for k in keys))
-                tombstones.append((*(row[n] if n in keys else None for n in names), commit_ts, True, w.mask))
-                logged.append((deletes[-1], None))
-                continue
-            merged = dict(current.get(self.key_of(row)) or {})
-            merged.update(row)
-            image = tuple(merged.get(n) for n in names)
-            upserts.append((*image, commit_ts, w.mask))
-            logged.append((tuple(image[i] for i in key_positions), image))
-        changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
-        existed: set[tuple[Any, ...]] = set()
-        versioned = self.xdcr_cluster_id is not None
-        before: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        if changed:
-            # the images this commit replaces become older versions (and tell the log which keys
-            # had a row: an update, not an insert; an XDCR table's log also gets the whole image)
-            if versioned:
-                for result in self._run_with_keys(conn, "move_full", data, self._move_full_statement, changed):
-                    for image in result:
-                        key = tuple(image[i] for i in key_positions)
-                        existed.add(key)
-                        before[key] = tuple(image)
-            else:
-                for result in self._run_with_keys(conn, "move", data, self._move_statement, changed):
-                    existed.update(map(tuple, result))
-        if deletes:
-            for _ in self._run_with_keys(conn, "remove", data, lambda key_in: data.delete().where(key_in), deletes):
-                pass
-            self.sql.bulk("insert:versions", conn).run(conn, tombstones, [*names, TS, DELETED, LOCK_MASK])
-        self.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS, LOCK_MASK])
-        if logged:
-            single = len(self.pivot_keys) == 1
-            extras = self._xdcr_versions(conn, keyed, logged, commit_ts, before, names) if versioned else None
-            changes.record(self, conn, commit_ts, (
-                (0 if single else self.tablet_of_key(key),
-                 "delete" if image is None else "update" if key in existed else "insert",
-                 None if image is None else dict(zip(names, image, strict=True)),
-                 list(key) if image is None else None, None)
-                for key, image in logged), extras)
-        if lock_rows:
-            self._record_locks(conn, lock_rows)
-            self.has_read_locks = True
-        self.remember_commit(commit_ts, keyed)
-        on_rollback(conn, lambda: self._unremember(keyed))
-        return len(upserts) + len(deletes)
-
-    # -- SQL helpers of sorted tables ------------------------------------------------------------
-
-    @property
-    def _chunk(self) -> int:
-        """Keys per ``IN`` list: a few thousand bound values, well inside every dialect's limit."""
-        return max(1, 4000 // len(self.schema.key_names))
-
-    def _key_cols(self, table: sa.Table) -> list[sa.Column[Any]]:
-        return [table.c[k] for k in self.schema.key_names]
-
-    def _run_with_keys(self, conn: sa.Connection, name: str, table: sa.Table,
-                       build: Callable[[sa.ColumnElement[bool]], sa.ClauseElement], keys: list[tuple[Any, ...]],
-                       extra: dict[str, Any] | None = None) -> Iterator[sa.CursorResult[Any]]:
-        """Run ``build(key IN (...))`` (the key columns of ``table``) once per chunk of ``keys``; yields
-        each result.
-
-        The statement is compiled once per chunk length and run straight on the driver: SQLAlchemy
-        would otherwise render and process thousands of bound values on every execution."""
-        # compiled statements by (name, list length, dialect); filled only under Storage.write_lock
-        # (every caller is a commit or a conflict check)
-        cache = self.__dict__.setdefault("_key_statements", {})
-        nkeys = len(self.schema.key_names)
-        extra = extra or {}
-        for chunk in _chunks(keys, self._chunk):
-            # a few list lengths only (powers of two, and the full chunk): a short list is padded
-            # with its last key, which changes nothing in an IN list
-            size = len(chunk) if len(chunk) == self._chunk else 1 << (len(chunk) - 1).bit_length()
-            chunk = chunk + [chunk[-1]] * (size - len(chunk))
-            entry = cache.get((name, size, conn.dialect.name))
-            if entry is None:
-                cols = self._key_cols(table)
-                binds: list[list[sa.BindParameter[Any]]] = [
-                    [sa.bindparam(f"k{i}_{j}") for j in range(nkeys)] for i in range(size)]
-                key_in = cols[0].in_([b[0] for b in binds]) if nkeys == 1 else \
-                    sa.tuple_(*cols).in_([sa.tuple_(*b) for b in binds])
-                compiled = cast(SQLCompiler, build(key_in).compile(dialect=conn.dialect))
-                order = list(compiled.positiontup or []) if compiled.positional else None
-                keys_first = order is not None and order[:size * nkeys] == [
-                    f"k{i}_{j}" for i in range(size) for j in range(nkeys)]
-                entry = cache[(name, size, conn.dialect.name)] = (str(compiled), order, keys_first)
-            sql, order, keys_first = entry
-            if keys_first:
-                # positional, keys first (the usual shape): a flat tuple
-                flat = [v for key in chunk for v in key]
-                params: Any = tuple(flat) + tuple(extra[n] for n in order[len(flat):])
-            else:
-                values = dict(extra)
-                for i, key in enumerate(chunk):
-                    for j, value in enumerate(key):
-                        values[f"k{i}_{j}"] = value
-                params = tuple(values[n] for n in order) if order is not None else values
-            yield conn.exec_driver_sql(sql, params)
-
-    def _xdcr_versions(self, conn: sa.Connection, keyed: dict[Any, RowWrite],
-                       logged: list[tuple[tuple[Any, ...], tuple[Any, ...] | None]], commit_ts: int,
-                       before: dict[tuple[Any, ...], tuple[Any, ...]], names: list[str]) -> list[dict[str, Any]]:
-        """XDCR: the new version of every changed row (stored beside it, ``tablets/xdcr.py``) and
-        what the log carries to the peers: the change's version, the version it was made on
-        (``e``: [timestamp, cluster id, deleted], None on no row) and the image it replaced."""
-        own = self.xdcr_cluster_id
-        assert own is not None
-        unread = [key for key, _ in logged if not ((w := keyed.get(key)) is not None and w.here_known)]
-        current = xdcr.read_versions(conn, self.table_id, unread)
-        versions: dict[tuple[Any, ...], xdcr.RowVersion] = {}
-        extras: list[dict[str, Any]] = []
-        for key, image in logged:
-            write = keyed.get(key)
-            origin = write.origin if write is not None else None
-            cur = write.here if write is not None and write.here_known else current.get(key)
-            if origin is None:
-                version: xdcr.Version = (self.xdcr_clock.next(), own)
-                parent = None if cur is None else cur.version
-            else:
-                version, parent = origin, write.origin_parent if write is not None else None
-            deleted = image is None
-            stored = version
-            if deleted and cur is not None and cur.deleted:
-                stored = xdcr.newer(version, cur.version)  # a delete of a deleted row: the later tombstone
-            versions[key] = xdcr.RowVersion(stored, deleted, parent)
-            replaced = before.get(key)
-            extras.append({"o": list(version),
-                           "e": None if cur is None else [cur.version[0], cur.version[1], cur.deleted],
-                           "b": None if replaced is None else dict(zip(names, replaced, strict=False))})
-        xdcr.write_versions(conn, self.table_id, versions)
-        return extras
-
-    def _move_full_statement(self, key_in: sa.ColumnElement[bool]) -> sa.ClauseElement:
-        """The move of replaced images, returning each whole image (XDCR: the log carries it)."""
-        data, versions = self.sql.data, self.sql.versions
-        assert versions is not None
-        names = [c.name for c in self.schema.columns]
-        image = sa.select(*[data.c[n] for n in names], data.c[TS], sa.false(), data.c[LOCK_MASK]).where(key_in)
-        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image).returning(
-            *[versions.c[n] for n in names])
-
-    def _move_statement(self, key_in: sa.ColumnElement[bool]) -> sa.ClauseElement:
-        """INSERT INTO versions SELECT the current images of :keys (with their timestamps and masks)."""
-        data, versions = self.sql.data, self.sql.versions
-        assert versions is not None
-        names = [c.name for c in self.schema.columns]
-        image = sa.select(*[data.c[n] for n in names], data.c[TS], sa.false(), data.c[LOCK_MASK]).where(key_in)
-        return versions.insert().from_select([*names, TS, DELETED, LOCK_MASK], image).returning(
-            *[versions.c[k] for k in self.schema.key_names])
-
-    def _record_locks(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
-        rl = read_locks_table
-        for row in rows:
-            updated = conn.execute(rl.update().where(
-                rl.c.table_id == row["table_id"], rl.c.row_key == row["row_key"],
-                rl.c.lock_mask == row["lock_mask"]).values(timestamp=row["timestamp"]))
-            if updated.rowcount == 0:
-                conn.execute(rl.insert().values(**row))
-
-    def _apply_ordered(self, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
-                       tablet_index: int) -> int:
-        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
-        start = counts[0]
-        names = [c.name for c in self.schema.columns]
-        rows = [(tablet_index, start + i, commit_ts, *(w.row.get(n) for n in names)) for i, w in enumerate(writes)]
-        if rows:
-            self.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, *names])
-            changes.record(self, conn, commit_ts, (
-                (tablet_index, "append", dict(zip(names, r[3:], strict=True)), None, r[1]) for r in rows))
-            conn.execute(tablets_table.update().where(
-                tablets_table.c.table_id == self.table_id,
-                tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))
-            counts[0] = start + len(rows)
-
-            def undo() -> None:
-                counts[0] = start  # a rolled-back append leaves no gap in $row_index
-
-            on_rollback(conn, undo)
-        return len(rows)
-
-    def trim_rows(self, conn: sa.Connection, tablet_index: int, trimmed_row_count: int, path: str) -> None:
-        if self.sorted:
-            raise YtError(f"Cannot trim sorted table {path}: trim_rows is for ordered tables",
-                          code=ErrorCode.INVALID_PARAMETER)
-        if not 0 <= tablet_index < self.tablet_count:
-            raise YtError(f"Invalid tablet index {tablet_index} for table {path} with {self.tablet_count} "
-                          "tablets", code=ErrorCode.NO_SUCH_TABLET)
-        counts = self.tablet_rows.setdefault(tablet_index, [0, 0])
-        if trimmed_row_count > counts[0]:
-            raise YtError(f"Cannot trim tablet {tablet_index} of table {path} to {trimmed_row_count} rows: "
-                          f"it has only {counts[0]} rows", code=ErrorCode.INVALID_PARAMETER)
-        if trimmed_row_count <= counts[1]:
-            return
-        data = self.sql.data
-        conn.execute(data.delete().where(data.c[TABLET_INDEX] == tablet_index,
-                                         data.c[ROW_INDEX] < trimmed_row_count))
-        conn.execute(tablets_table.update().where(
-            tablets_table.c.table_id == self.table_id,
-            tablets_table.c.tablet_index == tablet_index).values(trimmed_row_count=trimmed_row_count))
-        counts[1] = trimmed_row_count
-
     # -- reads -----------------------------------------------------------------------------------
 
-    def _fetch_latest(self, conn: sa.Connection, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict]:
-        sql = self.sql  # one shape and its schema, even if an alter_table replaces them meanwhile
-        schema = sql.schema
-        data = sql.data
-        names = schema.key_names
-        result: dict[tuple[Any, ...], dict[str, Any]] = {}
-        colnames = [c.name for c in schema.columns]
-        if len(keys) <= _POINT_LOOKUPS:
-            # a few keys: a point query compiled once per table, run straight on the driver
-            point = sql.bulk("point:data", conn)
-            # on the DBAPI cursor: SQLAlchemy's result machinery costs more than the query
-            cursor = conn.connection.cursor()
-            try:
-                for key in keys:
-                    cursor.execute(point.sql, point.params(key, names))
-                    row = cursor.fetchone()
-                    if row is not None:
-                        result[key] = dict(zip(colnames, row, strict=True))
-            finally:
-                cursor.close()
-            return result
-        cols = [data.c[c.name] for c in schema.columns]
-        for chunk in _chunks(keys):
-            stmt = sa.select(*cols).where(sa.tuple_(*[data.c[k] for k in names]).in_(chunk))
-            for row in conn.execute(stmt):
-                d = dict(zip(colnames, row, strict=True))
-                result[tuple(d[k] for k in names)] = d
-        return result
-
-    def _fetch_at(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int) -> dict[tuple[Any, ...], dict]:
-        """Rows as of ``ts``: the data row if its latest write is that old, else the newest older version."""
-        sql = self.sql
-        data, versions = sql.data, sql.versions
-        assert versions is not None
-        names = sql.schema.key_names
-        colnames = [c.name for c in sql.schema.columns]
-        result: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for key in keys:
-            row = conn.execute(sa.select(*[data.c[n] for n in colnames], data.c[TS]).where(
-                *[data.c[k] == v for k, v in zip(names, key, strict=True)])).first()
-            if row is not None and row[-1] <= ts:
-                result[key] = dict(zip(colnames, row[:-1], strict=True))
-                continue
-            row = conn.execute(
-                sa.select(*[versions.c[n] for n in colnames], versions.c[DELETED])
-                .where(*[versions.c[k] == v for k, v in zip(names, key, strict=True)], versions.c[TS] <= ts)
-                .order_by(versions.c[TS].desc()).limit(1)).first()
-            if row is not None and not row[-1]:
-                result[key] = dict(zip(colnames, row[:-1], strict=True))
-        return result
-
     def lookup(self, conn: sa.Connection, keys: list[tuple[Any, ...]], ts: int | None) -> list[dict | None]:
-        found = self._fetch_latest(conn, keys) if ts is None else self._fetch_at(conn, keys, ts)
+        # one shape and its schema, even if an alter_table replaces them meanwhile
+        sql = self.sql
+        found = sorted_rows.fetch_latest(sql, conn, keys) if ts is None else sorted_rows.fetch_at(sql, conn, keys, ts)
         return [found.get(k) for k in keys]
 
     def query_source(self, ts: int | None) -> QuerySource:
         """The relation a query reads: latest data, or the versions visible at ``ts``."""
-        return self._query_source(self.sql, ts)
-
-    def _query_source(self, sql: UserTables, ts: int | None) -> QuerySource:
         # one shape and its schema, even if an alter_table replaces them meanwhile
-        schema = sql.schema
-        types = {c.name: c.type.value for c in schema.columns}
-        if not schema.is_sorted:
-            data = sql.data
-            cols: dict[str, sa.ColumnElement[Any]] = {
-                "$tablet_index": data.c[TABLET_INDEX], "$row_index": data.c[ROW_INDEX],
-                "$timestamp": data.c[TS]}
-            cols.update({c.name: data.c[c.name] for c in schema.columns})
-            types.update({"$tablet_index": "int64", "$row_index": "int64", "$timestamp": "uint64"})
-            order = ("$tablet_index", "$row_index")
-            if ts is None:
-                return QuerySource(from_clause=data, columns=cols, column_types=types, key_columns=order)
-            sub = sa.select(data).where(data.c[TS] <= ts).subquery("visible")
-            return QuerySource(from_clause=sub, columns={
-                name: sub.c[col.name] for name, col in cols.items()}, column_types=types, key_columns=order)
-        if ts is None:
-            data = sql.data
-            return QuerySource(from_clause=data, columns={c.name: data.c[c.name] for c in schema.columns},
-                               column_types=types, key_columns=tuple(schema.key_names))
-        # rows whose latest write is old enough, plus the newest older version of the others
-        data, versions = sql.data, sql.versions
-        assert versions is not None
-        names = schema.key_names
-        colnames = [c.name for c in schema.columns]
-        current = sa.select(*[data.c[n] for n in colnames]).where(data.c[TS] <= ts)
-        latest = (sa.select(*[versions.c[k] for k in names], sa.func.max(versions.c[TS]).label("m"))
-                  .where(versions.c[TS] <= ts).group_by(*[versions.c[k] for k in names]).subquery("latest"))
-        newer_current = sa.exists().where(*[data.c[k] == versions.c[k] for k in names], data.c[TS] <= ts)
-        older = (sa.select(*[versions.c[n] for n in colnames])
-                 .join(latest, sa.and_(*[versions.c[k] == latest.c[k] for k in names],
-                                       versions.c[TS] == latest.c["m"]))
-                 .where(versions.c[DELETED] == sa.false(), ~newer_current))
-        visible = sa.union_all(current, older).subquery("visible")
-        return QuerySource(from_clause=visible, columns={c.name: visible.c[c.name] for c in schema.columns},
-                           column_types=types, key_columns=tuple(schema.key_names))
+        sql = self.sql
+        if not sql.schema.is_sorted:
+            return ordered_rows.query_source(sql, ts)
+        return sorted_rows.query_source(sql, ts)
 
     def check_snapshot(self, timestamp: int | None, path: str) -> None:
         """Refuse a read at a timestamp whose versions may have been compacted away."""
@@ -706,31 +298,5 @@ class DynamicTable:
                           attributes={"path": path, "timestamp": timestamp, "compacted_until": self.compacted_until})
 
     def compact(self, conn: sa.Connection, horizon: int) -> int:
-        """Drop versions no read at or after ``horizon`` can see; returns the number removed.
-
-        Such a read sees, per key, the newest version at or before it: an older version superseded
-        at or before ``horizon`` (by a newer one here or by the data row) is never seen again, and
-        a tombstone at or before ``horizon`` reads the same as no version at all."""
-        data, versions = self.sql.data, self.sql.versions
-        if versions is None:
-            return 0
-        names = self.schema.key_names
-        newer = versions.alias("newer")
-        superseded = sa.or_(
-            sa.exists().where(*[newer.c[k] == versions.c[k] for k in names],
-                              newer.c[TS] > versions.c[TS], newer.c[TS] <= horizon),
-            sa.exists().where(*[data.c[k] == versions.c[k] for k in names], data.c[TS] <= horizon))
-        removed = conn.execute(versions.delete().where(
-            versions.c[TS] <= horizon, sa.or_(versions.c[DELETED] == sa.true(), superseded))).rowcount
-        rl = read_locks_table
-        conn.execute(rl.delete().where(rl.c.table_id == self.table_id, rl.c.timestamp < horizon))
-        if removed and horizon > self.compacted_until:
-            before = self.compacted_until
-            self.compacted_until = horizon
-            on_rollback(conn, lambda: setattr(self, "compacted_until", before))
-        return int(removed or 0)
-
-
-
-def _chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+        """Drop versions no read at or after ``horizon`` can see; returns the number removed."""
+        return sorted_rows.compact(self, conn, horizon)

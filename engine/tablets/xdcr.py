@@ -3,7 +3,7 @@
 Every row of an XDCR table has a *version*: the commit timestamp and the cluster id of its last
 change (a delete leaves a versioned tombstone). Versions compare by timestamp, then cluster id, so
 two clusters never tie. They live in ``_rt_xdcr_rows`` beside the table's rows, written in the same
-SQL transaction as the change (``DynamicTable._apply_sorted``).
+SQL transaction as the change (``sorted_rows.apply``).
 
 A change shipped to a peer carries its kind, the new row, its own version and the version the row
 had before it on the origin (the *expected* version). The receiver resolves it with

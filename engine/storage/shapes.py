@@ -1,0 +1,157 @@
+"""The SQL shape of user tables: the SQLAlchemy tables a dynamic table is stored in.
+
+Why SQL tables per user table: a replica stored on PostgreSQL (or SQLite) must be readable by any SQL
+tool, so a sorted dynamic table is a real table (key columns as the primary key, the schema's value
+columns, and two hidden columns: ``_rt_ts``, the commit timestamp of the row's latest write, and
+``_rt_lock_mask``, the lock groups that write took). Older versions live beside it in
+``<table>_versions``: when a commit overwrites or deletes a row, the image it replaces moves there
+(with its own timestamp and lock mask), and a delete leaves a tombstone there. A write of a new key
+therefore costs one SQL row, not two - the bulk load of a table writes no version rows at all - and
+the newest version of every key is always in the data table. An ordered table is one SQL table
+keyed by (tablet, row index); a replicated table's replication queue is one too, its changes kept
+as payloads (``UserTables.queue``).
+
+What is tricky: a ``UserTables`` is one shape of a table, never changed once made: ``alter_table``
+makes a new, wider one (``add_columns`` alters the SQL tables in the caller's transaction) and the
+table publishes it after the commit, so a reader without the writer lock takes the shape and its
+schema together and never names a column its SQL table lacks. Its compiled statements
+(``UserTables.bulk``) are cached on the shape for the same reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.schema import CreateColumn
+
+from ..schema import ColumnType, TableSchema
+from .statements import BulkStatement, upsert
+
+TS = "_rt_ts"
+DELETED = "_rt_deleted"
+LOCK_MASK = "_rt_lock_mask"
+TABLET_INDEX = "_rt_tablet_index"
+ROW_INDEX = "_rt_row_index"
+KIND = "_rt_kind"
+PAYLOAD = "_rt_payload"
+
+
+def sql_type(col_type: ColumnType) -> sa.types.TypeEngine[Any]:
+    types: dict[ColumnType, sa.types.TypeEngine[Any]] = {
+        ColumnType.INT64: sa.BigInteger(),
+        ColumnType.UINT64: sa.BigInteger(),
+        ColumnType.DOUBLE: sa.Double(),
+        ColumnType.BOOLEAN: sa.Boolean(),
+        ColumnType.STRING: sa.Text(),
+        ColumnType.ANY: sa.Text(),
+    }
+    return types[col_type]
+
+
+class UserTables:
+    """The SQLAlchemy ``Table`` objects of one dynamic table (data, and versions when sorted)."""
+
+    def __init__(self, sql_name: str, schema: TableSchema) -> None:
+        self.sql_name = sql_name
+        self.schema = schema
+        self.metadata = sa.MetaData()
+        if schema.is_sorted:
+            cols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
+                              nullable=not c.is_key, autoincrement=False) for c in schema.columns]
+            self.data = sa.Table(sql_name, self.metadata, *cols,
+                                 sa.Column(TS, sa.BigInteger, nullable=False),
+                                 sa.Column(LOCK_MASK, sa.Integer, nullable=False), sqlite_with_rowid=False)
+            vcols = [sa.Column(c.name, sql_type(c.type), primary_key=c.is_key,
+                               nullable=not c.is_key, autoincrement=False) for c in schema.columns]
+            self.versions: sa.Table | None = sa.Table(
+                f"{sql_name}_versions", self.metadata, *vcols,
+                sa.Column(TS, sa.BigInteger, primary_key=True, autoincrement=False),
+                sa.Column(DELETED, sa.Boolean, nullable=False),
+                sa.Column(LOCK_MASK, sa.Integer, nullable=False),
+                sa.Index(f"{sql_name}_versions_ts", TS),
+                sqlite_with_rowid=False,
+            )
+        else:
+            cols = [sa.Column(c.name, sql_type(c.type), nullable=True) for c in schema.columns]
+            self.data = sa.Table(
+                sql_name, self.metadata,
+                sa.Column(TABLET_INDEX, sa.Integer, primary_key=True, autoincrement=False),
+                sa.Column(ROW_INDEX, sa.BigInteger, primary_key=True, autoincrement=False),
+                sa.Column(TS, sa.BigInteger, nullable=False),
+                *cols,
+                sqlite_with_rowid=False,
+            )
+            self.versions = None
+
+    @classmethod
+    def queue(cls, sql_name: str, schema: TableSchema) -> UserTables:
+        """The replication queue of a replicated table: (tablet, row index) -> timestamped change."""
+        tables = cls.__new__(cls)
+        tables.sql_name = sql_name
+        tables.schema = schema
+        tables.metadata = sa.MetaData()
+        tables.data = sa.Table(
+            sql_name, tables.metadata,
+            sa.Column(TABLET_INDEX, sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column(ROW_INDEX, sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column(TS, sa.BigInteger, nullable=False),
+            sa.Column(KIND, sa.String(16), nullable=False),
+            sa.Column(PAYLOAD, sa.Text, nullable=False),
+            sqlite_with_rowid=False,
+        )
+        tables.versions = None
+        return tables
+
+    def bulk(self, name: str, conn: sa.Connection) -> BulkStatement:
+        """A cached compiled statement: "insert:data", "upsert:data", "insert:versions"."""
+        cache = self.__dict__.setdefault("_bulk", {})
+        key = (name, conn.dialect.name)
+        stmt = cache.get(key)
+        if stmt is None:
+            kind, which = name.split(":")
+            table = self.data if which == "data" else self.versions
+            assert table is not None
+            if kind == "point":
+                keys = [c for c in table.primary_key.columns]
+                statement: sa.ClauseElement = sa.select(*[c for c in table.columns if c.name in self.schema.by_name]) \
+                    .where(*[c == sa.bindparam(c.name) for c in keys])
+            elif kind == "upsert":
+                statement = upsert(table, conn.dialect)
+            else:
+                statement = table.insert()
+            stmt = cache[key] = BulkStatement(statement, conn.dialect)
+        return stmt
+
+    @property
+    def data_columns(self) -> list[str]:
+        return [c.name for c in self.data.columns]
+
+    @property
+    def version_columns(self) -> list[str]:
+        assert self.versions is not None
+        return [c.name for c in self.versions.columns]
+
+    def create(self, conn: sa.Connection) -> None:
+        self.metadata.create_all(conn)
+
+    def add_columns(self, conn: sa.Connection, names: list[str]) -> None:
+        """``ALTER TABLE ... ADD COLUMN`` for the columns ``names`` of this (new, wider) shape, on the
+        data table and the versions table: in the caller's transaction, so a failure adds none.
+
+        Rows already stored read the new columns as NULL. SQLAlchemy Core has no construct for an
+        ALTER; the column's SQL is the dialect's own (``CreateColumn``), so this stays dialect-neutral.
+        A replication queue stores changes as payloads and has no user columns: nothing to alter."""
+        if KIND in self.data.c:
+            return
+        preparer = conn.dialect.identifier_preparer
+        for table in (self.data, self.versions):
+            if table is None:
+                continue
+            for name in names:
+                spec = CreateColumn(table.c[name]).compile(dialect=conn.dialect)
+                conn.execute(sa.text(f"ALTER TABLE {preparer.format_table(table)} ADD COLUMN {spec}"))
+
+    def drop(self, conn: sa.Connection) -> None:
+        self.metadata.drop_all(conn)
+
