@@ -1,5 +1,5 @@
 """The ``reptables`` command: ``engine serve``, ``up`` (run the product on this machine), ``tour`` (the
-guided tour, operator/tour.py), ``operator``,
+guided tour, operator/local/tour.py), ``operator``,
 ``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds), ``stream`` (a
 table's change stream as JSON lines, docs/streams.md), and the local
 mode's ``status``, ``cluster stop|start`` and ``env``, which talk to a running ``up`` through its
@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -30,7 +31,7 @@ from . import settings
 from .terminal import display
 
 if TYPE_CHECKING:
-    from reptables.engine.client import Client
+    from reptables.engine.client import Client, XdcrStatus
     from reptables.engine.errors import YtError
 
 app = typer.Typer(help="reptables: replicated tables on Kubernetes", no_args_is_help=True)
@@ -57,7 +58,7 @@ def up(
                                  "Spark job (a bootstrap copy or verify) that up runs; 600 s at most in all")] = 90.0,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
-    from .local import run
+    from .local.runner import run
 
     live_view = sys.stdout.isatty() if live is None else live
     raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running, timeout=timeout, live=live_view))
@@ -72,7 +73,7 @@ def tour(
 ) -> None:
     """Show what reptables does, step by step (the README's first command): replication, failover, a Spark
     bootstrap, the queue check."""
-    from . import tour as tour_module
+    from .local import tour as tour_module
 
     argv = ["--data-dir", str(data_dir)] + (["--manifests", str(manifests)] if manifests else []) + (
         ["--free-ports"] if free_ports else [])
@@ -89,8 +90,8 @@ def status(
     from rich.console import Console
     from rich.text import Text
 
-    from . import statusview
-    from .local_state import LocalStateError, read_state
+    from .kubectl import statusview
+    from .local.state import LocalStateError, read_state
 
     if output not in ("text", "json", "yaml"):
         _fail(f"unknown output format {output!r} (text, json or yaml)")
@@ -125,7 +126,7 @@ app.add_typer(cluster_app, name="cluster")
 
 
 def _control(action: str, name: str, data_dir: Path) -> None:
-    from .local_state import LocalStateError, request_control
+    from .local.state import LocalStateError, request_control
 
     try:
         ok, message = request_control(data_dir, action, name)
@@ -160,7 +161,7 @@ def env(
     data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
 ) -> None:
     """Print `export YT_PROXY=...` and `export YT_TOKEN=...` for the official yt CLI: eval "$(reptables env NAME)"."""
-    from .local_state import LocalStateError, env_lines, pid_alive, read_state
+    from .local.state import LocalStateError, env_lines, pid_alive, read_state
 
     try:
         lines = env_lines(data_dir, name)
@@ -298,7 +299,8 @@ app.add_typer(dr_app, name="dr")
 PROXY_OPTION = typer.Option("--proxy", envvar="YT_PROXY", help="The engine's URL (default $YT_PROXY; token: $YT_TOKEN)")
 
 
-def _dr(proxy: str | None, command: str, params: dict[str, object], timeout: float = 90.0) -> None:
+def _dr(proxy: str | None, command: Callable[[Client], XdcrStatus], timeout: float = 90.0) -> None:
+    """Run one XDCR command on the engine at ``proxy`` and print its answer (the cluster's dr_status)."""
     from reptables.engine.client import Client
     from reptables.engine.errors import YtError
 
@@ -306,7 +308,7 @@ def _dr(proxy: str | None, command: str, params: dict[str, object], timeout: flo
         _fail("no engine: give --proxy URL or set YT_PROXY")
     try:
         with Client(proxy, timeout=timeout) as client:
-            answer = client.call(command, params)
+            answer = command(client)
     except YtError as exc:
         _fail(exc.message)
     typer.echo(json.dumps(answer, indent=2, sort_keys=True))
@@ -315,7 +317,7 @@ def _dr(proxy: str | None, command: str, params: dict[str, object], timeout: flo
 @dr_app.command("status")
 def dr_status(proxy: Annotated[str | None, PROXY_OPTION] = None) -> None:
     """Per peer: state, lag, queued rows and bytes, conflicts."""
-    _dr(proxy, "dr_status", {})
+    _dr(proxy, lambda client: client.dr_status())
 
 
 @dr_app.command("pause")
@@ -324,13 +326,13 @@ def dr_pause(proxy: Annotated[str | None, PROXY_OPTION] = None,
                                                                          "to every peer (drained)")] = True,
              timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the drain")] = 60.0) -> None:
     """Refuse client writes on this cluster (replicated changes are still applied)."""
-    _dr(proxy, "dr_pause", {"wait": wait, "timeout": int(timeout * 1000)}, timeout + 30)
+    _dr(proxy, lambda client: client.dr_pause(wait, int(timeout * 1000)), timeout + 30)
 
 
 @dr_app.command("resume")
 def dr_resume(proxy: Annotated[str | None, PROXY_OPTION] = None) -> None:
     """Take client writes again."""
-    _dr(proxy, "dr_resume", {})
+    _dr(proxy, lambda client: client.dr_resume())
 
 
 @dr_app.command("reset")
@@ -343,14 +345,14 @@ def dr_reset(proxy: Annotated[str | None, PROXY_OPTION] = None,
     """Stop replicating to one peer or to all (seed 001's `dr reset`)."""
     if (cluster is None) == (not all_):
         _fail("give --cluster NAME (with --force) or --all")
-    _dr(proxy, "dr_reset", {"cluster": cluster, "force": force} if cluster else {})
+    _dr(proxy, lambda client: client.dr_reset(cluster, force) if cluster else client.dr_reset())
 
 
 @dr_app.command("drop")
 def dr_drop(proxy: Annotated[str | None, PROXY_OPTION] = None,
             timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the drain")] = 60.0) -> None:
     """Leave the group: deliver every change, make every peer forget this cluster."""
-    _dr(proxy, "dr_drop", {"timeout": int(timeout * 1000)}, timeout + 30)
+    _dr(proxy, lambda client: client.dr_drop(int(timeout * 1000)), timeout + 30)
 
 
 @dr_app.command("join")

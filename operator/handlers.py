@@ -1,7 +1,7 @@
 """kopf handlers: thin adapters from Kubernetes events to the reconcile core.
 
 Every handler parses the resource, asks the kind's reconcile function (the table in
-``reconcile.py``) for an Outcome and turns it into kopf terms: the status patch, Kubernetes Events,
+``controllers/dispatch.py``) for an Outcome and turns it into kopf terms: the status patch, Kubernetes Events,
 ``TemporaryError`` to come back soon while waiting for something, ``PermanentError`` for a spec that
 cannot work. Timers refresh status (and re-apply the spec, correcting drift) periodically.
 
@@ -39,12 +39,14 @@ from typing import Any
 import kopf
 
 from . import models
-from .conditions import Cond, merge
-from .reconcile import ORDER, RECONCILERS, finalize, is_ready, reconcile
+from .controllers.conditions import Cond, merge
+from .controllers.dispatch import ORDER, RECONCILERS, finalize, is_ready, reconcile
+from .controllers.world import Outcome, Resource
+from .models import ConditionStatus, ConditionType
+from .models.common import now_text, parse_time
 from .registry import CREDENTIALS_SELECTOR, CredentialPolicy
 from .runtime import Runtime
 from .settings import OperatorSettings
-from .world import Outcome, Resource
 
 log = logging.getLogger("reptables.operator")
 
@@ -101,12 +103,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = 8
     settings.batching.error_delays = (1, 2, 5, 10, 30, 60)
     # Secrets: only those labelled as credentials are listed and watched (server-side), and only in
-    # the namespaces TableClusters may take credentials from are they kept (registry.py)
+    # the namespaces TableClusters may take credentials from are they kept (``registry.py``)
     settings.watching.label_selectors["v1", "secrets"] = CREDENTIALS_SELECTOR
     if RUNTIME_KEY not in memo:
         launcher = None
         if ours.spark_jobs is not None:
-            from .sparkapp import SparkApplicationLauncher  # the kubernetes client, only when jobs run
+            from .jobs.spark_applications import SparkApplicationLauncher  # the kubernetes client, only when jobs run
 
             launcher = SparkApplicationLauncher(ours.spark_jobs, default_namespace=ours.operator_namespace)
         memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period,
@@ -142,11 +144,8 @@ def _apply(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:
 
 def _recent(timestamp: Any, seconds: float = 60.0) -> bool:
     """True for an RFC 3339 time less than ``seconds`` old (probe times are refreshed once a minute)."""
-    try:
-        then = datetime.strptime(str(timestamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return False
-    return (datetime.now(UTC) - then).total_seconds() < seconds
+    then = parse_time(timestamp)
+    return then is not None and (datetime.now(UTC) - then).total_seconds() < seconds
 
 
 #: guards ``_object_locks`` (a leaf: held only to find or make an object's lock)
@@ -167,35 +166,35 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, w
 
 
 def _reconcile_one(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, waiting_retries: bool) -> None:
-    registry = _runtime(memo).registry
+    runtime = _runtime(memo)
+    registry = runtime.registry
     registry.upsert(body)
     try:
         res = registry.resource(body)
     except models.InvalidResourceError as exc:
         patch.status["conditions"] = merge((body.get("status") or {}).get("conditions"),
-                                           [Cond("Ready", False, "InvalidSpec", str(exc))], body.meta.get("generation"))
+                                           [Cond(ConditionType.READY, False, "InvalidSpec", str(exc))],
+                                           body.meta.get("generation"))
         kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(str(exc)) from None
     if res.deleting:
         return  # the deletion handler owns the object now
-    if kind == "TableCluster":
-        problem = registry.refresh_cluster(res.name)
-        if problem is not None:
-            # the credentials cannot be used: nothing is sent to the endpoint, no directory lists it
-            before = next((c.get("reason") for c in res.status.get("conditions") or [] if c.get("type") == "Ready"),
-                          None)
-            patch.status["conditions"] = merge(res.status.get("conditions"),
-                                               [Cond("Ready", False, problem.reason, problem.message)], res.generation)
-            if before != problem.reason:
-                kopf.event(body, type="Warning", reason=problem.reason, message=problem.message)
-            raise kopf.TemporaryError(problem.message, delay=10)
+    refused = runtime.admit(res)
+    if refused is not None:
+        # (a TableCluster whose credentials cannot be used: nothing is sent to its endpoint)
+        _apply(refused, body, patch)
+        raise kopf.TemporaryError(_waiting(refused), delay=refused.retry_after)
     outcome = reconcile(res, registry.world())
     _apply(outcome, body, patch)
     if waiting_retries and not is_ready(outcome.status) and outcome.retry_after is not None \
             and outcome.retry_after <= 5:
-        raise kopf.TemporaryError("waiting: " + ", ".join(
-            c.get("message", "") for c in outcome.status.get("conditions", []) if c.get("status") != "True"),
-            delay=outcome.retry_after)
+        raise kopf.TemporaryError(_waiting(outcome), delay=outcome.retry_after)
+
+
+def _waiting(outcome: Outcome) -> str:
+    """What a resource that is not Ready waits for: the messages of its conditions that are not True."""
+    return "waiting: " + ", ".join(c.get("message", "") for c in outcome.status.get("conditions", [])
+                                   if c.get("status") != ConditionStatus.TRUE)
 
 
 def _finalize(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo) -> None:
@@ -290,4 +289,4 @@ def track(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
     current = (body.get("status") or {}).get("tracker") or {}
     if current.get("lastDecision") != verdict.decision or current.get("reason") != verdict.reason:
         patch.status["tracker"] = {"lastDecision": verdict.decision, "reason": verdict.reason,
-                                   "time": datetime.fromtimestamp(verdict.time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                                   "time": now_text(datetime.fromtimestamp(verdict.time, UTC))}

@@ -2,8 +2,8 @@
 
 ``reptables operator --metrics-port`` serves ``prometheus_client``'s default registry
 (``handlers.run``), so the metrics live there, defined once here and imported by the modules that
-count: the tracker loop (``tracking.py``), the bootstrap steps (``bootstrap.py``) and the reconcile
-dispatch (``reconcile.py``). The engine's figures (lag, queues, 2PC) are the engines' own
+count: the tracker loop (``tracker/loop.py``), the bootstrap steps (``controllers/replica_bootstrap.py``)
+and the reconcile dispatch (``controllers/dispatch.py``). The engine's figures (lag, queues, 2PC) are the engines' own
 ``/metrics``; these are the control plane's: what the tracker checked and switched, where each
 bootstrap is, and how often reconciling failed.
 
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from .models import BootstrapPhase
+
 TRACKER_CHECKS = Counter("reptables_tracker_checks", "Tracker checks run by the active operator")
 
 MODE_SWITCHES = Counter("reptables_tracker_mode_switches",
                         "Replica mode changes made by the tracker (mode: the new mode; sync = promotion, "
                         "async = demotion)", ["namespace", "table", "mode"])
 
-#: the phases of ``status.bootstrap.phase`` (operator/bootstrap.py)
-BOOTSTRAP_PHASES = ("Pending", "Copying", "Verifying", "Enabling", "Done", "Failed")
+#: the phases of ``status.bootstrap.phase`` (controllers/replica_bootstrap.py), each a label value
+BOOTSTRAP_PHASES = tuple(BootstrapPhase)
 
 BOOTSTRAP_PHASE = Gauge("reptables_bootstrap_phase",
                         "1 for the current bootstrap phase of a TableReplica, 0 for the others",

@@ -11,7 +11,7 @@ registry keeps only what the :class:`CredentialPolicy` lets a TableCluster use â
 allowed namespaces, labelled ``reptables.io/credentials: "true"`` (the operator watches only those),
 and, when the Secret says so (annotation ``reptables.io/table-clusters``), only for the TableClusters
 it names. A TableCluster referring to anything else gets a problem with a reason and a message
-naming the Secret, and is dropped from :class:`~.world.Engines`: nothing is sent to its endpoint and
+naming the Secret, and is dropped from :class:`~.controllers.world.Engines`: nothing is sent to its endpoint and
 no engine's directory lists it. Secret values are bytes: a value that is not a usable token (binary,
 not ASCII, whitespace such as the newline ``echo`` adds, empty) is a problem too, never an exception.
 """
@@ -23,13 +23,11 @@ import binascii
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .controllers.world import ClusterRef, Engines, Resource, World
+from .jobs.launcher import Launcher
 from .models import InvalidResourceError, parse_resource
-from .world import ClusterRef, Engines, Resource, World
-
-if TYPE_CHECKING:
-    from .bootstrap import Launcher
 
 DEFAULT_SECRET_KEY = "token"
 #: the label that marks a Secret as reptables credentials; the operator watches no other Secret

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .bootstrap import Launcher
+from .controllers.clusters import credentials_refused
+from .controllers.world import Engines, Outcome, Resource, World
+from .jobs.launcher import Launcher
 from .registry import CredentialPolicy, Registry
-from .tracking import CHECK_PERIOD, TrackerLoop
-from .world import Engines, Resource, World
+from .tracker.loop import CHECK_PERIOD, TrackerLoop
 
 #: switches not yet announced are dropped beyond this many (nobody may be draining the queue)
 MAX_PENDING_SWITCHES = 1000
@@ -68,6 +69,17 @@ class Runtime:
 
     def world(self) -> World:
         return self.registry.world()
+
+    def admit(self, res: Resource) -> Outcome | None:
+        """What both front ends ask before they reconcile ``res``; None: go on.
+
+        A TableCluster's credentials are read again first (its Secret may have changed, or gone, without
+        the TableCluster changing). One whose credentials cannot be used is not reconciled — the engines
+        are told nothing about it — and the Outcome returned is its status (``credentials_refused``)."""
+        if res.kind != "TableCluster":
+            return None
+        problem = self.registry.refresh_cluster(res.name)
+        return None if problem is None else credentials_refused(res, problem.reason, problem.message)
 
     def pending_switches(self) -> list[ModeSwitch]:
         """The queued switches, oldest first, removed from the queue (safe from any thread)."""

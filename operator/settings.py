@@ -52,7 +52,7 @@ DEFAULT_OPERATOR_NAMESPACE = "reptables-system"
 DEFAULT_WATCHED_NAMESPACE = "default"
 DEFAULT_STATUS_REFRESH = 5.0
 DEFAULT_TRACKER_PERIOD = 1.0
-"""The tracker loop's own default (``tracking.CHECK_PERIOD``); a test keeps the two equal."""
+"""The tracker loop's own default (``tracker.loop.CHECK_PERIOD``); a test keeps the two equal."""
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_METRICS_PORT = 8081
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -65,7 +65,7 @@ _SPARK_MEMORY = re.compile(r"^[0-9]+[kmgtKMGT]?$")
 class SparkJobSettings:
     """How the bootstrap and verify jobs run as SparkApplications (the chart's ``bootstrap.spark``).
 
-    Everything the launcher (``sparkapp.py``) puts into an app that is not about the one job: the
+    Everything the launcher (``jobs/spark_applications.py``) puts into an app that is not about the one job: the
     image, its Spark version and main file, resources, the driver's service account, how long a
     finished app is kept and how long one may wait to start.
     """

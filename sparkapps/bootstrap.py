@@ -45,6 +45,7 @@ from reptables.engine import yson_util
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 from reptables.engine.httpconn import ConnectionPool, HttpTransportError, dumps_json, loads_json
+from reptables.engine.replica_types import ReplicaState
 
 from .options import ReptablesSparkError, SourceOptions
 from .reader import KeyRange, ReptablesReader, plan_partitions
@@ -90,7 +91,7 @@ def resolve(meta: Client, replica_id: str, source_replica_id: str, wait: float) 
     if source.get("table_path") != table_path:
         raise ReptablesSparkError(f"bootstrap: source replica {source_replica_id} is a replica of "
                                   f"{source.get('table_path')}, not of {table_path}")
-    if replica.get("state") != "disabled":
+    if replica.get("state") != ReplicaState.DISABLED:
         raise ReptablesSparkError(f"bootstrap: replica {replica_id} of {table_path} is {replica.get('state')}: a "
                                   "bootstrap fills a replica before it is enabled")
     ts = int(replica.get("start_replication_timestamp") or 0)
@@ -106,8 +107,7 @@ def resolve(meta: Client, replica_id: str, source_replica_id: str, wait: float) 
                                       "meta-cluster")
         urls[role] = str(entry["proxy_url"])
     deadline = time.monotonic() + wait
-    while source_replica_id not in meta.call("get_in_sync_replicas",
-                                             {"path": table_path, "timestamp": ts, "all_keys": True}):
+    while source_replica_id not in meta.get_in_sync_replicas(table_path, ts):
         if time.monotonic() > deadline:
             raise ReptablesSparkError(f"bootstrap: source replica {source_replica_id} of {table_path} is not in "
                                       f"sync at timestamp {ts:#x} after {wait:g} s: it cannot serve the snapshot")
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "%.0f rows/s", totals["rows"], totals["partitions"], totals["chunks_applied"],
                      totals["chunks_skipped"], seconds, totals["rows"] / seconds if seconds else 0.0)
             if args.enable:
-                meta.call("alter_table_replica", {"replica_id": plan.replica_id, "enabled": True})
+                meta.alter_table_replica(plan.replica_id, enabled=True)
                 log.info("replica %s enabling (enabled once its replicator runs on every tablet)", plan.replica_id)
     except (ReptablesSparkError, YtError) as exc:
         log.error("bootstrap failed: %s", exc)

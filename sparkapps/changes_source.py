@@ -41,7 +41,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from reptables.engine.client import Client, compare_tokens, token_timestamp
+from reptables.engine.client import Client, PullAnswer, compare_tokens, token_timestamp
 from reptables.engine.errors import ErrorCode, YtError
 
 from .options import DEFAULT_ATTEMPTS, ReptablesSparkError, retrying
@@ -233,11 +233,10 @@ class ChangesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #: Trigger.AvailableNow: the timestamp the query stops at
         self._target: int | None = None
 
-    def _pull(self, client: Client, after: str, max_rows: int) -> dict[str, Any]:
-        answer: dict[str, Any] = retrying(
+    def _pull(self, client: Client, after: str, max_rows: int) -> PullAnswer:
+        return retrying(
             partial(client.pull_changes, self.options.path, from_event_token=after, max_row_count=max_rows,
                     wait_timeout=self.options.wait_timeout), self.options.attempts)
-        return answer
 
     def initialOffset(self) -> dict[str, Any]:
         opts = self.options

@@ -52,8 +52,8 @@ def _load_pages(proxy: str, token: str, path: str, pages: Iterator[int]) -> Iter
             delay = 0.5
             for attempt in range(ATTEMPTS):
                 try:
-                    entries = client.call("dr_join_read", {"path": path, "page": page})["entries"]
-                    answer = client.call("dr_join_write", {"path": path, "page": page}, entries)
+                    entries = client.dr_join_read(path, page)["entries"]
+                    answer = client.dr_join_write(path, page, entries)
                     break
                 except YtError as exc:
                     if exc.code not in RETRIABLE or attempt + 1 == ATTEMPTS:
@@ -68,14 +68,9 @@ def join(spark: Any, proxy: str, token: str, path: str, source: str | None = Non
          page_rows: int | None = None, restart: bool = False) -> dict[str, Any]:
     """Begin (or resume) the join of ``path`` on the cluster at ``proxy``, load the missing pages
     in Spark tasks, finish; the totals."""
-    params: dict[str, Any] = {"path": path, "restart": restart}
-    if source is not None:
-        params["source"] = source
-    if page_rows is not None:
-        params["page_rows"] = page_rows
     try:
         with Client(proxy, token, timeout=900.0) as client:
-            begun = client.call("dr_join_begin", params)
+            begun = client.dr_join_begin(path, source, page_rows, restart)
     except YtError as exc:
         raise ReptablesSparkError(f"xdcr join of {path} at {proxy} could not begin: {exc.message} "
                                   f"(YT error code {exc.code})") from None
@@ -89,7 +84,7 @@ def join(spark: Any, proxy: str, token: str, path: str, source: str | None = Non
             lambda pages: _load_pages(proxy, token, path, pages)).collect()
     try:
         with Client(proxy, token, timeout=120.0) as client:
-            finished = client.call("dr_join_finish", {"path": path})
+            finished = client.dr_join_finish(path)
     except YtError as exc:
         raise ReptablesSparkError(f"xdcr join of {path} at {proxy} could not finish: {exc.message} "
                                   f"(YT error code {exc.code})") from None

@@ -26,11 +26,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from reptables.operator import metrics as operator_metrics
-from reptables.operator.bootstrap import LocalLauncher
-from reptables.operator.reconcile import ORDER, reconcile
+from reptables.operator.controllers.dispatch import ORDER, reconcile
+from reptables.operator.controllers.world import Engines
+from reptables.operator.jobs.processes import LocalLauncher
 from reptables.operator.registry import CredentialPolicy, Registry
-from reptables.operator.tracking import TrackerLoop
-from reptables.operator.world import Engines
+from reptables.operator.tracker.loop import TrackerLoop
 from tests.replication.conftest import ClusterSet, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

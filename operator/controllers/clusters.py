@@ -13,8 +13,11 @@ from typing import Any
 
 import httpx
 
+from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 
+from ..models import ConditionType
+from ..models.common import now_text
 from . import conditions
 from .conditions import Cond
 from .directory import sync_directory
@@ -22,6 +25,8 @@ from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_er
 
 PROBE_TIMEOUT = 2.0
 REFRESH_SECONDS = 10.0
+#: a TableCluster whose credentials cannot be used is looked at again this often
+CREDENTIALS_RETRY = 10.0
 
 
 def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str | None, int | None, str]:
@@ -38,15 +43,28 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str | No
     return True, body.get("version"), latency, "healthy"
 
 
+def credentials_refused(res: Resource, reason: str, message: str) -> Outcome:
+    """The status of a TableCluster whose credentials cannot be used (``Runtime.admit`` says so before
+    any reconcile): Ready=False with the reason, a Warning event only when the reason is new. It is
+    not reconciled: nothing is sent to its endpoint, and no engine's directory lists it."""
+    conds = res.status.get("conditions")
+    out = Outcome(retry_after=CREDENTIALS_RETRY, status={"conditions": conditions.merge(
+        conds, [Cond(ConditionType.READY, False, reason, message)], res.generation)})
+    if conditions.reason_of(conds, ConditionType.READY) != reason:
+        out.events.append(Event("Warning", reason, message))
+    return out
+
+
 def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
     try:
         ref = world.engines.ref(res.name)
     except ClusterNotFound as exc:
         return Outcome(retry_after=REFRESH_SECONDS, status={"conditions": conditions.merge(
-            res.status.get("conditions"), [Cond(conditions.READY, False, "NotRegistered", str(exc))], res.generation)})
+            res.status.get("conditions"), [Cond(ConditionType.READY, False, "NotRegistered", str(exc))],
+            res.generation)})
     healthy, version, latency, reason = probe(ref.endpoint)
     out = Outcome(retry_after=REFRESH_SECONDS)
-    status: dict[str, Any] = {"healthy": healthy, "lastProbeTime": conditions.now_text(),
+    status: dict[str, Any] = {"healthy": healthy, "lastProbeTime": now_text(),
                               "observedGeneration": res.generation}
     if version is not None:
         status["version"] = version
@@ -54,7 +72,7 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
         status["latencyMs"] = latency
     conds: list[Cond] = []
     if not healthy:
-        conds.append(Cond(conditions.READY, False, "Unreachable", f"engine at {ref.endpoint}: {reason}"))
+        conds.append(Cond(ConditionType.READY, False, "Unreachable", f"engine at {ref.endpoint}: {reason}"))
         if res.status.get("healthy") is not False:
             out.events.append(Event("Warning", "Unreachable", f"engine at {ref.endpoint}: {reason}"))
     else:
@@ -66,10 +84,10 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
             event = sync_read_only(world.engines.client(res.name), bool(res.spec.read_only))
             if event is not None:
                 out.events.append(event)
-            conds.append(Cond(conditions.READY, True, "Healthy",
+            conds.append(Cond(ConditionType.READY, True, "Healthy",
                               f"engine {version} answers in {latency} ms; directory lists {listed}"))
         except (YtError, httpx.HTTPError, ClusterNotFound) as exc:
-            conds.append(Cond(conditions.READY, False, "DirectorySyncFailed", describe_error(exc)))
+            conds.append(Cond(ConditionType.READY, False, "DirectorySyncFailed", describe_error(exc)))
             out.retry_after = 5.0
     if res.status.get("directoryFingerprint") is not None:
         status["directoryFingerprint"] = None  # written by older operators: a merge patch with null removes it
@@ -78,7 +96,7 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
     return out
 
 
-def sync_read_only(client: Any, read_only: bool) -> Event | None:
+def sync_read_only(client: Client, read_only: bool) -> Event | None:
     """``spec.readOnly`` onto the engine's ``//sys/@read_only``: a read-only engine refuses client row
     writes (code 605) while replication into its replica tables goes on. Returns the event of a change."""
     try:
@@ -110,7 +128,7 @@ def finalize_table_cluster(res: Resource, world: World) -> Outcome:
     if users:
         message = f"still referenced by {', '.join(users)}"
         return Outcome(finished=False, retry_after=5.0, status={"conditions": conditions.merge(
-            res.status.get("conditions"), [Cond(conditions.READY, False, "InUse", message)], res.generation)},
+            res.status.get("conditions"), [Cond(ConditionType.READY, False, "InUse", message)], res.generation)},
             events=[Event("Warning", "DeletionBlocked", message)])
     world.engines.forget(res.name)
     return Outcome()

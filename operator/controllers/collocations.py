@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from reptables.engine.errors import YtError
 
+from ..models import ConditionType
 from . import conditions
+from .common import not_ready
 from .conditions import Cond
-from .reconcile_tables import not_ready
 from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
 
 
@@ -34,8 +35,8 @@ def reconcile_table_collocation(res: Resource, world: World) -> Outcome:
             existing = [client.get(f"{t.spec.path}/@").get("replication_collocation_id") for t in tables]
             collocation_id = next((c for c in existing if c), None)
         if collocation_id is None:
-            collocation_id = client.call("create", {"type": "table_collocation", "attributes": {
-                "collocation_type": "replication", "table_paths": [t.spec.path for t in tables]}})["node_id"]
+            collocation_id = client.create("table_collocation", attributes={
+                "collocation_type": "replication", "table_paths": [t.spec.path for t in tables]})
             events.append(Event("Normal", "Created", f"table_collocation {collocation_id} created"))
         members = set(client.get(f"#{collocation_id}/@table_paths"))
         for table in tables:
@@ -49,7 +50,7 @@ def reconcile_table_collocation(res: Resource, world: World) -> Outcome:
     return Outcome(retry_after=30.0, events=events, status={
         "collocationId": collocation_id, "observedGeneration": res.generation,
         "conditions": conditions.merge(res.status.get("conditions"), [Cond(
-            conditions.READY, True, "Collocated", f"{len(tables)} tables in {collocation_id}")], res.generation)})
+            ConditionType.READY, True, "Collocated", f"{len(tables)} tables in {collocation_id}")], res.generation)})
 
 
 def finalize_table_collocation(res: Resource, world: World) -> Outcome:

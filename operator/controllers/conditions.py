@@ -9,41 +9,26 @@ transition and `kubectl wait`, alerts and GitOps health checks would flap.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-READY = "Ready"
-REPLICATING = "Replicating"
-WRITABLE = "Writable"
-BOOTSTRAPPED = "Bootstrapped"
+from ..models.common import ConditionStatus, ConditionType, now_text
 
 
 @dataclass(frozen=True)
 class Cond:
     """A condition as a reconciler decides it (time and generation are filled in by ``merge``)."""
 
-    type: str
+    type: ConditionType
     status: bool | None
     reason: str
     message: str
 
     @property
-    def status_text(self) -> str:
-        return "Unknown" if self.status is None else ("True" if self.status else "False")
-
-
-def now_text(now: datetime | None = None) -> str:
-    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: Any) -> datetime | None:
-    """A time as ``now_text`` writes it (Kubernetes' form); None when absent or malformed."""
-    if not text:
-        return None
-    try:
-        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
+    def status_text(self) -> ConditionStatus:
+        if self.status is None:
+            return ConditionStatus.UNKNOWN
+        return ConditionStatus.TRUE if self.status else ConditionStatus.FALSE
 
 
 def merge(existing: list[dict[str, Any]] | None, updates: list[Cond], generation: int | None,
@@ -66,11 +51,11 @@ def merge(existing: list[dict[str, Any]] | None, updates: list[Cond], generation
     return sorted(by_type.values(), key=lambda c: str(c.get("type")))
 
 
-def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions or [])
+def is_true(conditions: list[dict[str, Any]] | None, type_: ConditionType) -> bool:
+    return any(c.get("type") == type_ and c.get("status") == ConditionStatus.TRUE for c in conditions or [])
 
 
-def reason_of(conditions: list[dict[str, Any]] | None, type_: str) -> str | None:
+def reason_of(conditions: list[dict[str, Any]] | None, type_: ConditionType) -> str | None:
     for c in conditions or []:
         if c.get("type") == type_:
             return c.get("reason")

@@ -7,7 +7,7 @@ cluster X lists exactly
 
 * the replica clusters of the ReplicatedTables whose ``cluster`` is X, and
 * the meta-clusters of the TableReplicas whose ``cluster`` is X,
-* the other members of the XdcrGroup X replicates in (``reconcile_xdcr.xdcr_peers``),
+* the other members of the XdcrGroup X replicates in (``xdcr_members.xdcr_peers``),
 
 (X itself only when a table on X has a replica on X), each with its URL and the peer credential for
 X calling it (``reptables.engine.credentials``: good for that ordered pair's cluster-to-cluster
@@ -30,6 +30,7 @@ from __future__ import annotations
 from reptables.engine.credentials import peer_credential
 
 from .world import Directory, World
+from .xdcr_members import xdcr_peers
 
 
 def needed_clusters(name: str, world: World) -> set[str]:
@@ -44,9 +45,6 @@ def needed_clusters(name: str, world: World) -> set[str]:
             needed.add(replica.spec.cluster)
         if replica.spec.cluster == name:
             needed.add(meta)
-    # imported here: reconcile_xdcr writes directories through this module
-    from .reconcile_xdcr import xdcr_peers
-
     return needed | xdcr_peers(name, world)
 
 

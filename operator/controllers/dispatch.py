@@ -1,8 +1,8 @@
 """Which reconcile and finalize function serves which kind: the one table both front ends use.
 
-The reconcile core (``reconcile_*`` modules) is plain Python and knows nothing of the operator
-framework. Two front ends drive it: the handlers (``handlers.py``, events from the API server) and
-the local runner (``local.py``, manifests from files). Both look the functions up here, so a kind
+The reconcile core (one module per kind in this package) is plain Python and knows nothing of the
+operator framework. Two front ends drive it: the handlers (``handlers.py``, events from the API
+server) and the local runner (``local/runner.py``, manifests from files). Both look the functions up here, so a kind
 is wired once and the local runner never has to import the handlers (nor the framework) to find
 them.
 
@@ -17,14 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from . import metrics
-from .conditions import READY, is_true
-from .reconcile_clusters import finalize_table_cluster, reconcile_table_cluster
-from .reconcile_collocations import finalize_table_collocation, reconcile_table_collocation
-from .reconcile_replicas import finalize_table_replica, reconcile_table_replica
-from .reconcile_tables import finalize_replicated_table, reconcile_replicated_table
-from .reconcile_xdcr import finalize_xdcr_group, reconcile_xdcr_group
+from .. import metrics
+from ..models import ConditionType
+from .clusters import finalize_table_cluster, reconcile_table_cluster
+from .collocations import finalize_table_collocation, reconcile_table_collocation
+from .conditions import is_true
+from .replicas import finalize_table_replica, reconcile_table_replica
+from .tables import finalize_replicated_table, reconcile_replicated_table
 from .world import Outcome, Resource, World
+from .xdcr import finalize_xdcr_group, reconcile_xdcr_group
 
 Reconciler = Callable[[Resource, World], Outcome]
 """Desired state (the resource) plus observed state (the world) -> actions taken and a status."""
@@ -77,4 +78,4 @@ def finalize(res: Resource, world: World) -> Outcome:
 def is_ready(status: Mapping[str, object]) -> bool:
     """Whether a status (or an Outcome's status) carries ``Ready=True``."""
     conds = status.get("conditions")
-    return is_true(conds if isinstance(conds, list) else None, READY)
+    return is_true(conds if isinstance(conds, list) else None, ConditionType.READY)

@@ -14,264 +14,39 @@ most one step — start a job and return, or look at the job it started and move
 where it is in ``status.bootstrap`` (``phase``, ``jobRef``, ``attempts``...). The status is the only
 memory between calls, so a job this operator does not know (it restarted) is a lost attempt.
 
-Jobs are run by a :class:`Launcher`. :class:`LocalLauncher` runs them as local processes (local
-Spark), for ``reptables up`` and the tests; a SparkApplication launcher for Kubernetes is the next
-increment (docs/operator.md). The jobs need the meta-cluster's token and two peer credentials:
-the launcher receives them as values, writes them to files of mode 0600 in a private directory and
-gives the job their paths — never on a command line (``ps`` shows it), in a status, an event or a
-log line. The job's error line is what the user sees on failure; known secrets are masked in it
-all the same.
+Jobs are run by the world's launcher (``jobs/``: local processes for ``reptables up`` and the
+tests, SparkApplications on Kubernetes). The jobs need the meta-cluster's token and two peer
+credentials: the launcher receives them as values and hands them to the job as files — never on a
+command line (``ps`` shows it), in a status, an event or a log line. The job's error line is what
+the user sees on failure; known secrets are masked in it all the same.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
 
-from . import conditions, metrics, models
+from .. import metrics, models
+from ..jobs.launcher import POLL_SECONDS, JobSpec, LaunchError, Owner, mask
+from ..models import BootstrapPhase, ConditionType
+from ..models.common import now_text, parse_time
 from .conditions import Cond
 from .world import ClusterNotFound, Event, Resource, World, describe_error
 
 BOOTSTRAP_MODULE = "reptables.sparkapps.bootstrap"
 VERIFY_MODULE = "reptables.sparkapps.verify"
-#: how often a running job is looked at
-POLL_SECONDS = 2.0
 #: the longest wait between two attempts
 MAX_BACKOFF_SECONDS = 600.0
 #: how long the copy job waits for its source to be in sync at T
 SOURCE_WAIT_SECONDS = 120
-_ROWS_COPIED = re.compile(r"bootstrap copied (\d+) rows")
-_FAILED_LINE = re.compile(r"((?:bootstrap|verify|xdcr join) failed: .*)$")
-_VERIFY_SUMMARY = re.compile(r"(verify of .* differing ranges.*)$")
-_MASK = "***"
-
-
-# --- launching jobs ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The resource a job works for: a launcher that creates objects for the job makes them its children."""
-
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-    namespace: str | None
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One run of a job: ``python -m <module> <args> --<secret option> <file> ...``."""
-
-    name: str
-    """Unique among the launcher's jobs (a new one per attempt)."""
-    module: str
-    args: tuple[str, ...]
-    secrets: Mapping[str, str] = field(default_factory=dict)
-    """Option name (such as ``meta-token-file``) -> secret value; the launcher passes a file."""
-    owner: Owner | None = None
-    """The TableReplica being bootstrapped."""
-
-    @property
-    def job(self) -> str:
-        """``bootstrap`` or ``verify``: the last part of the module's name."""
-        return self.module.rsplit(".", 1)[-1]
-
-
-class LaunchError(Exception):
-    """A launcher could not start or follow a job; the message says why (it becomes the attempt's error)."""
-
-
-@dataclass(frozen=True)
-class JobState:
-    """What a launcher knows of a job."""
-
-    running: bool
-    exit_code: int | None = None
-    error: str | None = None
-    """One line: why the job failed (secrets masked); None when it succeeded or runs."""
-    rows_copied: int | None = None
-    """From the bootstrap job's log line ``bootstrap copied N rows``."""
-
-
-class Launcher(Protocol):
-    """Runs the bootstrap and verify jobs somewhere; the reconcile core only starts and polls them."""
-
-    def start(self, job: JobSpec) -> str:
-        """Start the job and return its reference (``jobRef``) at once, without waiting for it."""
-        ...
-
-    def poll(self, ref: str) -> JobState | None:
-        """The job's state, or None when this launcher does not know ``ref`` (e.g. it was restarted)."""
-        ...
-
-    def stop(self, ref: str) -> None:
-        """Stop the job if it still runs (nothing else)."""
-        ...
-
-    def close(self) -> None:
-        """Stop every job still running and release what the launcher holds."""
-        ...
-
-
-def mask(text: str, secrets: Mapping[str, str] | list[str]) -> str:
-    values = secrets.values() if isinstance(secrets, Mapping) else secrets
-    for value in sorted((v for v in values if v), key=len, reverse=True):
-        text = text.replace(value, _MASK)
-    return text
-
-
-def error_line(log: str, exit_code: int) -> str:
-    """The one line that says why a job failed: its ``... failed: ...`` line, else its last line."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in reversed(lines):
-        found = _FAILED_LINE.search(line)
-        if found:
-            return found.group(1)[:1000]
-    if exit_code == 1:
-        for line in reversed(lines):
-            found = _VERIFY_SUMMARY.search(line)
-            if found:
-                return found.group(1)[:1000]
-    tail = lines[-1][:1000] if lines else "no output"
-    return f"exit status {exit_code}: {tail}"
-
-
-@dataclass
-class _LocalJob:
-    spec: JobSpec
-    process: subprocess.Popen[bytes]
-    directory: Path
-    log: Path
-    state: JobState | None = None
-
-
-class LocalLauncher:
-    """Runs each job as a local process with local Spark (``reptables up``, tests).
-
-    Every job runs in a process group of its own (``start_new_session``), so stopping it stops its
-    Spark JVM too and nothing else: the launcher signals exactly the groups of the processes it
-    started, by pid. Secrets go to files of mode 0600 in a directory of mode 0700 that only this
-    launcher uses, deleted when the job ends.
-    """
-
-    def __init__(self, base_dir: Path | None = None, python: str = sys.executable, master: str = "local[2]",
-                 env: Mapping[str, str] | None = None) -> None:
-        self.python = python
-        self.master = master
-        self.env = dict(env or {})
-        self.directory = Path(tempfile.mkdtemp(prefix="reptables-jobs-", dir=base_dir))
-        self.directory.chmod(0o700)
-        #: guards _jobs; a leaf (starting or signalling a process never waits for another lock)
-        self._lock = threading.Lock()
-        self._jobs: dict[str, _LocalJob] = {}  # guarded by _lock
-
-    def start(self, job: JobSpec) -> str:
-        ref = f"local:{job.name}"
-        with self._lock:
-            if ref in self._jobs:
-                return ref
-            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job.name)
-            directory = self.directory / safe
-            directory.mkdir(mode=0o700)
-            argv = [self.python, "-m", job.module, *job.args]
-            for option, value in job.secrets.items():
-                path = directory / option
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as out:
-                    out.write(value)
-                argv += [f"--{option}", str(path)]
-            argv += ["--master", self.master]
-            env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": self.python, **self.env}
-            for name in ("REPTABLES_META_TOKEN", "REPTABLES_SOURCE_CREDENTIAL", "REPTABLES_TARGET_CREDENTIAL",
-                         "REPTABLES_LEFT_TOKEN", "REPTABLES_RIGHT_TOKEN"):
-                env.pop(name, None)  # the files are the only secrets a job gets
-            log = directory / "log"
-            with open(log, "wb") as out:
-                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                           env=env, start_new_session=True, close_fds=True)
-            self._jobs[ref] = _LocalJob(job, process, directory, log)
-        return ref
-
-    def poll(self, ref: str) -> JobState | None:
-        with self._lock:
-            job = self._jobs.get(ref)
-        if job is None:
-            return None
-        if job.state is not None:
-            return job.state
-        code = job.process.poll()
-        if code is None:
-            return JobState(running=True)
-        text = job.log.read_text(errors="replace")
-        rows = _ROWS_COPIED.findall(text)
-        state = JobState(running=False, exit_code=code,
-                         error=None if code == 0 else mask(error_line(text, code), job.spec.secrets),
-                         rows_copied=int(rows[-1]) if rows else None)
-        self._forget_secrets(job)
-        job.state = state
-        return state
-
-    def log_of(self, ref: str) -> str:
-        """The job's output (for a person debugging; secrets masked)."""
-        with self._lock:
-            job = self._jobs.get(ref)
-        if job is None or not job.log.exists():
-            return ""
-        return mask(job.log.read_text(errors="replace"), job.spec.secrets)
-
-    def pids(self) -> list[int]:
-        """Process ids of the jobs still running."""
-        with self._lock:
-            return [j.process.pid for j in self._jobs.values() if j.process.poll() is None]
-
-    def stop(self, ref: str) -> None:
-        with self._lock:
-            job = self._jobs.get(ref)
-        if job is not None:
-            self._stop(job)
-
-    def _stop(self, job: _LocalJob) -> None:
-        if job.process.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
-                try:
-                    os.killpg(job.process.pid, sig)  # the group this launcher created: the job and its JVM
-                except ProcessLookupError:
-                    break
-                try:
-                    job.process.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        self._forget_secrets(job)
-
-    @staticmethod
-    def _forget_secrets(job: _LocalJob) -> None:
-        for option in job.spec.secrets:
-            (job.directory / option).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        with self._lock:
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            self._stop(job)
-        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 # --- deciding and advancing a bootstrap --------------------------------------------------------------
@@ -287,29 +62,30 @@ class Start:
     """Why the replica is bootstrapped (for the BootstrapPending event)."""
 
 
-def history_trimmed(meta: Any, table_path: str) -> bool:
+def history_trimmed(meta: Client, table_path: str) -> bool:
     """Whether the replication queue of the table lost rows to trimming (some tablet trimmed some)."""
     return any(int(t.get("trimmed_row_count") or 0) > 0 for t in meta.get(f"{table_path}/@tablets") or [])
 
 
-def holds_rows(meta: Any, table_path: str) -> bool:
+def holds_rows(meta: Client, table_path: str) -> bool:
     """Whether anything was ever written to the table (some tablet of its queue has rows)."""
     return any(int(t.get("flushed_row_count") or 0) > 0 for t in meta.get(f"{table_path}/@tablets") or [])
 
 
-def pick_source(meta: Any, table_path: str, world: World, cluster: str, replica_path: str) -> str | None:
+def pick_source(meta: Client, table_path: str, world: World, cluster: str, replica_path: str) -> str | None:
     """An enabled replica of the table, on a known cluster, other than the new one: sync ones first."""
     known = world.engines.clusters()
     candidates = []
     for replica_id, info in (meta.get(f"{table_path}/@replicas") or {}).items():
         if (info.get("cluster_name"), info.get("replica_path")) == (cluster, replica_path):
             continue
-        if info.get("state") == "enabled" and info.get("cluster_name") in known:
-            candidates.append((info.get("mode") != "sync", int(info.get("replication_lag_time") or 0), str(replica_id)))
+        if info.get("state") == ReplicaState.ENABLED and info.get("cluster_name") in known:
+            candidates.append((info.get("mode") != ReplicaMode.SYNC, int(info.get("replication_lag_time") or 0),
+                               str(replica_id)))
     return min(candidates)[2] if candidates else None
 
 
-def plan(res: Resource, table: Resource, meta: Any, world: World) -> Start | None:
+def plan(res: Resource, table: Resource, meta: Client, world: World) -> Start | None:
     """For a replica about to be created: whether it needs a bootstrap, and then T and its source.
 
     A bootstrap is wanted when ``spec.bootstrap`` is enabled and the table already holds rows: it is
@@ -355,29 +131,31 @@ class Step:
     """Bootstrapped."""
 
     @property
-    def phase(self) -> str:
-        return str(self.status.get("phase"))
+    def phase(self) -> BootstrapPhase | None:
+        return phase_of(self.status)
+
+
+def phase_of(boot: Mapping[str, Any]) -> BootstrapPhase | None:
+    """The phase a ``status.bootstrap`` is in; None when it names none this operator knows."""
+    try:
+        return BootstrapPhase(str(boot.get("phase")))
+    except ValueError:
+        return None
 
 
 def pending_status(start: Start) -> dict[str, Any]:
-    return {"phase": "Pending", "snapshotTimestamp": start.timestamp, "sourceReplicaId": start.source_replica_id,
-            "attempts": 0}
+    return {"phase": BootstrapPhase.PENDING, "snapshotTimestamp": start.timestamp,
+            "sourceReplicaId": start.source_replica_id, "attempts": 0}
 
 
 def created_step(boot: Mapping[str, Any]) -> Step:
     """The reconcile that created the replica stops there: the copy starts on the next one."""
-    return Step(dict(boot), [], 0.5, Cond(conditions.BOOTSTRAPPED, False, "Pending",
+    return Step(dict(boot), [], 0.5, Cond(ConditionType.BOOTSTRAPPED, False, BootstrapPhase.PENDING,
                                           f"the copy as of {int(boot['snapshotTimestamp']):#x} is about to start"))
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 class _JobError(Exception):
@@ -436,7 +214,7 @@ def _known_secrets(world: World) -> list[str]:
     return [ref.token for ref in world.engines.clusters().values()]
 
 
-def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id: str,
+def advance(res: Resource, table: Resource, meta: Client, world: World, replica_id: str,
             boot: Mapping[str, Any]) -> Step:
     """Move the bootstrap one step on: never waits for a job, only starts or looks at one."""
     step = _advance(res, table, meta, world, replica_id, boot)
@@ -444,38 +222,38 @@ def advance(res: Resource, table: Resource, meta: Any, world: World, replica_id:
     return step
 
 
-def _advance(res: Resource, table: Resource, meta: Any, world: World, replica_id: str,
+def _advance(res: Resource, table: Resource, meta: Client, world: World, replica_id: str,
              boot: Mapping[str, Any]) -> Step:
     status = dict(boot)
     events: list[Event] = []
-    phase = status.get("phase")
+    phase = phase_of(status)
 
     def step(retry: float, cond: Cond) -> Step:
         return Step(status, events, retry, cond)
 
     def waiting(reason: str, message: str, retry: float) -> Step:
-        return step(retry, Cond(conditions.BOOTSTRAPPED, False, reason, message))
+        return step(retry, Cond(ConditionType.BOOTSTRAPPED, False, reason, message))
 
-    if phase == "Done":
-        return step(30.0, Cond(conditions.BOOTSTRAPPED, True, "Copied", _done_message(status)))
-    if phase == "Failed":
+    if phase is BootstrapPhase.DONE:
+        return step(30.0, Cond(ConditionType.BOOTSTRAPPED, True, "Copied", _done_message(status)))
+    if phase is BootstrapPhase.FAILED:
         if int(status.get("attempts") or 0) < res.spec.bootstrap.max_attempts:
             # the user raised spec.bootstrap.maxAttempts after the failure: try again, at once
-            status.update(phase="Pending", nextAttemptTime=None)
+            status.update(phase=BootstrapPhase.PENDING, nextAttemptTime=None)
             events.append(Event("Normal", "BootstrapRetrying",
                                 f"spec.bootstrap.maxAttempts is now {res.spec.bootstrap.max_attempts}: attempt "
                                 f"{int(status.get('attempts') or 0) + 1} starts"))
-            return waiting("Pending", "retrying after spec.bootstrap.maxAttempts was raised", 0.5)
-        return step(60.0, Cond(conditions.BOOTSTRAPPED, False, "BootstrapFailed", _failed_message(status)))
+            return waiting(BootstrapPhase.PENDING, "retrying after spec.bootstrap.maxAttempts was raised", 0.5)
+        return step(60.0, Cond(ConditionType.BOOTSTRAPPED, False, "BootstrapFailed", _failed_message(status)))
     launcher = world.launcher
     if launcher is None:
         return waiting("NoLauncher", "this operator runs no bootstrap jobs: enable the chart's bootstrap.spark "
                                      "(REPTABLES_SPARK_JOBS), or bootstrap by hand (docs/spark.md)", 60.0)
     try:
-        if phase == "Pending":
-            retry_at = _parse_time(status.get("nextAttemptTime"))
+        if phase is BootstrapPhase.PENDING:
+            retry_at = parse_time(status.get("nextAttemptTime"))
             if retry_at is not None and retry_at > _now():
-                return waiting("Pending", f"attempt {int(status.get('attempts') or 0) + 1} of "
+                return waiting(phase, f"attempt {int(status.get('attempts') or 0) + 1} of "
                                           f"{res.spec.bootstrap.max_attempts} starts at {status['nextAttemptTime']}; "
                                           f"last error: {status.get('lastError')}",
                                max(1.0, (retry_at - _now()).total_seconds()))
@@ -483,59 +261,60 @@ def _advance(res: Resource, table: Resource, meta: Any, world: World, replica_id
             attempt = int(status.get("attempts") or 0) + 1
             ref = launcher.start(_copy_job(res, table, world, status, replica_id, str(source["cluster_name"]),
                                            attempt))
-            status.update(phase="Copying", attempts=attempt, jobRef=ref)
+            status.update(phase=BootstrapPhase.COPYING, attempts=attempt, jobRef=ref)
             status["nextAttemptTime"] = None  # null: a merge patch removes it
             events.append(Event("Normal", "BootstrapCopying",
                                 f"attempt {attempt}: copying replica {status['sourceReplicaId']} as of "
                                 f"{int(status['snapshotTimestamp']):#x} ({ref})"))
-            return waiting("Copying", f"copying as of {int(status['snapshotTimestamp']):#x}, attempt {attempt}",
-                           POLL_SECONDS)
-        if phase in ("Copying", "Verifying"):
+            return waiting(BootstrapPhase.COPYING, f"copying as of {int(status['snapshotTimestamp']):#x}, "
+                                                   f"attempt {attempt}", POLL_SECONDS)
+        if phase is BootstrapPhase.COPYING or phase is BootstrapPhase.VERIFYING:
             job = launcher.poll(str(status.get("jobRef")))
             if job is None:
                 raise _JobError(f"job {status.get('jobRef')} is lost (the operator restarted)")
             if job.running:
-                if phase == "Copying":
+                if phase is BootstrapPhase.COPYING:
                     status["rowsCopied"] = copied_rows(world, res, status.get("rowsCopied"))
-                return waiting(str(phase), f"{str(phase).lower()} as of {int(status['snapshotTimestamp']):#x}, "
+                return waiting(phase, f"{phase.lower()} as of {int(status['snapshotTimestamp']):#x}, "
                                            f"attempt {status.get('attempts')} ({status.get('jobRef')})"
                                            + (f", {status['rowsCopied']} rows so far"
-                                              if phase == "Copying" and status.get("rowsCopied") is not None
+                                              if phase is BootstrapPhase.COPYING
+                                              and status.get("rowsCopied") is not None
                                               else ""), POLL_SECONDS)
             if job.exit_code != 0:
-                what = "copy" if phase == "Copying" else "verify"
+                what = "copy" if phase is BootstrapPhase.COPYING else "verify"
                 raise _JobError(f"the {what} job failed: {job.error}")
-            if phase == "Copying":
+            if phase is BootstrapPhase.COPYING:
                 status["rowsCopied"] = (job.rows_copied if job.rows_copied is not None
                                         else copied_rows(world, res, status.get("rowsCopied")))
                 if res.spec.bootstrap.verify:
                     source = _source_info(meta, status)
                     ref = launcher.start(_verify_job(res, table, world, status, source, replica_id,
                                                      int(status["attempts"])))
-                    status.update(phase="Verifying", jobRef=ref)
+                    status.update(phase=BootstrapPhase.VERIFYING, jobRef=ref)
                     events.append(Event("Normal", "BootstrapVerifying",
                                         f"copied {job.rows_copied} rows; comparing with replica "
                                         f"{status['sourceReplicaId']} ({ref})"))
-                    return waiting("Verifying", f"verifying as of {int(status['snapshotTimestamp']):#x}",
+                    return waiting(BootstrapPhase.VERIFYING, f"verifying as of {int(status['snapshotTimestamp']):#x}",
                                    POLL_SECONDS)
-            status["phase"] = "Enabling"
+            status["phase"] = BootstrapPhase.ENABLING
             events.append(Event("Normal", "BootstrapEnabling", f"{status.get('rowsCopied')} rows copied"
                                 f"{' and verified' if res.spec.bootstrap.verify else ''}; enabling replica "
                                 f"{replica_id}"))
-            phase = "Enabling"
-        if phase == "Enabling":
+            phase = BootstrapPhase.ENABLING
+        if phase is BootstrapPhase.ENABLING:
             if res.spec.enabled:
                 state = meta.get(f"#{replica_id}/@state")
-                if state == "disabled":
-                    meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
+                if state == ReplicaState.DISABLED:
+                    meta.alter_table_replica(replica_id, enabled=True)
                     state = meta.get(f"#{replica_id}/@state")
-                if state != "enabled":
-                    return waiting("Enabling", f"replica {replica_id} is {state}", 1.0)
-            status["phase"] = "Done"
+                if state != ReplicaState.ENABLED:
+                    return waiting(phase, f"replica {replica_id} is {state}", 1.0)
+            status["phase"] = BootstrapPhase.DONE
             status["lastError"] = None
             events.append(Event("Normal", "BootstrapDone", _done_message(status)))
-            return step(0.0, Cond(conditions.BOOTSTRAPPED, True, "Copied", _done_message(status)))
-        raise _JobError(f"unknown bootstrap phase {phase!r}")
+            return step(0.0, Cond(ConditionType.BOOTSTRAPPED, True, "Copied", _done_message(status)))
+        raise _JobError(f"unknown bootstrap phase {status.get('phase')!r}")
     except (_JobError, LaunchError, YtError, ClusterNotFound) as exc:
         message = mask(str(exc) if isinstance(exc, _JobError | LaunchError) else describe_error(exc),
                        _known_secrets(world))
@@ -556,7 +335,7 @@ def copied_rows(world: World, res: Resource, default: Any = None) -> int | None:
     return int(progress["rows"]) if isinstance(progress, Mapping) and "rows" in progress else None
 
 
-def _source_info(meta: Any, status: Mapping[str, Any]) -> dict[str, Any]:
+def _source_info(meta: Client, status: Mapping[str, Any]) -> dict[str, Any]:
     source_id = status.get("sourceReplicaId")
     if not source_id or not meta.exists(f"#{source_id}"):
         raise _JobError(f"the source replica {source_id} no longer exists")
@@ -570,17 +349,17 @@ def _failed_attempt(res: Resource, status: dict[str, Any], events: list[Event], 
     status["lastError"] = message
     metrics.BOOTSTRAP_FAILURES.labels(res.namespace or "", res.name, str(attempts >= limit).lower()).inc()
     if attempts >= limit:
-        status["phase"] = "Failed"
+        status["phase"] = BootstrapPhase.FAILED
         status["nextAttemptTime"] = None  # null: a merge patch removes it
         events.append(Event("Warning", "BootstrapFailed", _failed_message(status)))
-        return Step(status, events, 60.0, Cond(conditions.BOOTSTRAPPED, False, "BootstrapFailed",
+        return Step(status, events, 60.0, Cond(ConditionType.BOOTSTRAPPED, False, "BootstrapFailed",
                                                _failed_message(status)))
     delay = min(MAX_BACKOFF_SECONDS, res.spec.bootstrap.backoff_seconds * 2 ** max(0, attempts - 1))
     retry_at = _now() + timedelta(seconds=delay)
-    status.update(phase="Pending", nextAttemptTime=conditions.now_text(retry_at))
+    status.update(phase=BootstrapPhase.PENDING, nextAttemptTime=now_text(retry_at))
     events.append(Event("Warning", "BootstrapRetrying",
                         f"attempt {attempts} of {limit} failed: {message}; retrying in {delay:g} s"))
-    return Step(status, events, delay, Cond(conditions.BOOTSTRAPPED, False, "Pending",
+    return Step(status, events, delay, Cond(ConditionType.BOOTSTRAPPED, False, BootstrapPhase.PENDING,
                                             f"attempt {attempts} of {limit} failed: {message}"))
 
 

@@ -13,7 +13,7 @@ a second later, looks again. Before the
 first step the two clusters' directories are brought up to date (``directory.py``): each engine
 knows only the peers its tables link it to, and this replica is a new link.
 
-A replica created for a table whose queue was trimmed is bootstrapped (``bootstrap.py``): created
+A replica created for a table whose queue was trimmed is bootstrapped (``replica_bootstrap.py``): created
 disabled at a snapshot timestamp T, filled by a copy job, verified, then enabled. While
 ``status.bootstrap`` says a bootstrap is under way the replica is not enabled here and its mode is
 left alone; each reconcile advances the bootstrap by one step and returns.
@@ -31,12 +31,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+from reptables.engine.tablets import TabletState
 
-from . import bootstrap, conditions
+from ..models import Atomicity, BootstrapPhase, ConditionType, DeletionPolicy
+from . import conditions, replica_bootstrap
+from .common import not_ready, yt_schema
 from .conditions import Cond
 from .directory import sync_directory
-from .reconcile_tables import not_ready, yt_schema
 from .world import (
     ClusterNotFound,
     Event,
@@ -50,7 +54,7 @@ from .world import (
 REFRESH_SECONDS = 5.0
 #: the replica states of a transition the engine runs (seed 002: enabling -> enabled, disabling ->
 #: disabled); while one runs the operator issues no alter and looks again after this many seconds
-TRANSITIONS = {"enabling": "Enabling", "disabling": "Disabling"}
+TRANSITIONS = {ReplicaState.ENABLING: "Enabling", ReplicaState.DISABLING: "Disabling"}
 TRANSITION_POLL_SECONDS = 1.0
 
 
@@ -59,7 +63,7 @@ def tracker_owns_mode(table: Resource, replica: Resource) -> bool:
                 replica.spec.enable_replicated_table_tracker)
 
 
-def _find_replica(meta: Any, table_path: str, cluster: str, replica_path: str, known: str | None) -> str | None:
+def _find_replica(meta: Client, table_path: str, cluster: str, replica_path: str, known: str | None) -> str | None:
     if known and meta.exists(f"#{known}"):
         return known
     for replica_id, info in (meta.get(f"{table_path}/@replicas") or {}).items():
@@ -103,22 +107,22 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             if lost is not None:
                 return _start_over(res, meta, replica_id, lost, events)
         boot: dict[str, Any] = dict(res.status.get("bootstrap") or {})
-        start: bootstrap.Start | None = None
+        start: replica_bootstrap.Start | None = None
         if replica_id is None:
-            start = None if boot else bootstrap.plan(res, table, meta, world)
+            start = None if boot else replica_bootstrap.plan(res, table, meta, world)
             attrs: dict[str, Any] = {
                 "table_path": table_path, "cluster_name": spec.cluster, "replica_path": spec.replica_path,
-                "mode": "async" if owned_by_tracker else spec.mode.value,
+                "mode": ReplicaMode.ASYNC if owned_by_tracker else spec.mode,
                 "preserve_timestamps": spec.preserve_timestamps, "atomicity": spec.atomicity.value,
                 "enable_replicated_table_tracker": spec.enable_replicated_table_tracker}
             if spec.start_replication_timestamp is not None:
                 attrs["start_replication_timestamp"] = spec.start_replication_timestamp
             if start is not None:
                 attrs["start_replication_timestamp"] = start.timestamp
-            replica_id = meta.call("create", {"type": "table_replica", "attributes": attrs})["node_id"]
+            replica_id = meta.create("table_replica", attributes=attrs)
             events.append(Event("Normal", "ReplicaCreated", f"table_replica {replica_id} of {table_path} created"))
             if start is not None:
-                boot = bootstrap.pending_status(start)
+                boot = replica_bootstrap.pending_status(start)
                 events.append(Event("Normal", "BootstrapPending",
                                     f"{start.reason}: replica {replica_id} starts at "
                                     f"{start.timestamp:#x} and is filled from replica {start.source_replica_id}"))
@@ -140,10 +144,10 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         if info.get("enable_replicated_table_tracker") != spec.enable_replicated_table_tracker:
             meta.set(f"#{replica_id}/@enable_replicated_table_tracker", spec.enable_replicated_table_tracker)
         if start is not None:
-            step: bootstrap.Step | None = bootstrap.created_step(boot)
+            step: replica_bootstrap.Step | None = replica_bootstrap.created_step(boot)
         else:
-            step = bootstrap.advance(res, table, meta, world, replica_id, boot) if boot else None
-        if step is not None and step.phase != "Done":
+            step = replica_bootstrap.advance(res, table, meta, world, replica_id, boot) if boot else None
+        if step is not None and step.phase is not BootstrapPhase.DONE:
             # under way or failed: the replica stays disabled, its mode as created
             info = meta.get(f"#{replica_id}/@")
             out = Outcome(retry_after=step.retry_after, events=events + step.events)
@@ -153,35 +157,37 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             events += step.events
             info = meta.get(f"#{replica_id}/@")  # the bootstrap just enabled it
         want_enabled = spec.enabled
-        if info["state"] in TRANSITIONS:
+        state = ReplicaState(info["state"])
+        if state in TRANSITIONS:
             # the engine is enabling or disabling it: no second alter until that is over
             out = Outcome(retry_after=TRANSITION_POLL_SECONDS, events=events)
             out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
             return out
         # one alter for state and mode: a second one would land in the transition the first began
-        change: dict[str, Any] = {}
-        if want_enabled and info["state"] != "enabled":
-            change["enabled"] = True
+        enable: bool | None = None
+        mode: ReplicaMode | None = None
+        if want_enabled and state is not ReplicaState.ENABLED:
+            enable = True
             events.append(Event("Normal", "Enabling", f"replica {replica_id} is being enabled"))
-        elif not want_enabled and info["state"] != "disabled":
-            change["enabled"] = False
+        elif not want_enabled and state is not ReplicaState.DISABLED:
+            enable = False
             events.append(Event("Normal", "Disabling", f"replica {replica_id} is being disabled"))
-        if not owned_by_tracker and info["mode"] != spec.mode.value:
-            change["mode"] = spec.mode.value
+        if not owned_by_tracker and ReplicaMode(info["mode"]) is not spec.mode:
+            mode = spec.mode
             events.append(Event("Normal", "ModeChanged", f"replica {replica_id} switched to {spec.mode.value}"))
-        if change:
-            meta.call("alter_table_replica", {"replica_id": replica_id, **change})
+        if enable is not None or mode is not None:
+            meta.alter_table_replica(replica_id, enabled=enable, mode=mode)
         info = meta.get(f"#{replica_id}/@")
     except YtError as exc:
         reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
         return not_ready(res, reason, describe_error(exc), 15.0)
-    out = Outcome(retry_after=TRANSITION_POLL_SECONDS if info["state"] in TRANSITIONS else REFRESH_SECONDS,
-                  events=events)
+    transition = ReplicaState(info["state"]) in TRANSITIONS
+    out = Outcome(retry_after=TRANSITION_POLL_SECONDS if transition else REFRESH_SECONDS, events=events)
     out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
     return out
 
 
-def _lost_replica_table(remote: Any, path: str, known_id: str) -> str | None:
+def _lost_replica_table(remote: Client, path: str, known_id: str) -> str | None:
     """Why the table the replica filled is gone (None: it is still there)."""
     if not remote.exists(path):
         return "was removed"
@@ -191,7 +197,7 @@ def _lost_replica_table(remote: Any, path: str, known_id: str) -> str | None:
     return None
 
 
-def _start_over(res: Resource, meta: Any, replica_id: str, lost: str, events: list[Event]) -> Outcome:
+def _start_over(res: Resource, meta: Client, replica_id: str, lost: str, events: list[Event]) -> Outcome:
     """The replica table is gone: remove the replica, so that the next pass creates a new one that
     gets every row (from a bootstrap, or the whole queue) instead of going on from this one's progress."""
     spec = res.spec
@@ -206,7 +212,7 @@ def _start_over(res: Resource, meta: Any, replica_id: str, lost: str, events: li
     return out
 
 
-def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_id: str) -> tuple[list[Event], str]:
+def _ensure_replica_table(remote: Client, table: Resource, res: Resource, replica_id: str) -> tuple[list[Event], str]:
     """The replica table, created or adopted and mounted: the events, and the table's id."""
     spec = res.spec
     events = []
@@ -218,7 +224,7 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
             attrs["upstream_replica_id"] = upstream
         if table.spec.tablet_count:
             attrs["tablet_count"] = table.spec.tablet_count
-        if spec.atomicity.value != "full":
+        if spec.atomicity is not Atomicity.FULL:
             attrs["atomicity"] = spec.atomicity.value  # replication writes carry the replica's atomicity
         remote.create("table", path, attributes=attrs, recursive=True)
         events.append(Event("Normal", "ReplicaTableCreated", f"{path} created on {spec.cluster}"))
@@ -226,12 +232,12 @@ def _ensure_replica_table(remote: Any, table: Resource, res: Resource, replica_i
     if current.get("type") != "table":
         raise YtError(f"{path} on {spec.cluster} is a {current.get('type')}, not a table")
     if current.get("upstream_replica_id") != upstream:
-        if current.get("tablet_state") != "unmounted":
+        if current.get("tablet_state") != TabletState.UNMOUNTED:
             remote.unmount_table(path)
-        remote.call("alter_table", {"path": path, "upstream_replica_id": upstream or "0-0-0-0"})
+        remote.alter_table(path, upstream_replica_id=upstream or "0-0-0-0")
         events.append(Event("Normal", "ReplicaTableAdopted", f"{path} on {spec.cluster} now follows {replica_id}"))
-        current["tablet_state"] = "unmounted"
-    if current.get("tablet_state") == "unmounted":
+        current["tablet_state"] = TabletState.UNMOUNTED
+    if current.get("tablet_state") == TabletState.UNMOUNTED:
         remote.mount_table(path)
     return events, str(current["id"])
 
@@ -241,36 +247,37 @@ def _lag_threshold(table: Resource) -> int:
     return int(table.spec.replicated_table_options.sync_replica_lag_threshold.total_seconds())
 
 
-def _status(res: Resource, replica_id: str, info: dict[str, Any], step: bootstrap.Step | None = None,
+def _status(res: Resource, replica_id: str, info: dict[str, Any], step: replica_bootstrap.Step | None = None,
             threshold: int | None = None, table_id: str | None = None) -> dict[str, Any]:
     tablets = info.get("tablets") or []
     tablet_errors = [t for t in tablets if t.get("replication_error")]
     lag = int(info.get("replication_lag_time", 0)) // 1000
     errors = [{"code": e.get("code"), "message": e.get("message", "")} for e in info.get("errors") or []][:100]
     conds = []
-    enabled_as_wanted = (info["state"] == "enabled") == res.spec.enabled
+    state = ReplicaState(info["state"])
+    enabled_as_wanted = (state is ReplicaState.ENABLED) == res.spec.enabled
     if step is not None:
         conds.append(step.condition)
-    if step is not None and step.phase == "Failed":
-        conds.append(Cond(conditions.READY, False, "BootstrapFailed", step.condition.message))
-    elif step is not None and step.phase != "Done":
-        conds.append(Cond(conditions.READY, False, "Bootstrapping",
-                          f"bootstrap {step.phase}: {step.condition.message}"))
+    if step is not None and step.phase is BootstrapPhase.FAILED:
+        conds.append(Cond(ConditionType.READY, False, "BootstrapFailed", step.condition.message))
+    elif step is not None and step.phase is not BootstrapPhase.DONE:
+        conds.append(Cond(ConditionType.READY, False, "Bootstrapping",
+                          f"bootstrap {step.status.get('phase')}: {step.condition.message}"))
     elif errors:
-        conds.append(Cond(conditions.READY, False, "ReplicationError", errors[0]["message"]))
-    elif info["state"] in TRANSITIONS:
-        conds.append(Cond(conditions.READY, False, TRANSITIONS[info["state"]],
+        conds.append(Cond(ConditionType.READY, False, "ReplicationError", errors[0]["message"]))
+    elif state in TRANSITIONS:
+        conds.append(Cond(ConditionType.READY, False, TRANSITIONS[state],
                           f"replica is {info['state']}: waiting for the replicator to "
-                          f"{'start' if info['state'] == 'enabling' else 'stop'} on every tablet"))
+                          f"{'start' if state is ReplicaState.ENABLING else 'stop'} on every tablet"))
     elif not enabled_as_wanted:
-        conds.append(Cond(conditions.READY, False, "StateMismatch", f"replica is {info['state']}"))
+        conds.append(Cond(ConditionType.READY, False, "StateMismatch", f"replica is {info['state']}"))
     else:
-        conds.append(Cond(conditions.READY, True, "Replicating" if res.spec.enabled else "Disabled",
+        conds.append(Cond(ConditionType.READY, True, "Replicating" if res.spec.enabled else "Disabled",
                           f"{info['mode']} replica, lag {lag} s"))
     lagging = threshold is not None and lag > threshold
-    replicating = info["state"] == "enabled" and not errors and not lagging
-    conds.append(Cond(conditions.REPLICATING, replicating, "Replicating" if replicating else (
-        "ReplicationError" if errors else "Disabled" if info["state"] != "enabled" else "Lagging"),
+    replicating = state is ReplicaState.ENABLED and not errors and not lagging
+    conds.append(Cond(ConditionType.REPLICATING, replicating, "Replicating" if replicating else (
+        "ReplicationError" if errors else "Disabled" if state is not ReplicaState.ENABLED else "Lagging"),
         f"state {info['state']}, mode {info['mode']}, lag {lag} s"
         + (f" above syncReplicaLagThreshold {threshold} s" if lagging else "")))
     status: dict[str, Any] = {
@@ -290,7 +297,7 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any], step: bootstra
 def finalize_table_replica(res: Resource, world: World) -> Outcome:
     """``Retain`` leaves replica object and table; ``Delete`` removes both."""
     spec = res.spec
-    if spec.deletion_policy.value != "Delete":
+    if spec.deletion_policy is not DeletionPolicy.DELETE:
         return Outcome(events=[Event("Normal", "Retained", f"replica of {spec.table} on {spec.cluster} retained")])
     table = world.find("ReplicatedTable", res.namespace, spec.table)
     replica_id = res.status.get("replicaId")
@@ -301,7 +308,7 @@ def finalize_table_replica(res: Resource, world: World) -> Outcome:
                 meta.remove(f"#{replica_id}")
         remote = world.engines.client(spec.cluster)
         if remote.exists(spec.replica_path):
-            if remote.get(f"{spec.replica_path}/@tablet_state") != "unmounted":
+            if remote.get(f"{spec.replica_path}/@tablet_state") != TabletState.UNMOUNTED:
                 remote.unmount_table(spec.replica_path)
             remote.remove(spec.replica_path)
     except ClusterNotFound as exc:

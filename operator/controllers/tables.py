@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from reptables.engine.client import Client
 from reptables.engine.errors import YtError
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.schema import INCOMPATIBLE_SCHEMAS, TableSchema, check_schema_update
+from reptables.engine.tablets import TabletState
 
+from ..models import ConditionType, DeletionPolicy, SchemaMigrationPhase
 from . import conditions
+from .common import not_ready, yt_schema
 from .conditions import Cond
 from .world import (
     ClusterNotFound,
@@ -36,18 +41,6 @@ def _ms(value: timedelta) -> int:
     return int(value.total_seconds() * 1000)
 
 
-def yt_schema(spec: Any) -> list[dict[str, Any]]:
-    out = []
-    for col in spec.table_schema:
-        column: dict[str, Any] = {"name": col.name, "type": col.type.value, "required": col.required}
-        if col.sort_order is not None:
-            column["sort_order"] = col.sort_order.value
-        if col.lock:
-            column["lock"] = col.lock
-        out.append(column)
-    return out
-
-
 def yt_options(spec: Any) -> dict[str, Any]:
     o = spec.replicated_table_options
     options: dict[str, Any] = {"enable_replicated_table_tracker": o.enable_replicated_table_tracker,
@@ -64,16 +57,6 @@ def yt_options(spec: Any) -> dict[str, Any]:
 def _throttler(spec: Any) -> dict[str, int] | None:
     t = spec.replication_throttler
     return None if t is None else {"period": t.period, "limit": t.limit}
-
-
-def not_ready(res: Resource, reason: str, message: str, retry: float) -> Outcome:
-    """Ready=False with a precise reason; a Warning event only when the reason is new (no storms)."""
-    out = Outcome(retry_after=retry, status={"conditions": conditions.merge(
-        res.status.get("conditions"), [Cond(conditions.READY, False, reason, message)], res.generation),
-        "observedGeneration": res.generation})
-    if conditions.reason_of(res.status.get("conditions"), conditions.READY) != reason:
-        out.events.append(Event("Warning", reason, message))
-    return out
 
 
 def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
@@ -119,7 +102,7 @@ def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
             return out
         if migration is not None:
             events += migration.events
-            if migration.phase == "Done":
+            if migration.phase is SchemaMigrationPhase.DONE:
                 attrs = client.get(f"{path}/@")
         events += _correct_drift(client, path, spec, attrs)
     except YtError as exc:
@@ -128,17 +111,17 @@ def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
     out.status = _status(res, world, client, path, attrs)
     if migration is not None:
         out.status["schemaMigration"] = migration.status(res)
-        if migration.phase != "Done":
+        if migration.phase is not SchemaMigrationPhase.DONE:
             # under way: Ready says so until the replicated table has the new schema too
-            out.retry_after = 1.0 if migration.phase == "Table" else 5.0
+            out.retry_after = 1.0 if migration.phase is SchemaMigrationPhase.TABLE else 5.0
             out.status["conditions"] = conditions.merge(out.status["conditions"], [Cond(
-                conditions.READY, False, "SchemaMigrating", migration.message)], res.generation)
+                ConditionType.READY, False, "SchemaMigrating", migration.message)], res.generation)
     elif res.status.get("schemaMigration"):
         previous = dict(res.status["schemaMigration"])
-        if previous.get("phase") != "Done":
+        if previous.get("phase") != SchemaMigrationPhase.DONE:
             # the engine has the manifest's schema (an edit reverted, say): nothing is under way
-            previous = {"phase": "Done", "pending": [], "message": f"{path} has the manifest's schema",
-                        "observedGeneration": res.generation}
+            previous = {"phase": SchemaMigrationPhase.DONE, "pending": [],
+                        "message": f"{path} has the manifest's schema", "observedGeneration": res.generation}
         out.status["schemaMigration"] = previous
     return out
 
@@ -180,18 +163,22 @@ def widened(current: list[dict[str, Any]], desired: list[dict[str, Any]]) -> lis
 class Migration:
     """One reconcile pass of a schema edit: what it did and where it stands."""
 
-    phase: str
+    phase: SchemaMigrationPhase
     message: str
     pending: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    refused: bool = False
+
+    @property
+    def refused(self) -> bool:
+        """The edit cannot be applied: nothing was touched, and nothing will be until it changes."""
+        return self.phase is SchemaMigrationPhase.REFUSED
 
     def status(self, res: Resource) -> dict[str, Any]:
-        return {"phase": "Refused" if self.refused else self.phase, "pending": self.pending,
+        return {"phase": self.phase, "pending": self.pending,
                 "message": self.message, "observedGeneration": res.generation}
 
 
-def _migrate_schema(res: Resource, world: World, client: Any, path: str, attrs: dict[str, Any]) -> Migration | None:
+def _migrate_schema(res: Resource, world: World, client: Client, path: str, attrs: dict[str, Any]) -> Migration | None:
     """Apply a schema edit of the manifest in seed 002's order; None when the engine already has it.
 
     "Start the schema change with the replicas and then move on to the replicated table": a pass
@@ -207,9 +194,8 @@ def _migrate_schema(res: Resource, world: World, client: Any, path: str, attrs: 
     try:
         check_schema_update(TableSchema.parse(current, path), TableSchema.parse(desired, path), path, empty=False)
     except YtError as exc:
-        return Migration("Refused", f"the schema edit cannot be applied: {exc.message}; the engine keeps "
-                                    f"{[c['name'] for c in current]} (revert the edit, or create a new table)",
-                         refused=True)
+        return Migration(SchemaMigrationPhase.REFUSED, f"the schema edit cannot be applied: {exc.message}; the "
+                         f"engine keeps {[c['name'] for c in current]} (revert the edit, or create a new table)")
     owners = {r.status.get("replicaId"): r.name for r in world.of_kind("TableReplica", res.namespace)
               if r.spec.table == res.name and r.status.get("replicaId")}
     events: list[Event] = []
@@ -221,12 +207,12 @@ def _migrate_schema(res: Resource, world: World, client: Any, path: str, attrs: 
         try:
             remote = world.engines.client(cluster)
             if not remote.exists(replica_path):
-                continue  # made later from the manifest's schema (reconcile_replicas.py)
+                continue  # made later from the manifest's schema (replicas.py)
             have = _columns(remote.get(f"{replica_path}/@schema"))
             want = widened(have, desired)
             if want == have:
                 continue
-            remote.call("alter_table", {"path": replica_path, "schema": want})
+            remote.alter_table(replica_path, schema=want)
         except (YtError, ClusterNotFound) as exc:
             pending.append(name)
             why = describe_error(exc) if isinstance(exc, YtError) else str(exc)
@@ -235,22 +221,23 @@ def _migrate_schema(res: Resource, world: World, client: Any, path: str, attrs: 
         events.append(Event("Normal", "SchemaMigrating", f"replica table {replica_path} on {cluster} ({name}) "
                                                          f"altered to the new schema"))
     if problems:
-        return Migration("Replicas", "waiting for replica tables: " + "; ".join(problems), pending, events)
+        return Migration(SchemaMigrationPhase.REPLICAS, "waiting for replica tables: " + "; ".join(problems), pending,
+                         events)
     if events:
-        return Migration("Table", f"{len(events)} replica table(s) altered; the replicated table is next",
-                         [], events)
+        return Migration(SchemaMigrationPhase.TABLE, f"{len(events)} replica table(s) altered; the replicated table "
+                         "is next", [], events)
     try:
-        client.call("alter_table", {"path": path, "schema": desired})
+        client.alter_table(path, schema=desired)
     except YtError as exc:
         if exc.code == INCOMPATIBLE_SCHEMAS:
-            return Migration("Refused", f"the schema edit cannot be applied: {exc.message}", refused=True)
-        return Migration("Table", f"altering {path}: {describe_error(exc)}", [], events)
+            return Migration(SchemaMigrationPhase.REFUSED, f"the schema edit cannot be applied: {exc.message}")
+        return Migration(SchemaMigrationPhase.TABLE, f"altering {path}: {describe_error(exc)}", [], events)
     added = [c["name"] for c in desired if c["name"] not in {x["name"] for x in current}]
     message = f"{path} has the new schema" + (f" (added {', '.join(added)})" if added else "")
-    return Migration("Done", message, [], [Event("Normal", "SchemaMigrated", message)])
+    return Migration(SchemaMigrationPhase.DONE, message, [], [Event("Normal", "SchemaMigrated", message)])
 
 
-def _correct_drift(client: Any, path: str, spec: Any, attrs: dict[str, Any]) -> list[Event]:
+def _correct_drift(client: Client, path: str, spec: Any, attrs: dict[str, Any]) -> list[Event]:
     events: list[Event] = []
     desired = yt_options(spec)
     current = {k: v for k, v in (attrs.get("replicated_table_options") or {}).items() if k in desired or v}
@@ -268,28 +255,28 @@ def _correct_drift(client: Any, path: str, spec: Any, attrs: dict[str, Any]) -> 
     want_pivots = spec.pivot_keys
     if want_pivots and attrs.get("pivot_keys") != want_pivots or (
             spec.tablet_count and attrs.get("tablet_count") != spec.tablet_count):
-        if state != "unmounted":
+        if state != TabletState.UNMOUNTED:
             client.unmount_table(path)
         if want_pivots:
             client.reshard_table(path, pivot_keys=want_pivots)
         else:
             client.reshard_table(path, tablet_count=spec.tablet_count)
-        state = "unmounted"
+        state = TabletState.UNMOUNTED
         events.append(Event("Normal", "Resharded", f"{path} resharded to {len(want_pivots or []) or spec.tablet_count}"
                                                    " tablets"))
-    if state == "unmounted":
+    if state == TabletState.UNMOUNTED:
         client.mount_table(path, freeze=spec.frozen)
         events.append(Event("Normal", "Mounted", f"{path} mounted{' frozen' if spec.frozen else ''}"))
-    elif spec.frozen and state == "mounted":
+    elif spec.frozen and state == TabletState.MOUNTED:
         client.freeze_table(path)
         events.append(Event("Normal", "Frozen", f"{path} frozen"))
-    elif not spec.frozen and state == "frozen":
+    elif not spec.frozen and state == TabletState.FROZEN:
         client.unfreeze_table(path)
         events.append(Event("Normal", "Unfrozen", f"{path} unfrozen"))
     return events
 
 
-def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
+def _status(res: Resource, world: World, client: Client, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
     mine = [r for r in world.of_kind("TableReplica", res.namespace) if r.spec.table == res.name]
     by_replica_id = {r.status.get("replicaId"): r for r in mine if r.status.get("replicaId")}
     # a TableReplica whose status does not hold its replicaId yet (the replica was just created, its
@@ -309,32 +296,32 @@ def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str
         max_lag = max(max_lag, lag)
         summaries.append({"name": name, "cluster": info["cluster_name"], "mode": info["mode"],
                           "state": info["state"], "lagSeconds": lag})
-        if info["mode"] == "sync" and info["state"] == "enabled":
+        if info["mode"] == ReplicaMode.SYNC and info["state"] == ReplicaState.ENABLED:
             sync.append(name)
         if info.get("errors"):
             errors.append(f"{name}: {info['errors'][0].get('message')}")
-    enabled = [s for s in summaries if s["state"] == "enabled"]
+    enabled = [s for s in summaries if s["state"] == ReplicaState.ENABLED]
     conds = []
-    frozen_ok = (attrs.get("tablet_state") == "frozen") == res.spec.frozen
+    frozen_ok = (attrs.get("tablet_state") == TabletState.FROZEN) == res.spec.frozen
     if errors:
-        conds.append(Cond(conditions.READY, False, "ReplicationErrors", "; ".join(errors)))
+        conds.append(Cond(ConditionType.READY, False, "ReplicationErrors", "; ".join(errors)))
     elif not frozen_ok:
-        conds.append(Cond(conditions.READY, False, "TabletState", f"tablets are {attrs.get('tablet_state')}"))
+        conds.append(Cond(ConditionType.READY, False, "TabletState", f"tablets are {attrs.get('tablet_state')}"))
     elif not enabled:
         # mounted but serving nothing: no replica receives its rows, and a write needs
         # require_sync_replica=false (docs/crds.md: Ready is "every enabled replica replicates" of at least one)
-        conds.append(Cond(conditions.READY, False, "NoReplicas",
+        conds.append(Cond(ConditionType.READY, False, "NoReplicas",
                           f"no enabled replica: nothing is replicated and reads have no in-sync replica "
                           f"({len(summaries)} replica(s) in all)"))
     else:
-        conds.append(Cond(conditions.READY, True, "Replicating",
+        conds.append(Cond(ConditionType.READY, True, "Replicating",
                           f"{len(enabled)} enabled replica(s), sync: {', '.join(sync) or 'none'}"))
-    conds.append(Cond(conditions.REPLICATING, bool(enabled) and not errors,
+    conds.append(Cond(ConditionType.REPLICATING, bool(enabled) and not errors,
                       "ReplicationErrors" if errors else ("Replicating" if enabled else "NoEnabledReplicas"),
                       "; ".join(errors) if errors else f"{len(enabled)} enabled replica(s)"))
-    writable = bool(sync) and attrs.get("tablet_state") == "mounted"
-    conds.append(Cond(conditions.WRITABLE, writable, "SyncReplicaAvailable" if writable else (
-        "Frozen" if attrs.get("tablet_state") == "frozen" else "NoSyncReplica"),
+    writable = bool(sync) and attrs.get("tablet_state") == TabletState.MOUNTED
+    conds.append(Cond(ConditionType.WRITABLE, writable, "SyncReplicaAvailable" if writable else (
+        "Frozen" if attrs.get("tablet_state") == TabletState.FROZEN else "NoSyncReplica"),
         f"sync replicas: {', '.join(sync)}" if sync else "writes need require_sync_replica=false"))
     return {"tableId": attrs["id"], "syncReplicas": sync, "replicas": summaries, "maxLagSeconds": max_lag,
             "observedGeneration": res.generation,
@@ -344,7 +331,7 @@ def _status(res: Resource, world: World, client: Any, path: str, attrs: dict[str
 def finalize_replicated_table(res: Resource, world: World) -> Outcome:
     """Deletion: ``Retain`` leaves the table on the engine; ``Delete`` unmounts and removes it."""
     spec = res.spec
-    if spec.deletion_policy.value != "Delete":
+    if spec.deletion_policy is not DeletionPolicy.DELETE:
         return Outcome(events=[Event("Normal", "Retained", f"{spec.path} left on {spec.cluster} (Retain)")])
     claimants = [r for r in world.of_kind("ReplicatedTable") if r.spec.cluster == spec.cluster
                  and r.spec.path == spec.path and r.uid != res.uid and not r.deleting]
@@ -354,7 +341,7 @@ def finalize_replicated_table(res: Resource, world: World) -> Outcome:
         client = world.engines.client(spec.cluster)
         if client.exists(spec.path) and client.get(f"{spec.path}/@id") == res.status.get("tableId", None) or \
                 res.status.get("tableId") is None and client.exists(spec.path):
-            if client.get(f"{spec.path}/@tablet_state") != "unmounted":
+            if client.get(f"{spec.path}/@tablet_state") != TabletState.UNMOUNTED:
                 client.unmount_table(spec.path)
             client.remove(spec.path)
     except ClusterNotFound:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 
-if TYPE_CHECKING:
-    from .bootstrap import Launcher
+from ..jobs.launcher import Launcher
 
 #: how long an operator call to an engine may take before the cluster counts as unreachable
 ENGINE_TIMEOUT = 5.0

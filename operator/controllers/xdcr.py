@@ -17,7 +17,7 @@ What the engine offers is per cluster (docs/xdcr.md, "Set up a group"): an id gi
    member does not stop the others: an active-active group must stay operable with a member down.
 3. **Join** a cluster added to a group whose change logs were trimmed: the members wait for its
    snapshot (``waiting_for_snapshot``), and the operator runs the XDCR join job for it, one join per
-   group at a time, from ``preferredSource`` when named (``reconcile_xdcr_join.py``; ``status.joins``,
+   group at a time, from ``preferredSource`` when named (``xdcr_join.py``; ``status.joins``,
    Ready=False with reason ``Joining`` meanwhile).
 4. **Report** every ordered pair from ``dr_status`` of its sending cluster, with the conflicts the
    receiving cluster resolved for it. A Warning event is posted when those grew by at least
@@ -30,108 +30,47 @@ the tables and the pause state are left as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from reptables.engine.client import Client, XdcrStatus
 from reptables.engine.errors import YtError
+from reptables.engine.tablets import TabletState
 
+from ..models import ConditionType, XdcrPairState, XdcrTable
 from . import conditions
+from .common import yt_schema
 from .conditions import Cond
 from .directory import sync_directory
-from .reconcile_tables import yt_schema
-from .reconcile_xdcr_join import WAITING_FOR_SNAPSHOT, JoinStep, advance_joins
-from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error, oldest_claimant
+from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
+from .xdcr_join import JoinStep, advance_joins
+from .xdcr_members import CLUSTER_ID_MISMATCH, CLUSTER_ID_MISSING, ENGINE_ID_PROBLEMS, GroupProblem, group_problem
 
-DEGRADED = "Degraded"
 REFRESH_SECONDS = 10.0
 #: while pairs are still connecting, come back soon
 CONNECTING_RETRY = 2.0
 #: a degraded group is looked at again this often (a member down may stay down for long)
 DEGRADED_RETRY = 5.0
 #: a pair in one of these states delivers (paused: client writes are refused, peers' changes flow)
-CONNECTED_STATES = frozenset({"connected", "paused"})
+CONNECTED_STATES = frozenset({XdcrPairState.CONNECTED, XdcrPairState.PAUSED})
 
-# reasons of a manifest that cannot be applied
-UNKNOWN_CLUSTER = "UnknownCluster"
-DUPLICATE_CLUSTER_ID = "DuplicateClusterId"
-CLUSTER_IN_ANOTHER_GROUP = "ClusterInAnotherGroup"
-CLUSTER_ID_MISSING = "ClusterIdMissing"
-CLUSTER_ID_MISMATCH = "ClusterIdMismatch"
-#: found on the engines, not in the manifests: the directory leaves such a group out too
-ENGINE_ID_PROBLEMS = frozenset({CLUSTER_ID_MISSING, CLUSTER_ID_MISMATCH})
-
-
-@dataclass(frozen=True)
-class GroupProblem:
-    """Why a group cannot be applied as written: the reason of its Ready=False and a message."""
-
-    reason: str
-    message: str
-
-
-def group_problem(res: Resource, world: World) -> GroupProblem | None:
-    """What is wrong with the group judged from the resources alone (no engine is asked)."""
-    spec = res.spec
-    found = {name: world.find("TableCluster", None, name) for name in spec.clusters}
-    missing = [name for name, cluster in found.items() if cluster is None]
-    if missing:
-        return GroupProblem(UNKNOWN_CLUSTER, f"{res.display}: no TableCluster {', '.join(missing)}; nothing is "
-                                             "applied to any cluster until every cluster of the group exists")
-    by_id: dict[int, list[str]] = {}
-    for name, cluster in found.items():
-        assert cluster is not None
-        by_id.setdefault(int(cluster.spec.cluster_id), []).append(name)
-    shared = {cid: names for cid, names in sorted(by_id.items()) if len(names) > 1}
-    if shared:
-        text = "; ".join(f"TableClusters {' and '.join(names)} share clusterId {cid}" for cid, names in shared.items())
-        return GroupProblem(DUPLICATE_CLUSTER_ID, f"{res.display}: {text}; every cluster of an XDCR group needs its "
-                                                  "own id (it tags each change with its origin); nothing is applied")
-    for other in world.of_kind("XdcrGroup"):
-        if other.uid == res.uid or other.deleting:
-            continue
-        common = sorted(set(other.spec.clusters) & set(spec.clusters))
-        if common and oldest_claimant([res, other]).uid == other.uid:
-            return GroupProblem(CLUSTER_IN_ANOTHER_GROUP, f"{res.display}: TableCluster {', '.join(common)} already "
-                                                          f"belongs to {other.display} (a cluster has one set of XDCR "
-                                                          "connections); nothing is applied")
-    return None
-
-
-def applicable(group: Resource, world: World) -> bool:
-    """Whether the group may act on its engines: a valid manifest whose engines run with their ids."""
-    refused = conditions.reason_of(group.status.get("conditions"), conditions.READY) in ENGINE_ID_PROBLEMS
-    return not group.deleting and not refused and group_problem(group, world) is None
-
-
-def xdcr_peers(name: str, world: World) -> set[str]:
-    """The clusters the engine of TableCluster ``name`` replicates with, by the XdcrGroups that can apply."""
-    peers: set[str] = set()
-    for group in world.of_kind("XdcrGroup"):
-        members = group.spec.members
-        if name in members and applicable(group, world):
-            peers |= set(members) - {name}
-    return peers
-
-
-def _status_of(client: Any) -> dict[str, Any]:
-    answer = client.call("dr_status", {})
-    return answer if isinstance(answer, dict) else {}
+def _status_of(client: Client) -> XdcrStatus:
+    return client.dr_status()
 
 
 def _not_applied(res: Resource, problem: GroupProblem, retry: float = 30.0) -> Outcome:
     """Ready=False and Degraded=True with the problem; a Warning event only when the reason is new."""
     out = Outcome(retry_after=retry, invalid=problem.message, status={
         "observedGeneration": res.generation, "conditions": conditions.merge(res.status.get("conditions"), [
-            Cond(conditions.READY, False, problem.reason, problem.message),
-            Cond(DEGRADED, True, problem.reason, problem.message)], res.generation)})
-    if conditions.reason_of(res.status.get("conditions"), conditions.READY) != problem.reason:
+            Cond(ConditionType.READY, False, problem.reason, problem.message),
+            Cond(ConditionType.DEGRADED, True, problem.reason, problem.message)], res.generation)})
+    if conditions.reason_of(res.status.get("conditions"), ConditionType.READY) != problem.reason:
         out.events.append(Event("Warning", problem.reason, problem.message))
     return out
 
 
-def _ensure_table(client: Any, cluster: str, table: Any) -> tuple[str | None, Event | None]:
+def _ensure_table(client: Client, cluster: str, table: XdcrTable) -> tuple[str | None, Event | None]:
     """Create (xdcr, mounted) or adopt one XDCR table on one cluster: (problem, event)."""
     path = table.path
     event = None
@@ -148,7 +87,7 @@ def _ensure_table(client: Any, cluster: str, table: Any) -> tuple[str | None, Ev
     keys = [c["name"] for c in yt_schema(table) if c.get("sort_order")]
     if list(attrs.get("key_columns") or []) != keys:
         return f"{path} on {cluster} has key columns {attrs.get('key_columns')}, the group says {keys}", event
-    if attrs.get("tablet_state") != "mounted":
+    if attrs.get("tablet_state") != TabletState.MOUNTED:
         client.mount_table(path)
     return None, event
 
@@ -161,7 +100,7 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
     members: list[str] = list(spec.members)
     clients: dict[str, Any] = {}
     unreachable: dict[str, str] = {}
-    before: dict[str, dict[str, Any]] = {}
+    before: dict[str, XdcrStatus] = {}
     # 1. every engine answering must run with its TableCluster's id, or nothing is written anywhere
     for name in spec.clusters:
         declared = int(world.find("TableCluster", None, name).spec.cluster_id)  # type: ignore[union-attr]
@@ -203,7 +142,7 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
                     table_problems.append(trouble)
             connections = list(before[name].get("connections") or [])
             if spec.reset is not None and spec.reset.cluster in connections:
-                client.call("dr_reset", {"cluster": spec.reset.cluster, "force": True})
+                client.dr_reset(spec.reset.cluster, force=True)
                 connections.remove(spec.reset.cluster)
                 events.append(Event("Warning", "Reset", f"{name} no longer replicates with {spec.reset.cluster} "
                                                         "(dr_reset --force: its undelivered changes are dropped)"))
@@ -213,7 +152,10 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
                 events.append(Event("Normal", "Connected", f"//sys/@xdcr_connections of {name}: "
                                                            f"{', '.join(desired)}"))
             if bool(before[name].get("paused")) != spec.paused:
-                client.call("dr_pause" if spec.paused else "dr_resume", {"wait": False} if spec.paused else {})
+                if spec.paused:
+                    client.dr_pause(wait=False)
+                else:
+                    client.dr_resume()
                 events.append(Event("Normal", "Paused" if spec.paused else "Resumed",
                                     f"{name} {'refuses' if spec.paused else 'takes'} client writes"))
         except (ClusterNotFound, YtError, httpx.HTTPError) as exc:
@@ -224,12 +166,12 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
         client = clients.pop(spec.reset.cluster)
         try:
             if before[spec.reset.cluster].get("connections"):
-                client.call("dr_reset", {})
+                client.dr_reset()
                 events.append(Event("Warning", "Reset", f"{spec.reset.cluster} no longer replicates with the group"))
         except (YtError, httpx.HTTPError) as exc:
             unreachable[spec.reset.cluster] = describe_error(exc)
     # 3. status from every member, as it stands now; 4. a cluster that must join from a snapshot
-    statuses: dict[str, dict[str, Any]] = {}
+    statuses: dict[str, XdcrStatus] = {}
     for name in members:
         if name in clients:
             try:
@@ -240,7 +182,7 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
     return _report(res, members, statuses, unreachable, table_problems, events + joins.events, joins)
 
 
-def _report(res: Resource, members: list[str], statuses: dict[str, dict[str, Any]], unreachable: dict[str, str],
+def _report(res: Resource, members: list[str], statuses: dict[str, XdcrStatus], unreachable: dict[str, str],
             table_problems: list[str], events: list[Event], joins: JoinStep) -> Outcome:
     spec = res.spec
     previous = {(p.get("from"), p.get("to")): p.get("conflicts") for p in res.status.get("pairs") or []
@@ -254,13 +196,14 @@ def _report(res: Resource, members: list[str], statuses: dict[str, dict[str, Any
             sent = statuses.get(sender)
             peer = (sent.get("peers") or {}).get(receiver) if sent is not None else None
             if peer is None:
-                pair["state"] = "unknown" if sent is None else "connecting"
+                pair["state"] = XdcrPairState.UNKNOWN if sent is None else XdcrPairState.CONNECTING
                 if sender in unreachable:
                     pair["lastError"] = f"{sender} did not answer: {unreachable[sender]}"
             else:
                 state = str(peer.get("state"))
-                if state == "connecting" and not sent.get("tables"):  # type: ignore[union-attr]
-                    state = "connected"  # nothing to ship: the engine's shipper has no table to connect with
+                if state == XdcrPairState.CONNECTING and not sent.get("tables"):  # type: ignore[union-attr]
+                    # nothing to ship: the engine's shipper has no table to connect with
+                    state = XdcrPairState.CONNECTED
                 pair.update({"state": state, "lagSeconds": float(peer.get("lag_seconds") or 0.0),
                              "queuedRows": int(peer.get("queued_rows") or 0),
                              "paused": bool(sent.get("paused"))})  # type: ignore[union-attr]
@@ -286,8 +229,8 @@ def _report(res: Resource, members: list[str], statuses: dict[str, dict[str, Any
         "conflicts": sum(int(p.get("conflicts") or 0) for p in pairs), "joins": joins.joins}
     waiting = [p for p in pairs if p["state"] not in CONNECTED_STATES]
     # the pairs to a cluster joining from a snapshot wait for it: that is the join, not a fault
-    broken = [p for p in waiting if p["state"] not in ("connecting",) and not (
-        p["state"] == WAITING_FOR_SNAPSHOT and joins.joining(p["to"]))]
+    broken = [p for p in waiting if p["state"] != XdcrPairState.CONNECTING and not (
+        p["state"] == XdcrPairState.WAITING_FOR_SNAPSHOT and joins.joining(p["to"]))]
     degraded: list[tuple[str, str]] = []
     if unreachable:
         degraded.append(("ClusterUnreachable", "; ".join(f"{n}: {why}" for n, why in sorted(unreachable.items()))))
@@ -305,22 +248,25 @@ def _report(res: Resource, members: list[str], statuses: dict[str, dict[str, Any
     if degraded:
         reason = degraded[0][0]
         message = f"{res.display}: " + "; ".join(text for _, text in degraded)
-        conds += [Cond(conditions.READY, False, reason, message), Cond(DEGRADED, True, reason, message)]
+        conds += [Cond(ConditionType.READY, False, reason, message),
+                  Cond(ConditionType.DEGRADED, True, reason, message)]
     elif joins.active is not None:
         join = joins.active
         message = f"{res.display}: {join['cluster']} joins {join['path']} from a snapshot: {join.get('message')}"
-        conds += [Cond(conditions.READY, False, "Joining", message), Cond(DEGRADED, False, "Joining", message)]
+        conds += [Cond(ConditionType.READY, False, "Joining", message),
+                  Cond(ConditionType.DEGRADED, False, "Joining", message)]
     elif waiting:
         message = f"{res.display}: connecting " + ", ".join(f"{p['from']} -> {p['to']}" for p in waiting)
-        conds += [Cond(conditions.READY, False, "Connecting", message), Cond(DEGRADED, False, "Connecting", message)]
+        conds += [Cond(ConditionType.READY, False, "Connecting", message),
+                  Cond(ConditionType.DEGRADED, False, "Connecting", message)]
     else:
         pause = "paused: client writes refused, " if spec.paused else ""
         message = (f"{len(pairs)} pairs of {len(members)} clusters connected ({pause}"
                    f"{len(spec.tables)} XDCR table{'s' if len(spec.tables) != 1 else ''})")
-        conds += [Cond(conditions.READY, True, "Connected", message),
-                  Cond(DEGRADED, False, "AllPairsConnected", message)]
+        conds += [Cond(ConditionType.READY, True, "Connected", message),
+                  Cond(ConditionType.DEGRADED, False, "AllPairsConnected", message)]
     status["conditions"] = conditions.merge(res.status.get("conditions"), conds, res.generation)
-    before = conditions.reason_of(res.status.get("conditions"), DEGRADED)
+    before = conditions.reason_of(res.status.get("conditions"), ConditionType.DEGRADED)
     if degraded and before != degraded[0][0]:
         events.append(Event("Warning", degraded[0][0], conds[0].message))
     retry = CONNECTING_RETRY if waiting and not degraded else DEGRADED_RETRY if degraded else REFRESH_SECONDS
@@ -335,14 +281,14 @@ def finalize_xdcr_group(res: Resource, world: World) -> Outcome:
     its engines lack ids) touches nothing."""
     events: list[Event] = []
     if group_problem(res, world) is not None or \
-            conditions.reason_of(res.status.get("conditions"), conditions.READY) in ENGINE_ID_PROBLEMS:
+            conditions.reason_of(res.status.get("conditions"), ConditionType.READY) in ENGINE_ID_PROBLEMS:
         return Outcome()
     for name in res.spec.clusters:
         try:
             client = world.engines.client(name)
             for peer in _status_of(client).get("connections") or []:
                 if peer in res.spec.clusters:
-                    client.call("dr_reset", {"cluster": peer, "force": True})
+                    client.dr_reset(peer, force=True)
                     events.append(Event("Normal", "Reset", f"{name} no longer replicates with {peer}"))
         except ClusterNotFound:
             continue

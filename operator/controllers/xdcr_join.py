@@ -8,11 +8,11 @@ the newcomer loads a consistent cut of the table from one member (the donor, ``p
 and the members then ship it their changes after the cut. The Spark job
 ``reptables.sparkapps.xdcr_join`` does it with nothing but the joining cluster's URL and token.
 
-So after the group is applied (``reconcile_xdcr.py``), this module looks at every member's
+So after the group is applied (``xdcr.py``), this module looks at every member's
 ``dr_status``: a (cluster X, table P) pair needs a join when another member waits for X's snapshot
 of P, or when X's own ``dr_status`` lists P under ``joining`` (a join begun and not finished, e.g.
 before an operator restart: the job resumes the same cut). It runs the job with the launcher the
-replica bootstraps use (``world.launcher``, ``bootstrap.py``) — one join per group at a time
+replica bootstraps use (``world.launcher``, ``jobs/``) — one join per group at a time
 (seed 001: one cluster joins at a time), a join already begun on an engine first.
 
 As with a bootstrap, a reconcile never waits for the job: each call starts a job or looks at the one
@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import conditions, models
-from .bootstrap import POLL_SECONDS, JobSpec, LaunchError, Owner, mask
-from .conditions import parse_time
+from reptables.engine.client import XdcrJoinProgress, XdcrStatus
+
+from .. import models
+from ..jobs.launcher import POLL_SECONDS, JobSpec, LaunchError, Owner, mask
+from ..models import XdcrJoinPhase, XdcrPairState
+from ..models.common import now_text, parse_time
 from .world import ClusterNotFound, Event, Resource, World
 
 JOIN_MODULE = "reptables.sparkapps.xdcr_join"
-#: what a member's dr_status says of a peer that needs a snapshot before it can be shipped to
-WAITING_FOR_SNAPSHOT = "waiting_for_snapshot"
 #: the first wait after a failed attempt; it doubles with each attempt, up to MAX_BACKOFF_SECONDS
 FIRST_BACKOFF_SECONDS = 10.0
 MAX_BACKOFF_SECONDS = 600.0
@@ -54,7 +55,6 @@ NO_LAUNCHER_RETRY = 60.0
 #: characters a YPath may continue with: a path named in a message ends before anything else
 _PATH_CHARS = r"A-Za-z0-9_./@-"
 
-PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
 
 @dataclass
@@ -83,7 +83,7 @@ def names_path(text: str, path: str) -> bool:
     return re.search(rf"(?<![{_PATH_CHARS}]){re.escape(path)}(?![{_PATH_CHARS}])", text) is not None
 
 
-def wanted_joins(spec: Any, statuses: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def wanted_joins(spec: Any, statuses: Mapping[str, XdcrStatus]) -> list[tuple[str, str]]:
     """The (cluster, table) pairs that need a join, by the members' dr_status: joins begun on an
     engine first, then in the order of ``clusters`` and ``tables``."""
     members = list(spec.members)
@@ -99,12 +99,19 @@ def wanted_joins(spec: Any, statuses: Mapping[str, Mapping[str, Any]]) -> list[t
                 begun.append((cluster, table.path))
                 continue
             for sender in members:
-                peer = ((statuses.get(sender) or {}).get("peers") or {}).get(cluster) if sender != cluster else None
-                if peer and peer.get("state") == WAITING_FOR_SNAPSHOT and \
+                sent = statuses.get(sender) if sender != cluster else None
+                peer = (sent.get("peers") or {}).get(cluster) if sent is not None else None
+                if peer and peer.get("state") == XdcrPairState.WAITING_FOR_SNAPSHOT and \
                         names_path(str(peer.get("last_error") or ""), table.path):
                     waited.append((cluster, table.path))
                     break
     return begun + waited
+
+
+def _joining(statuses: Mapping[str, XdcrStatus], cluster: str) -> Mapping[str, XdcrJoinProgress]:
+    """The tables ``cluster`` is joining from a snapshot, by its dr_status (none when it did not answer)."""
+    own = statuses.get(cluster)
+    return (own.get("joining") or {}) if own is not None else {}
 
 
 def _now() -> datetime:
@@ -144,7 +151,7 @@ def _known_secrets(world: World) -> list[str]:
     return [ref.token for ref in world.engines.clusters().values()]
 
 
-def advance_joins(res: Resource, world: World, statuses: Mapping[str, Mapping[str, Any]]) -> JoinStep:
+def advance_joins(res: Resource, world: World, statuses: Mapping[str, XdcrStatus]) -> JoinStep:
     """Move the group's joins one step on: poll the running join, else start the next one wanted."""
     spec = res.spec
     members = set(spec.members)
@@ -157,26 +164,27 @@ def advance_joins(res: Resource, world: World, statuses: Mapping[str, Mapping[st
         key = (str(entry.get("cluster")), str(entry.get("path")))
         if key[0] in members and key[1] in paths:
             kept[key] = dict(entry)
-        elif entry.get("phase") == RUNNING and launcher is not None and entry.get("jobRef"):
+        elif entry.get("phase") == XdcrJoinPhase.RUNNING and launcher is not None and entry.get("jobRef"):
             with contextlib.suppress(LaunchError):
                 launcher.stop(str(entry["jobRef"]))  # the cluster or the table left the group
     step = JoinStep(joins=[])
     wanted = wanted_joins(spec, statuses)
-    running = next((e for e in kept.values() if e.get("phase") == RUNNING), None)
+    running = next((e for e in kept.values() if e.get("phase") == XdcrJoinPhase.RUNNING), None)
     if running is not None:
         _poll(running, world, statuses, step)
     else:
         _start_next(res, world, statuses, wanted, kept, step)
         for key, entry in list(kept.items()):
-            if entry.get("phase") in (PENDING, FAILED) and key not in wanted and key[0] in statuses:
+            waiting = entry.get("phase") in (XdcrJoinPhase.PENDING, XdcrJoinPhase.FAILED)
+            if waiting and key not in wanted and key[0] in statuses:
                 del kept[key]  # no member waits for it any more (joined by hand, say): nothing to retry
     step.joins = [_clean(kept[k]) for k in sorted(kept, key=lambda k: (spec.clusters.index(k[0]), k[1]))]
-    step.failed = [e for e in step.joins if e.get("phase") == FAILED]
+    step.failed = [e for e in step.joins if e.get("phase") == XdcrJoinPhase.FAILED]
     step.expected = {c for c, _ in wanted} - {str(e["cluster"]) for e in step.failed}
     return step
 
 
-def _poll(entry: dict[str, Any], world: World, statuses: Mapping[str, Mapping[str, Any]], step: JoinStep) -> None:
+def _poll(entry: dict[str, Any], world: World, statuses: Mapping[str, XdcrStatus], step: JoinStep) -> None:
     cluster, path = str(entry["cluster"]), str(entry["path"])
     launcher = world.launcher
     job = launcher.poll(str(entry.get("jobRef"))) if launcher is not None else None
@@ -184,7 +192,7 @@ def _poll(entry: dict[str, Any], world: World, statuses: Mapping[str, Mapping[st
         _failed(entry, world, step, f"job {entry.get('jobRef')} is lost (the operator restarted); the next "
                                     "attempt resumes the same snapshot")
         return
-    progress = ((statuses.get(cluster) or {}).get("joining") or {}).get(path)
+    progress = _joining(statuses, cluster).get(path)
     if isinstance(progress, Mapping) and progress.get("source"):
         entry["source"] = str(progress["source"])  # the donor the engine asked
     if job.running:
@@ -197,24 +205,24 @@ def _poll(entry: dict[str, Any], world: World, statuses: Mapping[str, Mapping[st
     if job.exit_code != 0:
         _failed(entry, world, step, f"the join job failed: {job.error}")
         return
-    entry.update(phase=SUCCEEDED, completionTime=conditions.now_text(), nextAttemptTime=None,
+    entry.update(phase=XdcrJoinPhase.SUCCEEDED, completionTime=now_text(), nextAttemptTime=None,
                  message=f"joined {path} from a snapshot" + (f" of {entry['source']}" if entry.get("source") else "")
                          + f" (attempt {entry.get('attempts')}); the members ship it their changes after it")
     step.events.append(Event("Normal", "Joined", f"{cluster} {entry['message']}"))
     step.retry_after = POLL_SECONDS  # the next join, if one waits
 
 
-def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str, Any]],
+def _start_next(res: Resource, world: World, statuses: Mapping[str, XdcrStatus],
                 wanted: list[tuple[str, str]], kept: dict[tuple[str, str], dict[str, Any]], step: JoinStep) -> None:
     now = _now()
     for cluster, path in wanted:
         entry = kept.get((cluster, path))
-        begun = path in ((statuses.get(cluster) or {}).get("joining") or {})
-        if entry is not None and entry.get("phase") == SUCCEEDED and not begun:
+        begun = path in _joining(statuses, cluster)
+        if entry is not None and entry.get("phase") == XdcrJoinPhase.SUCCEEDED and not begun:
             done = parse_time(entry.get("completionTime"))
             if done is None or (now - done).total_seconds() < SETTLE_SECONDS:
                 continue  # the members have not looked since: their waiting_for_snapshot is stale
-        if entry is not None and entry.get("phase") == FAILED:
+        if entry is not None and entry.get("phase") == XdcrJoinPhase.FAILED:
             retry_at = parse_time(entry.get("nextAttemptTime"))
             if retry_at is not None and retry_at > now:
                 wait = max(1.0, (retry_at - now).total_seconds())
@@ -222,7 +230,7 @@ def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str,
                 if begun:
                     return  # its cut is half loaded on the engine: no other cluster joins meanwhile
                 continue
-        if entry is None or entry.get("phase") == SUCCEEDED:
+        if entry is None or entry.get("phase") == XdcrJoinPhase.SUCCEEDED:
             # (joined before, and reset since: the next round)
             join_round = 1 if entry is None else int(entry.get("round") or 1) + 1
             entry = {"cluster": cluster, "path": path, "attempts": 0, "round": join_round}
@@ -230,21 +238,21 @@ def _start_next(res: Resource, world: World, statuses: Mapping[str, Mapping[str,
         entry["source"] = _source(res.spec, cluster)
         launcher = world.launcher
         if launcher is None:
-            entry.update(phase=PENDING, message=(
+            entry.update(phase=XdcrJoinPhase.PENDING, message=(
                 f"{cluster} must join {path} from a snapshot, and this operator runs no Spark jobs: enable the "
                 f"chart's bootstrap.spark (REPTABLES_SPARK_JOBS), or run `reptables dr join --path {path}` "
                 f"against {cluster}"))
             step.active, step.retry_after = entry, NO_LAUNCHER_RETRY
             return
         attempt = int(entry.get("attempts") or 0) + 1
-        entry.update(attempts=attempt, startTime=conditions.now_text(), completionTime=None, nextAttemptTime=None)
+        entry.update(attempts=attempt, startTime=now_text(), completionTime=None, nextAttemptTime=None)
         try:
             ref = launcher.start(join_job(res, world, cluster, path, int(entry.get("round") or 1), attempt))
         except (LaunchError, ClusterNotFound) as exc:
             entry["jobRef"] = None
             _failed(entry, world, step, f"the join job could not start: {exc}")
             return
-        entry.update(phase=RUNNING, jobRef=ref, message=f"attempt {attempt}: the join job starts ({ref})")
+        entry.update(phase=XdcrJoinPhase.RUNNING, jobRef=ref, message=f"attempt {attempt}: the join job starts ({ref})")
         step.events.append(Event("Normal", "Joining", (
             f"{cluster} joins {path} from a snapshot" + (f" of {entry['source']}" if entry.get("source") else "")
             + f", attempt {attempt} ({ref})")))
@@ -257,8 +265,8 @@ def _failed(entry: dict[str, Any], world: World, step: JoinStep, message: str) -
     attempts = int(entry.get("attempts") or 0)
     delay = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** max(0, attempts - 1))
     message = mask(message, _known_secrets(world))
-    entry.update(phase=FAILED, message=message,
-                 nextAttemptTime=conditions.now_text(_now() + timedelta(seconds=delay)))
+    entry.update(phase=XdcrJoinPhase.FAILED, message=message,
+                 nextAttemptTime=now_text(_now() + timedelta(seconds=delay)))
     step.events.append(Event("Warning", "JoinFailed", (
         f"{entry['cluster']} could not join {entry['path']} from a snapshot (attempt {attempts}): {message}; "
         f"retrying in {delay:g} s")))

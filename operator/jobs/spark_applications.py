@@ -41,9 +41,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
-from .bootstrap import JobSpec, JobState, LaunchError
-from .conditions import parse_time
-from .settings import SparkJobSettings
+from ..models.common import parse_time
+from ..settings import SparkJobSettings
+from .launcher import JobSpec, JobState, LaunchError
 
 log = logging.getLogger("reptables.operator.sparkapp")
 
@@ -146,7 +146,7 @@ def _api_reason(exc: ApiException) -> str:
 
 
 class SparkApplicationLauncher:
-    """A :class:`~.bootstrap.Launcher` whose jobs are SparkApplications (see the module docstring)."""
+    """A :class:`~.launcher.Launcher` whose jobs are SparkApplications (see the module docstring)."""
 
     def __init__(self, settings: SparkJobSettings, api_client: k8s.ApiClient | None = None,
                  default_namespace: str = "default") -> None:

@@ -5,13 +5,13 @@ package (the ``kubectl-reptables`` console script). Like CloudNativePG's ``kubec
 answers "is my replication healthy?" in one screen, from what the operator already wrote into the
 objects' status and Events: it reads through the Kubernetes API only (the official client, the
 user's kubeconfig and RBAC) and never talks to an engine. The view itself is
-:mod:`reptables.operator.statusview`, shared with the local runner. ``promote``/``disable``/``enable``
+:mod:`reptables.operator.kubectl.statusview`, shared with the local runner. ``promote``/``disable``/``enable``
 are merge patches of a TableReplica's spec — the operator applies them, exactly as it applies a
 ``kubectl edit``. Every failure is one line on stderr and exit code 1, never a traceback.
 
 Names, paths and messages in the text output come from the objects and the API server; every line
-the plugin prints passes them through :func:`~.terminal.display` (the status views do it in
-``statusview``), so escape sequences in them are shown, not obeyed. ``-o json``/``-o yaml`` print
+the plugin prints passes them through :func:`~reptables.operator.terminal.display` (the status views do
+it in ``statusview``), so escape sequences in them are shown, not obeyed. ``-o json``/``-o yaml`` print
 the objects' values exactly.
 """
 
@@ -35,9 +35,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from rich.console import Console
 
+from .. import models
+from ..models import GROUP, VERSION
+from ..terminal import display
 from . import statusview
-from .models_common import GROUP, VERSION
-from .terminal import display
 
 __all__ = ["USER_AGENT", "app", "main"]
 
@@ -45,9 +46,9 @@ USER_AGENT = "kubectl-reptables"
 SWITCH_REASON = "ReplicaModeChanged"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 REQUEST_TIMEOUT = (5.0, 30.0)
-PLURALS = {"TableCluster": "tableclusters", "ReplicatedTable": "replicatedtables", "TableReplica": "tablereplicas",
-           "TableCollocation": "tablecollocations", "XdcrGroup": "xdcrgroups"}
-CLUSTER_SCOPED = frozenset({"TableCluster", "XdcrGroup"})
+#: kind -> plural, and the kinds without a namespace: from the API models, as the CRDs are
+PLURALS = models.PLURALS
+CLUSTER_SCOPED = frozenset(kind for kind, model in models.KINDS.items() if model.info.scope is models.Scope.CLUSTER)
 #: kinds the view can do without: a warning (not a failure) when RBAC hides them or their CRD is not installed
 OPTIONAL_KINDS = frozenset({"XdcrGroup"})
 

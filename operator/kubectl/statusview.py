@@ -10,7 +10,7 @@ shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap` prin
 Everything is sorted so that the output is deterministic.
 
 The view holds what manifests and engines said, exactly (``-o json`` stays exact); the renderers
-print a copy whose every string went through :func:`~.terminal.display`, so a table path with
+print a copy whose every string went through :func:`~reptables.operator.terminal.display`, so a table path with
 terminal escapes in it shows them as ``\\x1b`` instead of obeying them, and they hand every string
 to rich as :class:`~rich.text.Text`, never as markup: a path like ``//tmp/[/x]`` is text, not a
 closing tag (which rich would refuse with an error, or apply as a style).
@@ -26,11 +26,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .terminal import display
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+
+from ..models import KINDS as KIND_MODELS
+from ..models import BootstrapPhase, ConditionStatus, ConditionType
+from ..terminal import display
 
 __all__ = ["KINDS", "MAX_SWITCHES", "build_view", "find_replica", "render", "render_bootstrap", "render_tracker"]
 
-KINDS = ("TableCluster", "ReplicatedTable", "TableReplica", "TableCollocation", "XdcrGroup")
+KINDS = tuple(KIND_MODELS)
 MAX_SWITCHES = 50
 """At most this many tracker switches are kept in the view (the newest)."""
 _SWITCH_REASON = "ReplicaModeChanged"
@@ -55,11 +59,12 @@ def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
             "message": c.get("message"), "lastTransitionTime": c.get("lastTransitionTime")}
            for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     # Ready first, then by type
-    return sorted(out, key=lambda c: (c["type"] != "Ready", str(c["type"])))
+    return sorted(out, key=lambda c: (c["type"] != ConditionType.READY, str(c["type"])))
 
 
 def _ready(conditions: list[dict[str, Any]]) -> str:
-    return next((str(c["status"]) for c in conditions if c["type"] == "Ready"), "Unknown")
+    return next((str(c["status"]) for c in conditions if c["type"] == ConditionType.READY),
+                ConditionStatus.UNKNOWN.value)
 
 
 def _display(namespace: str | None, name: str) -> str:
@@ -99,7 +104,8 @@ def _replica(obj: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, An
     errors = [e for e in status.get("errors") or [] if isinstance(e, Mapping)]
     last_error = errors[0].get("message") if errors else None
     if last_error is None:
-        failing = next((c for c in conditions if c["type"] == "Ready" and c["status"] == "False"
+        failing = next((c for c in conditions if c["type"] == ConditionType.READY
+                        and c["status"] == ConditionStatus.FALSE
                         and c["reason"] in ("ReplicationError", "BootstrapFailed")), None)
         last_error = failing["message"] if failing else None
     return {
@@ -108,7 +114,7 @@ def _replica(obj: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, An
         "replicaPath": spec.get("replicaPath"),
         "replicaId": status.get("replicaId"),
         "enabled": spec.get("enabled", True) if spec else None,
-        "specMode": spec.get("mode", "async") if spec else None,
+        "specMode": spec.get("mode", ReplicaMode.ASYNC.value) if spec else None,
         "tracked": spec.get("enableReplicatedTableTracker", True) if spec else None,
         "mode": status.get("mode") or summary.get("mode"),
         "state": status.get("state") or summary.get("state"),
@@ -300,7 +306,7 @@ def find_replica(view: Mapping[str, Any], replica: str) -> tuple[dict[str, Any],
 
 
 def _escaped(value: Any) -> Any:
-    """A copy of (part of) a view with every string made safe for a terminal (:func:`~.terminal.display`)."""
+    """A copy of (part of) a view with every string made safe for a terminal (``terminal.display``)."""
     if isinstance(value, str):
         return display(value)
     if isinstance(value, Mapping):
@@ -320,7 +326,7 @@ def _dash(value: Any) -> str:
 
 
 def _status_style(status: Any) -> str:
-    return {"True": "green", "False": "red"}.get(str(status), "yellow")
+    return "green" if status == ConditionStatus.TRUE else "red" if status == ConditionStatus.FALSE else "yellow"
 
 
 def _lag(value: Any) -> str:
@@ -348,7 +354,7 @@ def _problems(conditions: Iterable[Mapping[str, Any]]) -> list[Text]:
     """Conditions that are not True, highlighted."""
     out = []
     for cond in conditions:
-        if cond.get("status") != "True":
+        if cond.get("status") != ConditionStatus.TRUE:
             line = Text("  ! ", style="bold red")
             line.append(f"{cond.get('type')}={cond.get('status')}", style=_status_style(cond.get("status")))
             line.append(f" {_dash(cond.get('reason'))}: {_dash(cond.get('message'))}")
@@ -378,10 +384,10 @@ def _replica_table(table: Mapping[str, Any]) -> Table:
         if rep["specMode"] and rep["mode"] and rep["specMode"] != rep["mode"] and rep["tracked"] is False:
             mode += f" (wants {rep['specMode']})"
         state = _dash(rep["state"])
-        if rep["enabled"] is False and rep["state"] != "disabled":
+        if rep["enabled"] is False and rep["state"] != ReplicaState.DISABLED:
             state += " (disabling)"
         _row(grid, _dash(rep["name"]), _dash(rep["cluster"]), _dash(rep["replicaPath"]),
-             Text(mode, style="bold" if rep["mode"] == "sync" else ""), state, _lag(rep["lagSeconds"]),
+             Text(mode, style="bold" if rep["mode"] == ReplicaMode.SYNC else ""), state, _lag(rep["lagSeconds"]),
              _dash(rep["rowsBehind"]), Text(rep["ready"], style=_status_style(rep["ready"])),
              _progress(rep["bootstrap"]), _dash(rep["lastError"]))
     return grid
@@ -414,7 +420,7 @@ def _pair_table(group: Mapping[str, Any]) -> Table:
 def _render_group(group: Mapping[str, Any], console: Console) -> None:
     """An XdcrGroup like a table: summary, Ready when not True (Degraded says the same), a row per pair."""
     console.print(_group_summary(group))
-    for line in _problems(c for c in group["conditions"] if c["type"] == "Ready"):
+    for line in _problems(c for c in group["conditions"] if c["type"] == ConditionType.READY):
         console.print(line)
     if group["pairs"]:
         console.print(_pair_table(group))
@@ -444,11 +450,11 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         else:
             console.print("  no replicas")
         for rep in table["replicas"]:
-            for line in _problems(c for c in rep["conditions"] if c["type"] == "Ready"):
+            for line in _problems(c for c in rep["conditions"] if c["type"] == ConditionType.READY):
                 line.append_text(Text(f" (replica {rep['name']})", style="dim"))
                 console.print(line)
             boot = rep["bootstrap"]
-            if boot and boot.get("phase") not in (None, "Done"):
+            if boot and boot.get("phase") not in (None, BootstrapPhase.DONE):
                 detail = f"  bootstrap {rep['name']}: {_progress(boot)}"
                 if boot.get("jobRef"):
                     detail += f", job {boot['jobRef']}"
@@ -464,12 +470,12 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         for column in ("Cluster", "Endpoint", "ID", "Healthy", "Version", "Ready", "Message"):
             grid.add_column(column, no_wrap=column != "Message", overflow="fold")
         for cluster in view["clusters"]:
-            ready: dict[str, Any] = next((c for c in cluster["conditions"] if c["type"] == "Ready"), {})
+            ready: dict[str, Any] = next((c for c in cluster["conditions"] if c["type"] == ConditionType.READY), {})
             healthy = {True: "yes", False: "no"}.get(cluster["healthy"], "-")
             _row(grid, cluster["name"], _dash(cluster["endpoint"]), _dash(cluster["clusterId"]),
                  Text(healthy, style={"yes": "green", "no": "red"}.get(healthy, "")),
                  _dash(cluster["version"]), Text(cluster["ready"], style=_status_style(cluster["ready"])),
-                 "" if cluster["ready"] == "True" else _dash(ready.get("message")))
+                 "" if cluster["ready"] == ConditionStatus.TRUE else _dash(ready.get("message")))
         console.print(grid)
     if view.get("collocations"):
         console.print()
@@ -529,7 +535,8 @@ def render_bootstrap(view: Mapping[str, Any], console: Console, replica: str) ->
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     attempts = "-" if boot["attempts"] is None else f"{boot['attempts']} of {boot['maxAttempts']}"
-    phase_style = {"Failed": "red", "Done": "green"}.get(boot["phase"] or "", "yellow")
+    phase_style = ("red" if boot["phase"] == BootstrapPhase.FAILED else "green" if boot["phase"] == BootstrapPhase.DONE
+                   else "yellow")
     rows: list[tuple[str, str | Text]] = [
             ("Phase", Text(_dash(boot["phase"]), style=phase_style)),
             ("Snapshot timestamp", _dash(boot["snapshotTimestamp"])),

@@ -1,25 +1,41 @@
 """The demo of `reptables up` (``LocalRunner.demo``): rows written with the official client to every
 replicated table and XDCR group of the manifests, and shown on every copy.
 
-Kept apart from ``local.py`` (the runner: engines, manifests, reconciles, state) because it is what
-a user watches, not how the product runs; it only reads the runner's registry and engines. Its
-lines name paths from the manifests and quote the engines: they go through
-:func:`~.terminal.display`, as every line of ``up`` does.
+Kept apart from ``runner.py`` (the runner: engines, manifests, reconciles, state) because it is what
+a user watches, not how the product runs; it only reads the runner's registry and engines and asks
+it for another reconcile pass while it waits, which is all :class:`Runner` says (so this module
+never imports the runner that calls it). Its lines name paths from the manifests and quote the
+engines: they go through :func:`~reptables.operator.terminal.display`, as every line of ``up`` does.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .terminal import display
-from .world import Resource
+from ..controllers.world import Engines, Resource
+from ..registry import Registry
+from ..terminal import display
 
 if TYPE_CHECKING:
-    from .local import LocalRunner
+    from yt.wrapper import YtClient  # the official client (no type information of its own)
 
 
-def demo(runner: LocalRunner, rows: int = 1000) -> None:
+class Runner(Protocol):
+    """What the demo needs of the local runner."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def engines(self) -> Engines: ...
+
+    def reconcile_all(self) -> None:
+        """One reconcile pass (the tracker too): the demo waits for the engines to converge."""
+        ...
+
+
+def demo(runner: Runner, rows: int = 1000) -> None:
     """Write rows to every replicated table with the official client; show every replica gets them."""
     import yt.wrapper as yt
 
@@ -61,7 +77,7 @@ def demo(runner: LocalRunner, rows: int = 1000) -> None:
     for group in runner.registry.of_kind("XdcrGroup"):
         _demo_xdcr(runner, group, rows)
 
-def _demo_xdcr(runner: LocalRunner, group: Resource, rows: int) -> None:
+def _demo_xdcr(runner: Runner, group: Resource, rows: int) -> None:
     """Active-active: each member writes its own rows to every XDCR table; every member gets them all."""
     import yt.wrapper as yt
 
@@ -90,7 +106,7 @@ def _demo_xdcr(runner: LocalRunner, group: Resource, rows: int) -> None:
                 time.sleep(0.2)
             print(display(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows"))
 
-def _show_lookup(runner: LocalRunner, client: Any, table: Resource, key: dict[str, Any]) -> None:
+def _show_lookup(runner: Runner, client: YtClient, table: Resource, key: dict[str, Any]) -> None:
     """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""
     # the official client retries "no in-sync replicas" for minutes by itself; here the runner
     # must keep reconciling (the tracker promotes the sync replica), so it asks once per pass

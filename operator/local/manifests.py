@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from . import models
-from .reconcile import ORDER
+from .. import models
+from ..controllers.dispatch import ORDER
 
 
 class ManifestError(ValueError):

@@ -9,27 +9,33 @@ instead of the API server. Then it shows replication working with the official Y
 rows written to each replicated table through ``yt.wrapper`` appear on every replica.
 
 It shares the operator's core, not its Kubernetes front end: the reconcile functions come from the
-table in ``reconcile.py`` and the engines, registry and tracker from a :class:`~.runtime.Runtime`,
-so this module never imports ``handlers.py`` or the operator framework. Mode switches made by the
-tracker are printed like the reconcilers' events (the operator posts them as Kubernetes Events).
+table in ``controllers/dispatch.py`` and the engines, registry and tracker from a
+:class:`~reptables.operator.runtime.Runtime`, so this module never imports ``handlers.py`` or the
+operator framework. Before each reconcile it asks the runtime, as the handlers do, whether the
+resource may be reconciled (``Runtime.admit``: a TableCluster whose credentials cannot be used is
+not). Mode switches made by the tracker are printed like the reconcilers' events (the operator
+posts them as Kubernetes Events).
 
 A replica added to a table whose history was trimmed is bootstrapped with local Spark: the runtime's
-:class:`~.bootstrap.LocalLauncher` runs the copy and verify jobs as child processes (own process
-groups, secrets in 0600 files under the data directory), stopped with the engines.
+:class:`~reptables.operator.jobs.processes.LocalLauncher` runs the copy and verify jobs as child
+processes (own process groups, secrets in 0600 files under the data directory), stopped with the
+engines.
 
 The local mode has the same face as ``kubectl reptables`` (docs/local.md). There is no API server
 for other commands to ask, so the running ``up`` keeps a *state directory* instead: after every
 reconcile pass it writes ``DATA_DIR/state.json`` (the objects with their status, the recent events,
 its engines — never a Secret or token), which ``reptables status`` renders with the same
-:mod:`~.statusview` the kubectl plugin uses; ``reptables cluster stop|start`` leave a request file
-in ``DATA_DIR/control/`` that the ``up`` loop carries out (only that process holds the engines'
-pids). ``up`` also watches its manifest paths, like a ``kubectl apply``/``delete`` on each edit.
+:mod:`~reptables.operator.kubectl.statusview` the kubectl plugin uses; ``reptables cluster
+stop|start`` leave a request file in ``DATA_DIR/control/`` that the ``up`` loop carries out (only
+that process holds the engines' pids). ``up`` also watches its manifest paths, like a ``kubectl
+apply``/``delete`` on each edit.
 
-The data directory is private (``local_state.make_private_dir``: 0700, files 0600, tightened with a
+The data directory is private (``state.make_private_dir``: 0700, files 0600, tightened with a
 notice when it is not), and ``up`` runs with the umask 0o077, so the files that it, its engines and
 its Spark jobs create later are private too, whatever mode the code creating them asks for. Every
-line ``up`` prints passes names, paths and messages through :func:`~.terminal.display`: a manifest's
-table path may hold terminal escape sequences, and they are shown, not obeyed.
+line ``up`` prints passes names, paths and messages through
+:func:`~reptables.operator.terminal.display`: a manifest's table path may hold terminal escape
+sequences, and they are shown, not obeyed.
 """
 
 from __future__ import annotations
@@ -52,10 +58,24 @@ from urllib.parse import urlparse
 from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine, start_all
 
-from . import models
-from .bootstrap import LocalLauncher
-from .local_manifests import ManifestError, load_file, manifest_files
-from .local_state import (
+from .. import models
+from ..controllers.dispatch import ORDER, finalize, is_ready, reconcile
+from ..controllers.world import Engines, Resource
+from ..jobs.processes import LocalLauncher
+from ..models import ConditionType, XdcrPairState
+from ..registry import (
+    CREDENTIALS_LABEL,
+    CREDENTIALS_LABEL_VALUE,
+    CREDENTIALS_SELECTOR,
+    CredentialPolicy,
+    Registry,
+)
+from ..runtime import Runtime
+from ..terminal import display
+from ..tracker.loop import TrackerLoop
+from .demo import demo
+from .manifests import ManifestError, load_file, manifest_files
+from .state import (
     CONTROL_DIR,
     LOOPBACK,
     STATE_FILE,
@@ -63,18 +83,6 @@ from .local_state import (
     running_up,
     write_private,
 )
-from .reconcile import ORDER, finalize, is_ready, reconcile
-from .registry import (
-    CREDENTIALS_LABEL,
-    CREDENTIALS_LABEL_VALUE,
-    CREDENTIALS_SELECTOR,
-    CredentialPolicy,
-    Registry,
-)
-from .runtime import Runtime
-from .terminal import display
-from .tracking import TrackerLoop
-from .world import Engines, Resource
 
 #: how many recent events state.json keeps
 MAX_EVENTS = 200
@@ -216,7 +224,8 @@ class LocalRunner:
             for res in self.registry.of_kind(kind):
                 if res.deleting or res.key not in self.bodies:
                     continue
-                outcome = reconcile(res, self.registry.world())
+                refused = self.runtime.admit(res)
+                outcome = refused if refused is not None else reconcile(res, self.registry.world())
                 body = self.bodies[res.key]
                 body["status"] = {**body.get("status", {}), **outcome.status}
                 self.registry.upsert(body)
@@ -440,16 +449,13 @@ class LocalRunner:
         for kind in ORDER:
             for res in self.registry.of_kind(kind):
                 ready: dict[str, Any] = next(
-                    (c for c in res.status.get("conditions", []) if c.get("type") == "Ready"), {})
+                    (c for c in res.status.get("conditions", []) if c.get("type") == ConditionType.READY), {})
                 extra = _status_summary(res)
                 print(display(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
                               f"({ready.get('reason', '')}: {ready.get('message', '')})"))
 
     def demo(self, rows: int = 1000) -> None:
-        """Write rows to every table with the official client and show every copy gets them
-        (``local_demo.py``)."""
-        from .local_demo import demo
-
+        """Write rows to every table with the official client and show every copy gets them (``demo.py``)."""
         demo(self, rows)
 
     def stop(self) -> None:
@@ -483,7 +489,8 @@ def _status_summary(res: Resource) -> str:
     if res.kind == "TableCluster":
         return f"version={status.get('version', '-')} latency={status.get('latencyMs', '-')}ms"
     if res.kind == "XdcrGroup":
-        connected = sum(1 for p in status.get("pairs", []) if p.get("state") in ("connected", "paused"))
+        connected = sum(1 for p in status.get("pairs", [])
+                        if p.get("state") in (XdcrPairState.CONNECTED, XdcrPairState.PAUSED))
         return (f"pairs={connected}/{len(status.get('pairs', []))} connected paused={status.get('paused', '-')} "
                 f"conflicts={status.get('conflicts', '-')}")
     return f"id={status.get('collocationId', '-')}"
@@ -500,7 +507,7 @@ def _live_frame(runner: LocalRunner, console: Any) -> Any:
     """One frame of the live view: the status view of the current objects and events."""
     from rich.text import Text
 
-    from . import statusview
+    from ..kubectl import statusview
 
     state = runner.state()
     view = statusview.build_view(state["objects"], state["events"])

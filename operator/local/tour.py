@@ -4,7 +4,7 @@
 why the product exists: writes that keep going when the sync replica's cluster dies, a replica
 added long after its history was trimmed, and the check that tells an operator every change has
 reached every replica. This module runs that story on one machine with the manifests of
-``examples/quickstart`` and the same :class:`~.local.LocalRunner` that ``reptables up`` uses (the
+``examples/quickstart`` and the same :class:`~.runner.LocalRunner` that ``reptables up`` uses (the
 reconcile core, the tracker, the local Spark launcher), and drives the tables the way a user does:
 the official ``yt`` CLI and ``yt.wrapper``.
 
@@ -12,10 +12,10 @@ Each step prints what happens and why before doing it, and checks its own outcom
 that does not get the outcome it shows stops the tour with the step's number and the reason (exit
 status 1). Whatever happens, every engine and Spark job the tour started is stopped on the way out.
 
-Run it with ``python -m reptables.operator.tour`` (``bash hack/up.sh`` does); ``--free-ports``
+Run it with ``python -m reptables.operator.local.tour`` (``bash hack/up.sh`` does); ``--free-ports``
 moves the three clusters off 9012-9014 onto free loopback ports (the tests use it). Its data
 directory is private like ``up``'s (0700, its files 0600), and the lines that quote the manifests or
-the engines go through :func:`~.terminal.display`.
+the engines go through :func:`~reptables.operator.terminal.display`.
 """
 
 from __future__ import annotations
@@ -33,20 +33,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from reptables.engine.process import free_port
+from reptables.engine.tablets import TabletState
 
-from .local import LocalRunner
-from .local_manifests import load_manifests
-from .local_state import make_private_dir, write_private
-from .terminal import display
-from .world import Resource
+if TYPE_CHECKING:
+    from yt.wrapper import YtClient  # the official client (no type information of its own)
+
+from ..controllers.replica_bootstrap import phase_of
+from ..controllers.world import Resource
+from ..models import BootstrapPhase
+from ..terminal import display
+from .manifests import load_manifests
+from .runner import LocalRunner
+from .state import make_private_dir, write_private
 
 #: the quickstart manifests of the repository this module was installed from (editable install), else
 #: those under the current directory
-QUICKSTART = next((p for p in (Path(__file__).resolve().parents[1] / "examples" / "quickstart",
+QUICKSTART = next((p for p in (Path(__file__).resolve().parents[2] / "examples" / "quickstart",
                                Path("examples") / "quickstart") if p.is_dir()), Path("examples") / "quickstart")
 DEFAULT_DATA_DIR = Path(".data/tour")
 #: a tour's data directory holds this file; only such a directory is wiped when the tour starts again
@@ -62,11 +68,12 @@ EVENT_ROWS = 1000
 AUDIT_ROWS = 100
 
 PHASE_WHY = {
-    "Pending": "a snapshot timestamp T is chosen and the replica is created disabled, pinning the queue at T",
-    "Copying": "the Spark bootstrap job copies the table as of T into the new replica table",
-    "Verifying": "the Spark verify job compares the copy with its source at T",
-    "Enabling": "the replica is enabled: the replicator sends every change after T",
-    "Done": "the replica is bootstrapped and replicating",
+    BootstrapPhase.PENDING: "a snapshot timestamp T is chosen and the replica is created disabled, pinning the queue "
+                            "at T",
+    BootstrapPhase.COPYING: "the Spark bootstrap job copies the table as of T into the new replica table",
+    BootstrapPhase.VERIFYING: "the Spark verify job compares the copy with its source at T",
+    BootstrapPhase.ENABLING: "the replica is enabled: the replicator sends every change after T",
+    BootstrapPhase.DONE: "the replica is bootstrapped and replicating",
 }
 
 
@@ -112,7 +119,7 @@ class Tour:
     def sync_replicas(self, table: str) -> list[str]:
         return list(self.table(table).status.get("syncReplicas", []))
 
-    def yt_client(self, cluster: str) -> Any:
+    def yt_client(self, cluster: str) -> YtClient:
         import yt.wrapper as yt
 
         ref = self.runner.engines.ref(cluster)
@@ -274,12 +281,12 @@ class Tour:
                         "mode": "async", "bootstrap": {"parallelism": 2}}}
         print(f"   new TableReplica {NEW_REPLICA}: {SORTED_TABLE} on {SYNC_CLUSTER} at {NEW_REPLICA_PATH}")
         self.runner.add(doc)  # as if its manifest had been applied
-        seen: list[str] = []
+        seen: list[BootstrapPhase] = []
 
-        def phase() -> str:
+        def phase() -> BootstrapPhase | None:
             boot = self.replica(NEW_REPLICA).status.get("bootstrap") or {}
-            now = str(boot.get("phase") or "")
-            if now and (not seen or seen[-1] != now):
+            now = phase_of(boot)
+            if now is not None and (not seen or seen[-1] is not now):
                 order = list(PHASE_WHY)
                 if seen and seen[-1] in order and now in order:
                     # a phase can start and end within one reconcile pass (its event is printed above)
@@ -288,11 +295,11 @@ class Tour:
                         print(f"   bootstrap phase {passed} (passed within one reconcile): {PHASE_WHY[passed]}")
                 seen.append(now)
                 print(f"   bootstrap phase {now}: {PHASE_WHY.get(now, '')}", flush=True)
-            if now == "Failed":
+            if now is BootstrapPhase.FAILED:
                 raise StepFailed(f"the bootstrap of {NEW_REPLICA} failed: {boot.get('lastError', '')}")
             return now
 
-        self.wait(f"the bootstrap of {NEW_REPLICA}", lambda: phase() == "Done", 240)
+        self.wait(f"the bootstrap of {NEW_REPLICA}", lambda: phase() is BootstrapPhase.DONE, 240)
         copied = (self.replica(NEW_REPLICA).status.get("bootstrap") or {}).get("rowsCopied")
         count = 0
 
@@ -316,8 +323,9 @@ class Tour:
         client.freeze_table(events.spec.path)
         print(display(f"   freeze-table {events.spec.path}"))
         try:
-            self.wait("tablet_state frozen", lambda: client.get(f"{events.spec.path}/@tablet_state") == "frozen",
-                      30, reconcile=False)
+            self.wait("tablet_state frozen",
+                      lambda: client.get(f"{events.spec.path}/@tablet_state") == TabletState.FROZEN, 30,
+                      reconcile=False)
             print("   @tablet_state: frozen")
             for rep in self.replicas(SORTED_TABLE):
                 replica_id = rep.status.get("replicaId")
@@ -335,8 +343,9 @@ class Tour:
             print("   queue check: equal for every replica and tablet: every change reached every replica")
         finally:
             client.unfreeze_table(events.spec.path)
-            self.wait("tablet_state mounted", lambda: client.get(f"{events.spec.path}/@tablet_state") == "mounted",
-                      30, reconcile=False)
+            self.wait("tablet_state mounted",
+                      lambda: client.get(f"{events.spec.path}/@tablet_state") == TabletState.MOUNTED, 30,
+                      reconcile=False)
             print(display(f"   unfreeze-table {events.spec.path}: mounted again"))
         self.facts.append("queue check: flushed_row_count == current_replication_row_index on every replica")
 
@@ -344,7 +353,7 @@ class Tour:
 class Writer:
     """Writes one row at a time to a table from a thread, counting the writes that succeed and fail."""
 
-    def __init__(self, client: Any, path: str, first_id: int = 1_000_000) -> None:
+    def __init__(self, client: YtClient, path: str, first_id: int = 1_000_000) -> None:
         self.client = client
         self.path = path
         self.next_id = first_id
@@ -398,7 +407,8 @@ def _prepare(manifests: Path, data_dir: Path, ports_from: int | None) -> list[di
     notice = make_private_dir(data_dir)
     if notice is not None:
         print(display(notice), file=sys.stderr)
-    write_private(data_dir / MARKER, "made by python -m reptables.operator.tour; removed when the tour runs again\n")
+    write_private(data_dir / MARKER,
+                  "made by python -m reptables.operator.local.tour; removed when the tour runs again\n")
     return docs
 
 
@@ -453,7 +463,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reptables.operator.tour",
+    parser = argparse.ArgumentParser(prog="python -m reptables.operator.local.tour",
                                      description="Show what reptables does, step by step, on this machine.")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="where the engines keep their data (wiped at the start of each tour)")

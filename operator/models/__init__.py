@@ -30,12 +30,11 @@ The tricky parts:
   refused here exactly as the API server refuses it, instead of being coerced.
 * **Durations** are Kubernetes-style strings (``90s``, ``10m``, ``1h30m``, ``500ms``) in manifests
   and :class:`~datetime.timedelta` in Python; they render back canonically (``90s`` -> ``1m30s``).
-Layout: one module per kind (``models_table_cluster``, ``models_replicated_table``,
-``models_table_replica``, ``models_table_collocation``, ``models_xdcr_group``) on top of ``models_common`` (conventions,
-field types, conditions). This module re-exports every name, adds the union of the kinds and
-:func:`parse_resource`, and is what callers import: ``from reptables.operator.models import ...``.
-They are sibling modules rather than a ``models/`` package because pyproject.toml lists the
-packages explicitly and a subpackage would be left out of the wheel.
+Layout: one module per kind (``table_cluster``, ``replicated_table``, ``table_replica``,
+``table_collocation``, ``xdcr_group``) on top of ``common`` (conventions, field types, conditions),
+and ``crdgen`` that turns them into CRDs. This package re-exports every name, adds the union of the
+kinds and :func:`parse_resource`, and is what callers import: ``from reptables.operator.models
+import ...``. It is the bottom of the operator: it imports nothing else of it.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from pydantic import ValidationError
 
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 
-from .models_common import (
+from .common import (
     API_VERSION,
     CATEGORY,
     CONDITION_REASON_PATTERN,
@@ -81,7 +80,7 @@ from .models_common import (
     format_duration,
     parse_duration,
 )
-from .models_replicated_table import (
+from .replicated_table import (
     Column,
     ColumnType,
     ReplicaSummary,
@@ -90,12 +89,14 @@ from .models_replicated_table import (
     ReplicatedTableSpec,
     ReplicatedTableStatus,
     ReplicationThrottler,
+    SchemaMigrationPhase,
+    SchemaMigrationStatus,
     SortOrder,
     TrackerStatus,
 )
-from .models_table_cluster import SecretKeySelector, TableCluster, TableClusterSpec, TableClusterStatus
-from .models_table_collocation import TableCollocation, TableCollocationSpec, TableCollocationStatus
-from .models_table_replica import (
+from .table_cluster import SecretKeySelector, TableCluster, TableClusterSpec, TableClusterStatus
+from .table_collocation import TableCollocation, TableCollocationSpec, TableCollocationStatus
+from .table_replica import (
     Atomicity,
     Bootstrap,
     BootstrapPhase,
@@ -106,7 +107,17 @@ from .models_table_replica import (
     TableReplicaStatus,
     TabletsSummary,
 )
-from .models_xdcr_group import XdcrGroup, XdcrGroupSpec, XdcrGroupStatus, XdcrPair, XdcrReset, XdcrTable
+from .xdcr_group import (
+    XdcrGroup,
+    XdcrGroupSpec,
+    XdcrGroupStatus,
+    XdcrJoin,
+    XdcrJoinPhase,
+    XdcrPair,
+    XdcrPairState,
+    XdcrReset,
+    XdcrTable,
+)
 
 __all__ = [
     # the API group and its conventions
@@ -120,10 +131,12 @@ __all__ = [
     "TableCluster", "TableClusterSpec", "TableClusterStatus", "SecretKeySelector",
     "ReplicatedTable", "ReplicatedTableSpec", "ReplicatedTableStatus", "ReplicatedTableOptions",
     "ReplicationThrottler", "ReplicaSummary", "TrackerStatus", "Column", "ColumnType", "SortOrder",
+    "SchemaMigrationPhase", "SchemaMigrationStatus",
     "TableReplica", "TableReplicaSpec", "TableReplicaStatus", "Atomicity", "Bootstrap", "BootstrapPhase",
     "BootstrapStatus", "ReplicaError", "TabletsSummary",
     "TableCollocation", "TableCollocationSpec", "TableCollocationStatus",
-    "XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrPair", "XdcrReset", "XdcrTable",
+    "XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrJoin", "XdcrJoinPhase", "XdcrPair", "XdcrPairState",
+    "XdcrReset", "XdcrTable",
     # all kinds, and parsing
     "Resource", "RESOURCES", "KINDS", "PLURALS", "R", "InvalidResourceError", "parse_resource",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -120,6 +120,21 @@ def _duration_from_text(value: Any) -> Any:
     raise ValueError("a duration is a string such as 90s, 10m or 1h30m")
 
 
+def now_text(now: datetime | None = None) -> str:
+    """A time as Kubernetes writes it in a status (RFC 3339, UTC, whole seconds): ``now`` or the present."""
+    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: Any) -> datetime | None:
+    """A time as ``now_text`` writes it (Kubernetes' form); None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(_duration_from_text),
@@ -152,6 +167,8 @@ class ConditionType(StrEnum):
     REPLICATING = "Replicating"
     WRITABLE = "Writable"
     BOOTSTRAPPED = "Bootstrapped"
+    #: XdcrGroup only: a member, a table or a pair is not as it should be
+    DEGRADED = "Degraded"
 
 
 class Condition(StatusModel):

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.schema import ColumnType
 
-from .models_common import (
+from .common import (
     AGE_COLUMN,
     MAX_COLUMNS,
     MAX_TABLETS,

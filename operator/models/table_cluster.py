@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from .models_common import (
+from .common import (
     AGE_COLUMN,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,

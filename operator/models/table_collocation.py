@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, StrictStr
 
-from .models_common import (
+from .common import (
     AGE_COLUMN,
     READY_COLUMN,
     SET_LIST,

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_
 
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 
-from .models_common import (
+from .common import (
     AGE_COLUMN,
     MAX_TIMESTAMP,
     READY_COLUMN,

@@ -9,11 +9,11 @@ its clusters by TableCluster name, the XDCR tables by path and schema (created o
 others). Its status is ``dr_status`` of every member as ordered pairs.
 
 A cluster added to a group that holds data joins from a snapshot when its peers' change logs no
-longer hold everything (seed 001): the operator runs the join job for it (``reconcile_xdcr_join.py``),
+longer hold everything (seed 001): the operator runs the join job for it (``controllers/xdcr_join.py``),
 taking the snapshot from ``preferredSource`` when one is named, and reports each join in
 ``status.joins``.
 
-The column type is the one of ReplicatedTable (:class:`~.models_replicated_table.Column`): an
+The column type is the one of ReplicatedTable (:class:`~.replicated_table.Column`): an
 XDCR table is an ordinary sorted dynamic table with the ``xdcr`` flag, and its schema reads the same.
 """
 
@@ -24,7 +24,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from .models_common import (
+from .common import (
     AGE_COLUMN,
     MAX_COLUMNS,
     READY_COLUMN,
@@ -40,7 +40,7 @@ from .models_common import (
     StatusModel,
     YPath,
 )
-from .models_replicated_table import Column
+from .replicated_table import Column
 
 __all__ = ["XdcrGroup", "XdcrGroupSpec", "XdcrGroupStatus", "XdcrJoin", "XdcrJoinPhase", "XdcrPair", "XdcrReset",
            "XdcrTable"]
@@ -161,6 +161,25 @@ class XdcrGroupSpec(ApiModel):
     def members(self) -> list[str]:
         """The clusters that replicate: ``clusters`` without the one being reset."""
         return [c for c in self.clusters if self.reset is None or c != self.reset.cluster]
+
+
+class XdcrPairState(StrEnum):
+    """The states of an XdcrPair: those ``dr_status`` of the sending cluster reports for the receiving one
+    (the engine's words), and ``unknown`` when the sending cluster did not answer. The CRD's field stays
+    a plain string: an engine newer than the operator may report a state this list lacks."""
+
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    #: the sender refuses client writes (dr_pause); its changes still flow
+    PAUSED = "paused"
+    WAITING_FOR_PEER = "waiting_for_peer"
+    WAITING_FOR_SCHEMA = "waiting_for_schema"
+    #: the receiver must join from a snapshot first (the members' change logs were trimmed)
+    WAITING_FOR_SNAPSHOT = "waiting_for_snapshot"
+    ERROR = "error"
+    RESET = "reset"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
 
 
 class XdcrPair(StatusModel):

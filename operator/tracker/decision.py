@@ -53,8 +53,11 @@ DEFAULT_MAX_ITERATIONS_WITHOUT_ACCEPTABLE_HEALTH = 1
 """YTsaurus' default ``max_iterations_without_acceptable_bundle_health``."""
 
 
-class ReplicaState(StrEnum):
-    """A tracked replica's class: its health crossed with its (target) mode."""
+class ReplicaStanding(StrEnum):
+    """Where a tracked replica stands in one check: its health crossed with its (target) mode.
+
+    Not the replica's state (``reptables.engine.replica_types.ReplicaState``: enabled, disabled...):
+    only enabled replicas are tracked, and the steps of a decision move them between these classes."""
 
     GOOD_SYNC = "good_sync"
     BAD_SYNC = "bad_sync"
@@ -63,10 +66,10 @@ class ReplicaState(StrEnum):
 
     @property
     def mode(self) -> ReplicaMode:
-        return ReplicaMode.SYNC if self in (ReplicaState.GOOD_SYNC, ReplicaState.BAD_SYNC) else ReplicaMode.ASYNC
+        return ReplicaMode.SYNC if self in (ReplicaStanding.GOOD_SYNC, ReplicaStanding.BAD_SYNC) else ReplicaMode.ASYNC
 
     @classmethod
-    def of(cls, mode: ReplicaMode, good: bool) -> ReplicaState:
+    def of(cls, mode: ReplicaMode, good: bool) -> ReplicaStanding:
         if mode is ReplicaMode.SYNC:
             return cls.GOOD_SYNC if good else cls.BAD_SYNC
         return cls.GOOD_ASYNC if good else cls.BAD_ASYNC
@@ -272,13 +275,13 @@ class _Candidate:
     """A tracked replica while its table is being decided; ``state`` moves as the steps run."""
 
     replica: TrackedReplica
-    state: ReplicaState
+    state: ReplicaStanding
     problem: str
     """Why the replica is bad (empty when good)."""
     why: str = ""
     """Why ``state`` differs from the replica's current mode, once a step has moved it."""
 
-    def move(self, state: ReplicaState, why: str) -> None:
+    def move(self, state: ReplicaStanding, why: str) -> None:
         self.state = state
         self.why = why
 
@@ -292,7 +295,7 @@ class _Plan:
     candidates: list[_Candidate] = field(default_factory=list)
     warming_up: tuple[str, ...] = ()
 
-    def in_state(self, state: ReplicaState) -> list[_Candidate]:
+    def in_state(self, state: ReplicaStanding) -> list[_Candidate]:
         return [c for c in self.candidates if c.state is state]
 
     def changes(self) -> list[ModeChange]:
@@ -318,7 +321,7 @@ class _Plan:
         parts += [f"{c.replica_id} -> {c.new_mode}: {c.reason}" for c in changes]
         parts += [
             f"kept bad sync {c.replica.replica_id} to reach min {low}: {c.problem}"
-            for c in self.in_state(ReplicaState.BAD_SYNC)
+            for c in self.in_state(ReplicaStanding.BAD_SYNC)
         ]
         if self.warming_up:
             parts.append(f"warming up: {', '.join(self.warming_up)}")
@@ -346,18 +349,18 @@ def _plan(table: TrackedTable, clusters: Mapping[str, ClusterHealth], warming_up
         warming_up=tuple(r.replica_id for r in tracked if r.replica_id in warming_up),
     )
 
-    sync_count = min(high, len(plan.in_state(ReplicaState.GOOD_SYNC)))
-    promoted = sorted(plan.in_state(ReplicaState.GOOD_ASYNC), key=_by_lag)[: max(0, high - sync_count)]
+    sync_count = min(high, len(plan.in_state(ReplicaStanding.GOOD_SYNC)))
+    promoted = sorted(plan.in_state(ReplicaStanding.GOOD_ASYNC), key=_by_lag)[: max(0, high - sync_count)]
     for c in promoted:
-        c.move(ReplicaState.GOOD_SYNC, f"promoted to reach max_sync_replica_count {high} (lag {c.replica.lag:g}s)")
+        c.move(ReplicaStanding.GOOD_SYNC, f"promoted to reach max_sync_replica_count {high} (lag {c.replica.lag:g}s)")
     sync_count += len(promoted)
 
     kept_bad = max(0, low - sync_count)
-    for c in sorted(plan.in_state(ReplicaState.BAD_SYNC), key=_by_lag)[kept_bad:]:
-        c.move(ReplicaState.BAD_ASYNC, c.problem)
+    for c in sorted(plan.in_state(ReplicaStanding.BAD_SYNC), key=_by_lag)[kept_bad:]:
+        c.move(ReplicaStanding.BAD_ASYNC, c.problem)
 
-    for c in sorted(plan.in_state(ReplicaState.GOOD_SYNC), key=_by_lag)[high:]:
-        c.move(ReplicaState.GOOD_ASYNC, f"above max_sync_replica_count {high}")
+    for c in sorted(plan.in_state(ReplicaStanding.GOOD_SYNC), key=_by_lag)[high:]:
+        c.move(ReplicaStanding.GOOD_ASYNC, f"above max_sync_replica_count {high}")
     return plan
 
 
@@ -367,8 +370,8 @@ def _assess(
     """Health checks in YTsaurus' order; the first failure is the replica's problem."""
     if warming_up:
         if replica.mode is ReplicaMode.SYNC:
-            return _Candidate(replica, ReplicaState.GOOD_SYNC, "")
-        return _Candidate(replica, ReplicaState.BAD_ASYNC, "warming up: not promoted before its first check")
+            return _Candidate(replica, ReplicaStanding.GOOD_SYNC, "")
+        return _Candidate(replica, ReplicaStanding.BAD_ASYNC, "warming up: not promoted before its first check")
 
     health = clusters.get(replica.cluster)
     threshold = options.sync_replica_lag_threshold
@@ -384,7 +387,7 @@ def _assess(
         problem = f"replica table on cluster {replica.cluster} is missing or unmounted"
     else:
         problem = ""
-    return _Candidate(replica, ReplicaState.of(replica.mode, good=not problem), problem)
+    return _Candidate(replica, ReplicaStanding.of(replica.mode, good=not problem), problem)
 
 
 def _by_lag(c: _Candidate) -> tuple[bool, float, str, str]:
@@ -397,8 +400,8 @@ def _cluster_priorities(plans: Sequence[_Plan]) -> dict[str, int]:
     good: set[str] | None = None
     good_sync: set[str] | None = None
     for plan in plans:
-        table_sync = {c.replica.cluster for c in plan.in_state(ReplicaState.GOOD_SYNC)}
-        table_good = table_sync | {c.replica.cluster for c in plan.in_state(ReplicaState.GOOD_ASYNC)}
+        table_sync = {c.replica.cluster for c in plan.in_state(ReplicaStanding.GOOD_SYNC)}
+        table_good = table_sync | {c.replica.cluster for c in plan.in_state(ReplicaStanding.GOOD_ASYNC)}
         good = table_good if good is None else good & table_good
         good_sync = table_sync if good_sync is None else good_sync & table_sync
     return {cluster: 2 if cluster in (good_sync or set()) else 1 for cluster in good or set()}
@@ -421,8 +424,8 @@ def _rank(plan: _Plan, priorities: Mapping[str, int], preferred: frozenset[str])
     > good async (1) > a cluster not good for the whole collocation (0); ties by cluster name. The
     number of sync slots is the one the count steps settled on; bad replicas take no part.
     """
-    sync = plan.in_state(ReplicaState.GOOD_SYNC)
-    spare = plan.in_state(ReplicaState.GOOD_ASYNC)
+    sync = plan.in_state(ReplicaStanding.GOOD_SYNC)
+    spare = plan.in_state(ReplicaStanding.GOOD_ASYNC)
     if not sync or not spare:
         return
 
@@ -432,10 +435,10 @@ def _rank(plan: _Plan, priorities: Mapping[str, int], preferred: frozenset[str])
 
     ranked = sorted(
         sync + spare,
-        key=lambda c: (-score(c), c.replica.cluster, c.state is not ReplicaState.GOOD_SYNC, c.replica.replica_id),
+        key=lambda c: (-score(c), c.replica.cluster, c.state is not ReplicaStanding.GOOD_SYNC, c.replica.replica_id),
     )
     winners, losers = ranked[: len(sync)], ranked[len(sync) :]
-    promoted = [c for c in winners if c.state is ReplicaState.GOOD_ASYNC]
+    promoted = [c for c in winners if c.state is ReplicaStanding.GOOD_ASYNC]
     if not promoted:
         return
     new_clusters = ", ".join(sorted({c.replica.cluster for c in promoted}))
@@ -444,7 +447,7 @@ def _rank(plan: _Plan, priorities: Mapping[str, int], preferred: frozenset[str])
     else:
         basis = f"collocation {plan.table.collocation_id} keeps its sync replicas together"
     for c in promoted:
-        c.move(ReplicaState.GOOD_SYNC, f"cluster {c.replica.cluster} ranks higher ({basis})")
+        c.move(ReplicaStanding.GOOD_SYNC, f"cluster {c.replica.cluster} ranks higher ({basis})")
     for c in losers:
-        if c.state is ReplicaState.GOOD_SYNC:
-            c.move(ReplicaState.GOOD_ASYNC, f"sync moves to cluster {new_clusters} ({basis})")
+        if c.state is ReplicaStanding.GOOD_SYNC:
+            c.move(ReplicaStanding.GOOD_ASYNC, f"sync moves to cluster {new_clusters} ({basis})")

@@ -1,10 +1,10 @@
-"""The tracker loop around the pure decision of ``tracker.py``: probe, read, decide, act, report.
+"""The tracker loop around the pure decision of ``decision.py``: probe, read, decide, act, report.
 
 One check: probe every TableCluster's engine with a short timeout (a read-only cluster counts as
 unhealthy), read ``@replicas`` of every tracked ReplicatedTable from its meta-cluster (and whether
 each replica table exists and is mounted), let ``TrackerState``/``decide`` pick the sync replicas,
 send ``alter_table_replica`` for the replicas whose mode changes, and remember the decision and its
-reason per table for the table's status. Only the active operator runs checks (see handlers.py).
+reason per table for the table's status. Only the active operator runs checks (see ``handlers.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from typing import Any
 import httpx
 
 from reptables.engine.errors import YtError
+from reptables.engine.replica_types import ReplicaMode, ReplicaState
+from reptables.engine.tablets import TabletState
 
-from . import tracker as tk
-from .metrics import MODE_SWITCHES, TRACKER_CHECKS
-from .world import Resource, World, describe_error
+from ..controllers.world import Resource, World, describe_error
+from ..metrics import MODE_SWITCHES, TRACKER_CHECKS
+from ..models import Atomicity
+from . import decision as tk
 
 log = logging.getLogger("reptables.operator.tracker")
 
@@ -76,12 +79,12 @@ class TrackerLoop:
         by_id = {t.table_id: owners[t.table_id] for t in tables}
         # promotions first: demoting the dead sync replica before its successor is promoted would
         # leave a moment with no sync replica at all (writes would get "no synchronous replicas")
-        ordered = sorted(decision.changes, key=lambda c: c.new_mode is not tk.ReplicaMode.SYNC)
+        ordered = sorted(decision.changes, key=lambda c: c.new_mode is not ReplicaMode.SYNC)
         for change in ordered:
             owner = by_id[change.table_id]
             try:
-                self.world.engines.client(owner.spec.cluster).call(
-                    "alter_table_replica", {"replica_id": change.replica_id, "mode": change.new_mode.value})
+                self.world.engines.client(owner.spec.cluster).alter_table_replica(change.replica_id,
+                                                                                  mode=change.new_mode)
             except YtError as exc:
                 log.warning("tracker could not switch replica", extra={
                     "table": owner.display, "replica_id": change.replica_id, "error": describe_error(exc)})
@@ -165,10 +168,11 @@ class TrackerLoop:
             if clusters.get(r["cluster_name"], tk.ClusterHealth(False)).healthy:
                 exists = self._replica_table_mounted(r["cluster_name"], r["replica_path"])
             out.append(tk.TrackedReplica(
-                replica_id=str(replica_id), cluster=r["cluster_name"], mode=tk.ReplicaMode(r["mode"]),
-                enabled=r["state"] == "enabled", tracker_enabled=bool(r["replicated_table_tracker_enabled"])
+                replica_id=str(replica_id), cluster=r["cluster_name"], mode=ReplicaMode(r["mode"]),
+                enabled=r["state"] == ReplicaState.ENABLED,
+                tracker_enabled=bool(r["replicated_table_tracker_enabled"])
                 # a non-atomic replica can only be asynchronous: the tracker leaves it alone
-                and r.get("atomicity", "full") == "full",
+                and r.get("atomicity", Atomicity.FULL) == Atomicity.FULL,
                 lag=None if r.get("errors") else float(r.get("replication_lag_time", 0)) / 1000.0,
                 table_exists=exists))
         return out
@@ -176,7 +180,8 @@ class TrackerLoop:
     def _replica_table_mounted(self, cluster: str, path: str) -> bool:
         try:
             client = self.world.engines.client(cluster)
-            return bool(client.exists(path)) and client.get(f"{path}/@tablet_state") in ("mounted", "frozen")
+            return bool(client.exists(path)) and \
+                client.get(f"{path}/@tablet_state") in (TabletState.MOUNTED, TabletState.FROZEN)
         except Exception:  # noqa: BLE001 - any failure to see the table makes the replica bad
             return False
 

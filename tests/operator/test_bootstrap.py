@@ -24,10 +24,11 @@ import pytest
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.process import start_all
-from reptables.operator.bootstrap import JobSpec, JobState, LocalLauncher
-from reptables.operator.reconcile import ORDER, reconcile
+from reptables.operator.controllers.dispatch import ORDER, reconcile
+from reptables.operator.controllers.world import Engines, Event, Resource
+from reptables.operator.jobs.launcher import JobSpec, JobState
+from reptables.operator.jobs.processes import LocalLauncher
 from reptables.operator.registry import CredentialPolicy, Registry
-from reptables.operator.world import Engines, Event, Resource
 from tests.harness import EngineProcess
 
 API = "reptables.io/v1alpha1"

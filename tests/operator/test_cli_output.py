@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from reptables.engine.process import free_port
-from reptables.operator.local import LocalRunner
-from reptables.operator.local_state import STATE_FILE, write_private
+from reptables.operator.local.runner import LocalRunner
+from reptables.operator.local.state import STATE_FILE, write_private
 from reptables.operator.terminal import display
 
 BIN = Path(sys.executable).parent

@@ -15,9 +15,9 @@ import pytest
 
 from reptables.engine.errors import YtError
 from reptables.engine.process import start_all
-from reptables.operator.reconcile import reconcile
+from reptables.operator.controllers.dispatch import reconcile
+from reptables.operator.controllers.world import Engines, Resource
 from reptables.operator.registry import CredentialPolicy, Registry
-from reptables.operator.world import Engines, Resource
 from tests.harness import EngineProcess
 from tests.operator.test_bootstrap import OPS, Operator, cluster, condition, replica, secret, table
 

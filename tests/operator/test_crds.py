@@ -19,7 +19,6 @@ import celpy
 import pytest
 import yaml
 
-from reptables.operator import crdgen
 from reptables.operator.models import (
     API_VERSION,
     GROUP,
@@ -35,6 +34,7 @@ from reptables.operator.models import (
     TableCluster,
     TableCollocation,
     TableReplica,
+    crdgen,
     format_duration,
     parse_duration,
     parse_resource,

@@ -22,10 +22,10 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
-from reptables.operator.directory import desired_directory, needed_clusters, sync_directory
-from reptables.operator.reconcile_clusters import reconcile_table_cluster
+from reptables.operator.controllers.clusters import reconcile_table_cluster
+from reptables.operator.controllers.directory import desired_directory, needed_clusters, sync_directory
+from reptables.operator.controllers.world import Engines
 from reptables.operator.registry import CredentialPolicy, Registry
-from reptables.operator.world import Engines
 from tests.harness import EngineProcess
 from tests.operator.rogue import Recorder
 
@@ -264,7 +264,7 @@ def test_a_directory_written_out_of_band_is_put_back(clusters: Clusters) -> None
 
 def test_reptables_up_uses_an_unlabelled_secret_of_its_own_files_with_a_warning(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from reptables.operator.local import LocalRunner
+    from reptables.operator.local.runner import LocalRunner
 
     runner = LocalRunner([secret("a-token", b"token-a", namespace="anywhere", labels=None),
                           cluster("a", "http://127.0.0.1:1", "a-token", namespace="anywhere")], tmp_path)

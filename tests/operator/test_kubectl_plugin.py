@@ -24,7 +24,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from reptables.operator import statusview
+from reptables.operator.kubectl import statusview
 from tests.k8s.emulator import K8sApi
 
 PLUGIN = Path(sys.executable).with_name("kubectl-reptables")

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from reptables.engine.process import free_port
-from reptables.operator.local_state import make_private_dir
+from reptables.operator.local.state import make_private_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BIN = Path(sys.executable).parent
@@ -339,7 +339,7 @@ def test_a_data_directory_open_to_others_is_made_private_with_a_notice(tmp_path:
 
 def test_reptables_up_tightens_its_data_directory_and_says_so(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from reptables.operator.local import LocalRunner
+    from reptables.operator.local.runner import LocalRunner
 
     data = tmp_path / "local"
     data.mkdir(mode=0o755)

@@ -22,10 +22,13 @@ import pytest
 from typer.testing import CliRunner
 
 from reptables.engine.schema import ColumnType
-from reptables.operator import crdgen, models, reconcile, tracking
+from reptables.operator import models
+from reptables.operator.controllers import dispatch as reconcile
+from reptables.operator.controllers.world import Resource
+from reptables.operator.models import crdgen
 from reptables.operator.runtime import ModeSwitch, Runtime
 from reptables.operator.settings import OperatorSettings
-from reptables.operator.world import Resource
+from reptables.operator.tracker import loop as tracking
 
 OPERATOR_DIR = Path(__file__).resolve().parents[2] / "operator"
 
@@ -128,9 +131,9 @@ def test_importing_the_handlers_builds_nothing_and_reads_no_environment() -> Non
         import kopf
         import reptables.operator.handlers as handlers
         from reptables.operator.runtime import Runtime
-        from reptables.operator.world import Engines
+        from reptables.operator.controllers.world import Engines
         from reptables.operator.registry import Registry
-        from reptables.operator.tracking import TrackerLoop
+        from reptables.operator.tracker.loop import TrackerLoop
         built = [n for n, v in vars(handlers).items() if isinstance(v, (Runtime, Engines, Registry, TrackerLoop))]
         assert not built, built
         assert not kopf.get_default_registry()._spawning.get_all_handlers(), "timers are registered at startup"
@@ -185,8 +188,9 @@ def test_plain_kopf_run_resolves_the_settings_from_the_environment_at_startup() 
 def test_the_core_and_the_local_runner_never_load_kopf() -> None:
     result = _python("""
         import sys
-        import reptables.operator.cli, reptables.operator.crdgen, reptables.operator.local
-        import reptables.operator.reconcile, reptables.operator.runtime, reptables.operator.settings
+        import reptables.operator.cli, reptables.operator.models.crdgen, reptables.operator.local.runner
+        import reptables.operator.controllers.dispatch, reptables.operator.runtime, reptables.operator.settings
+        import reptables.operator.local.tour, reptables.operator.kubectl.statusview
         loaded = [m for m in ("kopf", "reptables.operator.handlers") if m in sys.modules]
         assert not loaded, loaded
         print("ok")
@@ -223,7 +227,7 @@ def test_column_types_are_the_engines() -> None:
 
 def test_imports_inside_the_operator_are_relative() -> None:
     absolute = []
-    for path in sorted(OPERATOR_DIR.glob("*.py")):
+    for path in sorted(OPERATOR_DIR.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and \
                     (node.module or "").startswith("reptables.operator"):
@@ -234,8 +238,8 @@ def test_imports_inside_the_operator_are_relative() -> None:
 
 
 def test_operator_modules_stay_readable() -> None:
-    sizes = {path.name: len(path.read_text().splitlines()) for path in OPERATOR_DIR.glob("*.py")}
+    modules = {str(path.relative_to(OPERATOR_DIR)): path for path in OPERATOR_DIR.rglob("*.py")}
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
     assert not {name: n for name, n in sizes.items() if n > 600}, sizes
-    undocumented = [path.name for path in OPERATOR_DIR.glob("*.py") if ast.get_docstring(ast.parse(path.read_text()))
-                    is None]
+    undocumented = [name for name, path in modules.items() if ast.get_docstring(ast.parse(path.read_text())) is None]
     assert not undocumented, f"modules without a docstring: {undocumented}"

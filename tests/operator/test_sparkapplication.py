@@ -31,9 +31,9 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.process import start_all
-from reptables.operator.bootstrap import JobSpec, JobState, LaunchError, Owner
+from reptables.operator.jobs.launcher import JobSpec, JobState, LaunchError, Owner
+from reptables.operator.jobs.spark_applications import SECRET_DIR, USER_AGENT, SparkApplicationLauncher, app_name
 from reptables.operator.settings import SparkJobSettings
-from reptables.operator.sparkapp import SECRET_DIR, USER_AGENT, SparkApplicationLauncher, app_name
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.k8s.spark_operator import SparkOperatorStandIn

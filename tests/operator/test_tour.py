@@ -1,7 +1,7 @@
 """The README's first command, run in CI: the tour of examples/quickstart exits 0 and shows each step.
 
 The tour is what a newcomer sees first (``bash hack/up.sh``), so it is run exactly as that command
-runs it — ``python -m reptables.operator.tour``, real engines, the official ``yt`` CLI, local Spark —
+runs it — ``python -m reptables.operator.local.tour``, real engines, the official ``yt`` CLI, local Spark —
 only on free ports and in a temporary data directory. Each assertion is a line the tour promises
 the reader: the rows on every replica, the sync replica moving off the killed cluster while writes
 continue, the bootstrap of a replica added after the queue was trimmed, and the seed's queue check.
@@ -33,7 +33,7 @@ def _processes_using(data_dir: Path) -> list[str]:
 @pytest.mark.timeout(420)
 def test_the_tour_shows_every_step_and_exits_0(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "reptables.operator.tour", "--free-ports", "--data-dir", str(tmp_path / "tour")],
+        [sys.executable, "-m", "reptables.operator.local.tour", "--free-ports", "--data-dir", str(tmp_path / "tour")],
         capture_output=True, text=True, timeout=400)
     out = result.stdout
     assert result.returncode == 0, out[-5000:] + result.stderr[-3000:]
@@ -85,7 +85,7 @@ def test_the_tour_names_the_step_that_failed(tmp_path: Path) -> None:
     (partial / "tablereplicas.yaml").write_text(
         "\n---\n".join(d for d in (manifests / "tablereplicas.yaml").read_text().split("\n---\n") if "audit" not in d))
     result = subprocess.run(
-        [sys.executable, "-m", "reptables.operator.tour", "--free-ports", "--data-dir", str(tmp_path / "tour"),
+        [sys.executable, "-m", "reptables.operator.local.tour", "--free-ports", "--data-dir", str(tmp_path / "tour"),
          "--manifests", str(partial)],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from reptables.operator.tracker import (
+from reptables.operator.tracker.decision import (
     ClusterHealth,
     Decision,
     ModeChange,

@@ -1,7 +1,7 @@
 """A cluster added to an XdcrGroup that holds data joins from a snapshot, run by the operator (seed 001).
 
 kopf runs as a real process against the Kubernetes API emulator, with real engines, and runs its
-jobs with a :class:`~reptables.operator.bootstrap.LocalLauncher` (real local Spark): this module,
+jobs with a :class:`~reptables.operator.jobs.processes.LocalLauncher` (real local Spark): this module,
 run as ``__main__``, is that operator — ``reptables operator`` with the launcher ``reptables up``
 uses instead of SparkApplications. Two members, ``chicago`` and ``sf``, hold rows (with deletes) and
 have trimmed their change logs (``change_retention`` set through the engines); then ``nyc`` is added
@@ -204,8 +204,8 @@ def test_the_api_server_refuses_a_preferred_source_that_is_not_a_member(env: Env
 def test_a_cluster_joining_again_after_a_reset_gets_jobs_of_its_own() -> None:
     # a launcher starts a name once and answers a name it started before with that job: a second
     # join of nyc to the table (it left and was reset since) must not be answered with the first's
-    from reptables.operator.reconcile_xdcr_join import _job_name
-    from reptables.operator.world import Resource
+    from reptables.operator.controllers.world import Resource
+    from reptables.operator.controllers.xdcr_join import _job_name
 
     group = Resource("XdcrGroup", NS, "users", "uid-users", 1, "", None, {})
     first, again = (_job_name(group, "nyc", USERS, join_round, 1) for join_round in (1, 2))
@@ -220,7 +220,7 @@ def _run_operator(jobs_dir: str, liveness: str) -> None:
 
     from reptables.engine import logs
     from reptables.operator import handlers
-    from reptables.operator.bootstrap import LocalLauncher
+    from reptables.operator.jobs.processes import LocalLauncher
     from reptables.operator.registry import CredentialPolicy
     from reptables.operator.runtime import Runtime
     from reptables.operator.settings import OperatorSettings
