@@ -22,6 +22,7 @@ COPY engine/ engine/
 COPY operator/ operator/
 COPY sparkapps/ sparkapps/
 COPY cache/ cache/
+COPY testing/ testing/
 RUN python -m venv /opt/reptables \
  && /opt/reptables/bin/pip install --upgrade pip \
  && /opt/reptables/bin/pip install /src \
