@@ -14,7 +14,7 @@ Spark start-up (session creation) is reported separately and is in none of the t
 The verify job's comparison of the copy with its source at T (1,000,000 rows on each side; target:
 under 30 s) is timed after the copy.
 Three engines (meta, source, target) on loopback in their own sessions, stopped by pid
-(``benchmarks/_clusters.py``). ``--json out.json`` writes the figures.
+(``reptables.testing.EngineSet``). ``--json out.json`` writes the figures.
 
     .venv/bin/python benchmarks/bootstrap_bench.py --rows 1000000 --json out.json
 """
@@ -30,18 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _clusters import EngineSet, wait_until  # noqa: E402
-
-from reptables.engine.credentials import peer_credential  # noqa: E402
-from reptables.engine.httpconn import ConnectionPool, dumps_json  # noqa: E402
-from reptables.sparkapps.bootstrap import copy, resolve  # noqa: E402
-from reptables.sparkapps.options import SourceOptions  # noqa: E402
-from reptables.sparkapps.reader import ReptablesReader, plan_partitions  # noqa: E402
-from reptables.sparkapps.schema_mapping import spark_schema  # noqa: E402
-from reptables.sparkapps.tables import TableInfo  # noqa: E402
-from reptables.sparkapps.verify import verify  # noqa: E402
+from reptables.engine.credentials import peer_credential
+from reptables.engine.httpconn import ConnectionPool, dumps_json
+from reptables.sparkapps.bootstrap import copy, resolve
+from reptables.sparkapps.options import SourceOptions
+from reptables.sparkapps.reader import ReptablesReader, plan_partitions
+from reptables.sparkapps.schema_mapping import spark_schema
+from reptables.sparkapps.tables import TableInfo
+from reptables.sparkapps.verify import verify
+from reptables.testing import EngineSet, wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "d", "type": "double"}]
@@ -56,12 +53,12 @@ def log(text: str) -> None:
 def load(es: EngineSet, rows: int) -> tuple[str, str]:
     """The replicated table with ``rows`` rows, replicated to ``source`` and trimmed: (source replica id, path)."""
     es.replicated_table(TABLE, SCHEMA, attributes={"min_replication_log_ttl": 0})
-    source = es.replica(TABLE, "source", "//tmp/source", SCHEMA)
+    source = es.replica(TABLE, "source", "//tmp/source", schema=SCHEMA)
     batch = 10_000
     for start in range(0, rows, batch):
         es.meta.insert_rows(TABLE, [{"k": k, "v": f"value-{k:012d}", "d": k * 0.5}
                                     for k in range(start, min(rows, start + batch))], require_sync_replica=False)
-    wait_until(lambda: es.meta.get(f"{TABLE}/@tablets")[0]["trimmed_row_count"] >= rows, 600, "replicated, trimmed")
+    wait_for(lambda: es.meta.get(f"{TABLE}/@tablets")[0]["trimmed_row_count"] >= rows, 600, "replicated, trimmed")
     return source, "//tmp/source"
 
 
@@ -104,11 +101,12 @@ def main() -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     results: dict[str, Any] = {"rows": args.rows, "partitions": args.partitions, "chunk_rows": args.chunk_rows,
                                "load_average_before": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="reptables-boot-") as tmp, EngineSet(Path(tmp), NAMES) as es:
+    with tempfile.TemporaryDirectory(prefix="reptables-boot-") as tmp, \
+            EngineSet(Path(tmp), NAMES, log_level="warning", client_timeout=300.0, start_timeout=60.0) as es:
         log(f"engines {es.pids()}; loading {args.rows:,} rows")
         source, source_path = load(es, args.rows)
         ts = es.meta.generate_timestamp()
-        wait_until(lambda: source in es.in_sync_replicas(TABLE), 120, "source in sync")
+        wait_for(lambda: source in es.in_sync(TABLE), 120, "source in sync")
         source_cred = peer_credential(es.engines["source"].read_token(), "meta")
         target_cred = peer_credential(es.engines["target"].read_token(), "meta")
 

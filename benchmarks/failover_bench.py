@@ -2,7 +2,7 @@
 
 What. Three reptables engines on free loopback ports ("primary" holds the replicated table,
 "remote-0" and "remote-1" one replica each), built from manifests generated here and run by the
-local runner (``reptables up``'s :class:`~reptables.operator.local.LocalRunner`): the same reconcile
+local runner (``reptables up``'s :class:`~reptables.operator.local.runner.LocalRunner`): the same reconcile
 core and the same replicated-table tracker the operator runs, at the tracker's default settings
 (``TrackerLoop`` with ``CHECK_PERIOD``/``PROBE_TIMEOUT`` and a default ``TrackerState``). The table
 keeps exactly one sync replica (``min = max = 1``, no preferred cluster). Each trial SIGKILLs the
@@ -97,16 +97,11 @@ from typing import Any, TextIO
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine
-from reptables.operator import tracker as tk
-from reptables.operator import tracking
-
-try:
-    from benchmarks._clusters import wait_until
-except ImportError:  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks._clusters import wait_until
-from reptables.operator.local import LocalRunner
-from reptables.operator.world import World
+from reptables.operator.controllers.world import World
+from reptables.operator.local.runner import LocalRunner
+from reptables.operator.tracker import decision as tk
+from reptables.operator.tracker import loop as tracking
+from reptables.testing import wait_for
 
 TARGET_WINDOW_P50_S = 3.0
 NAMESPACE = "default"
@@ -593,7 +588,7 @@ class Bench:
 
     def settle(self) -> tuple[str, float]:
         started = time.monotonic()
-        sync = wait_until(lambda: self.settled(started), self.cfg.settle_timeout_s,
+        sync = wait_for(lambda: self.settled(started), self.cfg.settle_timeout_s,
                         "both replicas enabled, caught up and a sync replica chosen")
         # writes need the sync replica in sync (not catching up): one probe write, retried
         self.write_probe()
@@ -607,7 +602,7 @@ class Bench:
             self.acked.append(key)
             return True
 
-        wait_until(attempt, self.cfg.settle_timeout_s, "a write with require_sync_replica", interval=0.1)
+        wait_for(attempt, self.cfg.settle_timeout_s, "a write with require_sync_replica", interval=0.1)
 
     # -- one trial
 
@@ -622,7 +617,7 @@ class Bench:
         self.writer = writer
         writer.start()
         try:
-            wait_until(lambda: writer.successes() > 0, 30, "a first successful commit before the kill")
+            wait_for(lambda: writer.successes() > 0, 30, "a first successful commit before the kill")
             time.sleep(self.cfg.warmup_s + self.rng.uniform(0, tracking.CHECK_PERIOD))
             proc = self.runner.processes[sync_cluster]
             kill_wall = time.time()
@@ -638,7 +633,7 @@ class Bench:
                 return ok_after and shown
 
             try:
-                wait_until(recovered, self.cfg.recovery_timeout_s, "a commit and the status after the kill")
+                wait_for(recovered, self.cfg.recovery_timeout_s, "a commit and the status after the kill")
                 time.sleep(self.cfg.after_s)
             except TimeoutError as exc:
                 result.problem = str(exc)
@@ -841,7 +836,8 @@ def summarise(trials: list[Trial]) -> dict[str, Any]:
 def analysis(trials: list[Trial], summary: dict[str, Any], reconcile: dict[str, Any],
              retry_pause: float) -> list[str]:
     """Where the window's time goes, with the code (file:line) that sets each part."""
-    from reptables.operator import local, reconcile_replicas
+    from reptables.operator.controllers import replicas as reconcile_replicas
+    from reptables.operator.local import runner as local
 
     ph = summary["phase_p50_s"]
     if summary["window_p50_s"] is None or ph["to_first_check"] is None:

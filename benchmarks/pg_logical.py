@@ -107,6 +107,8 @@ try:
 except ImportError:  # reported by _require_psycopg() with the install line
     psycopg = None  # type: ignore[assignment]
 
+from reptables.testing import wait_for
+
 if TYPE_CHECKING:
     from psycopg import Connection
 
@@ -122,7 +124,6 @@ STOP_TIMEOUT_S = 60.0
 SETUP_TIMEOUT_S = 120.0  # subscriptions streaming + initial sync done
 REPLICATION_TIMEOUT_S = 600.0  # bound of the wait for the subscribers to have every row
 LATENCY_TIMEOUT_S = 1800.0  # bound of the whole latency sample loop
-POLL_INTERVAL_S = 0.05
 SAMPLE_STATEMENT_TIMEOUT_MS = 60_000
 LATENCY_WARMUP = 5
 MAX_SOCKET_PATH = 90  # unix socket paths are limited to ~107 bytes, and PostgreSQL appends its file name
@@ -411,19 +412,6 @@ class _Server:
 # -- replication set-up ----------------------------------------------------------------------------
 
 
-def _wait(what: str, check: Any, timeout: float, interval: float = POLL_INTERVAL_S) -> Any:
-    """Call ``check()`` until it returns something truthy; bounded in time (and so in count)."""
-    deadline = time.monotonic() + timeout
-    for _ in range(int(timeout / interval) + 1):
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _create_table(conns: Iterable[Connection[Any]]) -> None:
     for c in conns:
         c.execute(TABLE_DDL)
@@ -449,7 +437,7 @@ def _subscribe(pub: _Server, pub_conn: Connection[Any], subs: list[tuple[Connect
             " WHERE state = 'streaming' AND application_name = ANY(%s)", ([n for _, n in subs],)).fetchone()[0]
         return streaming == len(subs)
 
-    _wait("the subscriptions to finish their initial sync and stream", ready, SETUP_TIMEOUT_S)
+    wait_for(ready, SETUP_TIMEOUT_S, "the subscriptions to finish their initial sync and stream")
 
 
 def _checksum(conn: Connection[Any]) -> tuple[int, str]:
@@ -504,7 +492,7 @@ def run_logical_replication(rows: int = 1_000_000, batch_size: int = 10_000,
                         done_at[i] = None
                 return all(confirmed)
 
-            _wait(f"both subscribers to have {rows:,} rows", replicated, REPLICATION_TIMEOUT_S)
+            wait_for(replicated, REPLICATION_TIMEOUT_S, f"both subscribers to have {rows:,} rows")
             replicated_seconds = max(t for t in done_at if t is not None) - t0
 
             pub_count, pub_sum = _checksum(pub_conn)
@@ -540,7 +528,7 @@ def run_sync_commit_latency(samples: int = 1000, workdir: Path | None = None) ->
                                        (sub_name,)).fetchone()
                 return row[0] if row and row[0] == "sync" else None
 
-            _wait("the subscriber to become the synchronous standby", sync_state, SETUP_TIMEOUT_S)
+            wait_for(sync_state, SETUP_TIMEOUT_S, "the subscriber to become the synchronous standby")
 
             with pub.connect() as writer:  # autocommit: every INSERT is one commit
                 writer.execute(f"SET statement_timeout = {SAMPLE_STATEMENT_TIMEOUT_MS}")
@@ -565,7 +553,7 @@ def run_sync_commit_latency(samples: int = 1000, workdir: Path | None = None) ->
                 n = int(sub_conn.execute("SELECT count(*) FROM t").fetchone()[0])
                 return n if n == total else None
 
-            sub_count = _wait(f"the subscriber to have {total} rows", sub_has_all, SETUP_TIMEOUT_S)
+            sub_count = wait_for(sub_has_all, SETUP_TIMEOUT_S, f"the subscriber to have {total} rows")
 
     ms = [t * 1000.0 for t in times]
     return PgLatencyResult(samples=samples, p50_ms=percentile(ms, 50), p99_ms=percentile(ms, 99),

@@ -62,8 +62,8 @@ reptables scenarios: PostgreSQL has no sync-plus-async mode for logical subscrib
 How it runs
 -----------
 
-Each scenario gets fresh engines (``benchmarks/_clusters.py``: ``python -m reptables.operator.cli
-engine serve --log-level warning`` on free loopback ports, own sessions, stopped by pid); then the
+Each scenario gets fresh engines (``reptables.testing.EngineSet``: ``python -m reptables.engine.cli
+serve --log-level warning`` on free loopback ports, own sessions, stopped by pid); then the
 PostgreSQL servers run (``pg_logical.py``: ``pg_ctl`` on their data dirs). Nothing runs
 concurrently: each system is stopped before the next starts, since the machine has 2 cores that
 every server and the client share. The engines' pids are printed to stderr when they start, so
@@ -99,14 +99,13 @@ import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.errors import ErrorCode, YtError
+from reptables.testing import EngineSet, wait_for
 
 try:
     from benchmarks import pg_logical
-    from benchmarks._clusters import EngineSet, wait_until
 except ImportError:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks import pg_logical
-    from benchmarks._clusters import EngineSet, wait_until
 
 SCHEMA: list[dict[str, Any]] = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},
@@ -124,6 +123,8 @@ RETRY_ATTEMPTS = 6
 RETRY_BACKOFF_S = 0.25  # doubled after every failed attempt: at most 0.25 + 0.5 + 1 + 2 + 4 s of waiting
 RETRIABLE_CODES = {ErrorCode.UNAVAILABLE, ErrorCode.SYNC_REPLICA_NOT_IN_SYNC, ErrorCode.TRANSACTION_LOCK_CONFLICT}
 POLL_INTERVAL_S = 0.05
+#: how long a sync replica may take to be in sync on fresh engines
+IN_SYNC_TIMEOUT_S = 60.0
 VERIFY_CHUNK = 100_000
 LATENCY_WARMUP = 20
 
@@ -287,13 +288,18 @@ class LatencyRun:
 # -- reptables: throughput -------------------------------------------------------------------------
 
 
+def engine_set(base: Path, names: tuple[str, ...] = ("meta", "replica_0", "replica_1")) -> EngineSet:
+    """Fresh engines ``names`` under ``base`` (the first the meta-cluster); a ``with`` block starts and stops them."""
+    return EngineSet(base, names, log_level="warning", client_timeout=300.0, start_timeout=60.0)
+
+
 def _insert_all(es: EngineSet, batches: list[list[Row]], threads: int, retries: Retries,
                 timeout: float) -> tuple[float, float, list[float]]:
     """Insert every batch from ``threads`` client threads (round robin).
 
     Returns (perf_counter at the start, seconds until the last insert returned, every batch's seconds).
     """
-    clients = [es.engines[es.meta_name].client() for _ in range(threads)]
+    clients = [es.engines[es.meta_name].client(es.client_timeout) for _ in range(threads)]
     times: list[list[float]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(threads + 1)
@@ -363,13 +369,14 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
     """One scenario on fresh engines: meta + 2 replicas (``replica_0`` sync if ``sync_replica``)."""
     scenario = "1 sync + 1 async" if sync_replica else "2 async"
     base.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="reptables-repl-", dir=base) as tmp, EngineSet(Path(tmp)) as es:
+    with tempfile.TemporaryDirectory(prefix="reptables-repl-", dir=base) as tmp, engine_set(Path(tmp)) as es:
         log(f"      engines {es.pids()}")
         es.replicated_table(TABLE, SCHEMA)
         modes = {"replica_0": "sync" if sync_replica else "async", "replica_1": "async"}
-        ids = {cluster: es.replica(TABLE, cluster, REPLICA_TABLE, SCHEMA, mode=mode) for cluster, mode in modes.items()}
+        ids = {cluster: es.replica(TABLE, cluster, REPLICA_TABLE, mode=mode, schema=SCHEMA)
+               for cluster, mode in modes.items()}
         if sync_replica:
-            es.wait_in_sync(TABLE, ids["replica_0"])
+            es.wait_in_sync(ids["replica_0"], IN_SYNC_TIMEOUT_S)
         meta_url, meta_token = es.engines[es.meta_name].url, es.engines[es.meta_name].read_token()
         before = engine_command_stats(meta_url, "insert_rows", meta_token)
         retries = Retries()
@@ -400,7 +407,7 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
                     done_at.pop(cluster)
             return len(confirmed) == len(ids)
 
-        wait_until(replicated, timeout, f"both replicas to have {rows:,} rows", POLL_INTERVAL_S)
+        wait_for(replicated, timeout, f"both replicas to have {rows:,} rows", interval=POLL_INTERVAL_S)
         checks = [ReplicaCheck(cluster, modes[cluster], ids[cluster], done_at[cluster] - t0) for cluster in ids]
         replicated_seconds = max(c.replicated_seconds for c in checks)
         for check in checks:
@@ -423,11 +430,11 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
     """Sequential single-row commits on a meta with one sync replica (two fresh engines)."""
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="reptables-lat-", dir=base) as tmp, \
-            EngineSet(Path(tmp), names=("meta", "replica_0")) as es:
+            engine_set(Path(tmp), ("meta", "replica_0")) as es:
         log(f"      engines {es.pids()}")
         es.replicated_table(TABLE, SCHEMA)
-        replica_id = es.replica(TABLE, "replica_0", REPLICA_TABLE, SCHEMA, mode="sync")
-        es.wait_in_sync(TABLE, replica_id)
+        replica_id = es.replica(TABLE, "replica_0", REPLICA_TABLE, mode="sync", schema=SCHEMA)
+        es.wait_in_sync(replica_id, IN_SYNC_TIMEOUT_S)
         retries = Retries()
         meta_url, meta_token = es.engines[es.meta_name].url, es.engines[es.meta_name].read_token()
         client = es.meta

@@ -41,8 +41,8 @@ silently dropped. The targets of the issue, measured in this order:
 A write error stops the benchmark (an engine bug, not noise); answers 105 (unavailable) and 1700
 (row lock conflict) are retried at most 5 times, as yt.wrapper would, and counted.
 
-The engines are started with :class:`reptables.engine.process.LocalEngine` on free loopback ports
-in a temporary directory (each its own process group) and stopped by pid at the end, also on Ctrl-C,
+The engines are started with :class:`reptables.testing.EngineSet` on free loopback ports in a
+temporary directory (each its own process group) and stopped by pid at the end, also on Ctrl-C,
 SIGTERM or an error; every writer and consumer process likewise. Every loop and wait is bounded.
 
     .venv/bin/python benchmarks/xdcr_bench.py --rows 200000    # the run of benchmarks/README.md, ~5 min
@@ -75,10 +75,10 @@ from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.credentials import peer_credential  # noqa: E402
 from reptables.engine.errors import YtError  # noqa: E402
 from reptables.engine.process import LocalEngine  # noqa: E402
+from reptables.testing import EngineProcess, EngineSet  # noqa: E402
 
-#: the two clusters of the group: (name, XDCR cluster id, API token)
-SIDES: tuple[tuple[str, int, str], ...] = (("east", 1, "bench-token-east-0123456789abcdef"),
-                                           ("west", 2, "bench-token-west-0123456789abcdef"))
+#: the two clusters of the group, in the order of their XDCR cluster ids (1, 2)
+SIDES: tuple[str, ...] = ("east", "west")
 SCHEMA: list[dict[str, Any]] = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},
     {"name": "side", "type": "int64"},
@@ -323,31 +323,29 @@ class Group:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.engines = {cid: LocalEngine(name, workdir / name, token=token, log_level="warning",
-                                         extra_args=["--cluster-id", str(cid)]) for name, cid, token in SIDES}
-        self.names = {cid: name for name, cid, _ in SIDES}
-        self.tokens = {cid: token for _, cid, token in SIDES}
+        self.engine_set = EngineSet(workdir, SIDES, cluster_ids=True, log_level="warning", client_timeout=120.0,
+                                    start_timeout=60.0)
+        self.names = dict(enumerate(SIDES, start=1))
+        # by cluster id, once started
+        self.engines: dict[int, EngineProcess] = {}
+        self.tokens: dict[int, str] = {}
         self.clients: dict[int, Client] = {}
         self.children: list[Child] = []
 
     def start(self) -> None:
-        for cid, engine in self.engines.items():
-            engine.start(timeout=60.0)
-            log(f"engine {self.names[cid]} (cluster id {cid}) pid {engine.pid} at {engine.url}")
-            self.clients[cid] = Client(engine.url, self.tokens[cid], timeout=120.0)
-        for cid, client in self.clients.items():
-            # cluster ``name`` calls each peer with the credential minted from the peer's token
-            client.set("//sys/clusters", {self.names[p]: {"proxy_url": e.url,
-                                                          "token": peer_credential(self.tokens[p], self.names[cid])}
-                                          for p, e in self.engines.items()})
+        """Both engines, each with its own token, in each other's ``//sys/clusters`` (not connected yet)."""
+        self.engine_set.start(own_tokens=True)
+        for cid, name in self.names.items():
+            engine = self.engine_set.engines[name]
+            log(f"engine {name} (cluster id {cid}) pid {engine.pid} at {engine.url}")
+            self.engines[cid] = engine
+            self.tokens[cid] = engine.read_token()
+            self.clients[cid] = self.engine_set.client(name)
 
     def stop(self) -> None:
         for child in self.children:
             child.kill()
-        for client in self.clients.values():
-            client.close()
-        for engine in self.engines.values():
-            engine.stop()
+        self.engine_set.stop()
 
     def peer(self, cid: int) -> int:
         return next(p for p in self.engines if p != cid)

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -38,7 +37,7 @@ from reptables.cache import (
 )
 from reptables.cache import tokens as tk
 from reptables.engine.client import Client, LockConflict, YtError
-from tests.harness import EngineProcess, free_port
+from reptables.testing import EngineProcess, EngineSet, free_port, wait_for
 
 REDIS_SERVER = "/usr/bin/redis-server"
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
@@ -48,16 +47,6 @@ KEY = {"k": 1}
 
 def tok(ts: int, seq: int = 0, table: str = "1-2-3-4") -> str:
     return f"{ts:016x}{seq:016x}{table}"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
@@ -366,10 +355,8 @@ def test_a_key_that_is_not_the_tables_key_is_refused(client, cache):
 # -- a replica cluster --------------------------------------------------------------------------------
 
 @pytest.fixture
-def two_clusters(tmp_path: Path) -> Iterator[Any]:
-    from tests.replication.conftest import ClusterSet
-
-    clusters = ClusterSet(tmp_path, names=("primary", "remote_0")).start()
+def two_clusters(tmp_path: Path) -> Iterator[EngineSet]:
+    clusters = EngineSet(tmp_path, names=("primary", "remote_0")).start()
     try:
         yield clusters
     finally:

@@ -16,7 +16,7 @@ import pytest
 import yt.yson as yson
 from yt.common import YtResponseError
 
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SORTED = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 ORDERED = [{"name": "a", "type": "int64"}, {"name": "b", "type": "string", "required": True}]

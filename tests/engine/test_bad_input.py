@@ -22,7 +22,7 @@ import yt.yson as yson
 
 from reptables.engine.errors import ErrorCode
 from reptables.engine.timestamps import COUNTER_BITS, MAX_TIMESTAMP
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 from collections.abc import Iterator
@@ -18,12 +19,13 @@ from reptables.engine.client import (
     LockConflict,
     ResolveError,
     Schema,
+    TabletStateError,
     TransportError,
     YtError,
     compare_tokens,
 )
 from reptables.engine.errors import ErrorCode
-from tests.harness import EngineProcess, free_port
+from reptables.testing import EngineProcess, free_port
 
 TABLE = "//tmp/t"
 
@@ -214,7 +216,7 @@ def test_closed_port_raises_transport_error():
     assert info.value.cause is info.value.__cause__ is not None
 
 
-def test_call_runs_a_command_the_client_has_no_method_for(client):
+def test_call_runs_any_command_by_name_as_the_proxy_describes_it(client):
     mounted_table(client)
     client.call("remount_table", {"path": TABLE})
     assert client.get(f"{TABLE}/@tablet_state") == "mounted"
@@ -358,3 +360,209 @@ def test_compare_tokens_refuses_a_string_that_is_not_an_event_token(bad: str) ->
         compare_tokens(good, bad)
     with pytest.raises(ValueError, match="Invalid event token"):
         compare_tokens(bad, good)
+
+
+# --- every command a typed method ------------------------------------------------------------------
+
+
+def _public_commands() -> dict[str, Any]:
+    """The engine's command table without its aliases (``start_tx`` ... name a command registered first)."""
+    from reptables.engine.api.commands import COMMANDS
+
+    seen: set[Any] = set()
+    out = {}
+    for name, command in COMMANDS.items():
+        if command.handler not in seen:
+            seen.add(command.handler)
+            out[name] = command
+    return out
+
+
+def test_every_public_command_has_a_typed_method_with_the_same_parameters_on_both_clients() -> None:
+    from reptables.engine.client.protocol import _KNOWN_SPECS
+
+    def parameters(method: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+
+    missing, differing, described = [], [], []
+    for name, command in _public_commands().items():
+        sync, aio = getattr(Client, name, None), getattr(AsyncClient, name, None)
+        if sync is None or aio is None:
+            missing.append(name)
+            continue
+        if parameters(sync) != parameters(aio):
+            differing.append(name)
+        spec = _KNOWN_SPECS[name]
+        if (spec.input_type, spec.output_type, spec.volatile) != (command.input_type, command.output_type,
+                                                                 command.is_volatile):
+            described.append(name)
+    assert not missing, f"commands without a typed method: {missing}"
+    assert not differing, f"methods whose parameters differ between Client and AsyncClient: {differing}"
+    assert not described, f"methods sent with another HTTP method or format than the engine's: {described}"
+
+
+# --- replicas -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def replica(client: Client, engine: EngineProcess) -> Iterator[tuple[str, str]]:
+    """A replicated table of the engine with a disabled async replica on the engine itself:
+    (table path, replica id)."""
+    from reptables.engine.credentials import peer_credential
+
+    client.set("//sys/clusters", {engine.cluster_name: {"proxy_url": engine.url,
+                                                        "token": peer_credential(engine.token, engine.cluster_name)}})
+    try:
+        client.create("replicated_table", "//tmp/rt", attributes={"dynamic": True, "schema": SCHEMA})
+        client.mount_table("//tmp/rt")
+        replica_id = client.create("table_replica", attributes={
+            "table_path": "//tmp/rt", "cluster_name": engine.cluster_name, "replica_path": "//tmp/rt_copy"})
+        client.create("table", "//tmp/rt_copy", attributes={"dynamic": True, "schema": SCHEMA,
+                                                            "upstream_replica_id": replica_id})
+        client.mount_table("//tmp/rt_copy")
+        yield "//tmp/rt", replica_id
+    finally:
+        client.set("//sys/clusters", {})
+
+
+def _wait(what: str, check: Any, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}"
+        time.sleep(0.1)
+
+
+def test_alter_table_replica_switches_mode_enables_and_hands_the_mode_to_the_tracker(client, replica):
+    _, replica_id = replica
+    client.alter_table_replica(replica_id, mode="sync")
+    assert client.get(f"#{replica_id}/@mode") == "sync"
+    assert client.get(f"#{replica_id}/@state") == "disabled"
+    client.alter_table_replica(replica_id, enabled=True)
+    _wait("the replica enabled", lambda: client.get(f"#{replica_id}/@state") == "enabled")
+    assert client.get(f"#{replica_id}/@mode") == "sync"
+    client.alter_table_replica(replica_id, enable_replicated_table_tracker=False)
+    assert client.get(f"#{replica_id}/@enable_replicated_table_tracker") is False
+
+
+def test_get_in_sync_replicas_names_an_enabled_replica_that_holds_every_change(client, replica):
+    path, replica_id = replica
+    before = client.generate_timestamp()
+    assert client.get_in_sync_replicas(path, before) == []  # disabled
+    client.alter_table_replica(replica_id, enabled=True, mode="sync")
+    _wait("the replica enabled", lambda: client.get(f"#{replica_id}/@state") == "enabled")
+    client.insert_rows(path, [{"k": 1, "s": "written"}])
+    now = client.generate_timestamp()
+    _wait("the replica in sync", lambda: client.get_in_sync_replicas(path, now) == [replica_id])
+    assert client.get_in_sync_replicas(path, now, keys=[{"k": 1}]) == [replica_id]
+    assert client.lookup_rows("//tmp/rt_copy", [{"k": 1}], column_names=["s"]) == [{"s": "written"}]
+
+
+# --- tables --------------------------------------------------------------------------------------------
+
+
+def test_alter_table_adds_a_value_column_to_a_mounted_table(client):
+    mounted_table(client)
+    client.alter_table(TABLE, schema=[*SCHEMA, {"name": "added", "type": "string"}])
+    assert [c["name"] for c in client.get(f"{TABLE}/@schema")][-1] == "added"
+    client.insert_rows(TABLE, [{"k": 1, "added": "new column"}])
+    assert client.lookup_rows(TABLE, [{"k": 1}], column_names=["added"]) == [{"added": "new column"}]
+
+
+def test_alter_table_sets_the_upstream_replica_of_an_unmounted_table(client):
+    client.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA})
+    client.alter_table(TABLE, upstream_replica_id="1-2-3-4")
+    assert client.get(f"{TABLE}/@upstream_replica_id") == "1-2-3-4"
+
+
+def test_remount_table_keeps_a_mounted_table_mounted_and_refuses_an_unmounted_one(client):
+    mounted_table(client)
+    client.remount_table(TABLE)
+    assert client.get(f"{TABLE}/@tablet_state") == "mounted"
+    client.unmount_table(TABLE, force=True)
+    assert client.get(f"{TABLE}/@tablet_state") == "unmounted"
+    with pytest.raises(TabletStateError):
+        client.remount_table(TABLE)
+
+
+def test_a_non_atomic_transaction_takes_the_clients_start_timestamp_checked_against_the_clock(client):
+    client.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA, "atomicity": "none"})
+    client.mount_table(TABLE)
+    now = client.generate_timestamp()
+    tx = client.start_transaction(atomicity="none", start_timestamp=now)
+    client.insert_rows(TABLE, [{"k": 1, "s": "now"}], transaction_id=tx, atomicity="none")
+    client.commit_transaction(tx)
+    assert client.lookup_rows(TABLE, [{"k": 1}], column_names=["s"]) == [{"s": "now"}]
+    an_hour_ago = now - (3600 << 30)
+    stale = client.start_transaction(atomicity="none", start_timestamp=an_hour_ago)
+    client.insert_rows(TABLE, [{"k": 2}], transaction_id=stale, atomicity="none")
+    with pytest.raises(YtError, match="off limits"):
+        client.commit_transaction(stale)
+
+
+def test_select_rows_past_its_output_row_limit_fails_unless_told_to_return_what_it_has(client):
+    mounted_table(client)
+    client.insert_rows(TABLE, [{"k": i} for i in range(5)])
+    with pytest.raises(YtError) as info:
+        client.select_rows(f"k FROM [{TABLE}]", output_row_limit=2)
+    assert info.value.code == ErrorCode.INVALID_PARAMETER
+    assert len(client.select_rows(f"k FROM [{TABLE}]", output_row_limit=2, fail_on_incomplete_result=False)) == 2
+
+
+# --- XDCR administration --------------------------------------------------------------------------------
+
+
+def test_dr_pause_refuses_client_writes_until_dr_resume(client):
+    mounted_table(client)
+    status = client.dr_status()
+    assert (status["paused"], status["connections"], status["peers"]) == (False, [], {})
+    assert client.dr_pause(wait=False)["paused"] is True
+    try:
+        with pytest.raises(YtError):
+            client.insert_rows(TABLE, [{"k": 1}])
+    finally:
+        assert client.dr_resume()["paused"] is False
+    client.insert_rows(TABLE, [{"k": 1}])
+    assert client.dr_reset()["connections"] == []
+
+
+def test_the_async_client_reports_the_same_dr_status(engine):
+    async def scenario() -> Any:
+        async with AsyncClient(engine.url, token=engine.token) as c:
+            return await c.dr_status()
+
+    with Client(engine.url, token=engine.token) as c:
+        assert asyncio.run(scenario()) == c.dr_status()
+
+
+def test_a_cluster_joins_an_xdcr_table_page_by_page_with_the_typed_join_commands(tmp_path):
+    from reptables.engine.credentials import peer_credential
+    from reptables.engine.process import start_all
+
+    engines = {name: EngineProcess(name, tmp_path / name, extra_args=["--cluster-id", str(i)])
+               for i, name in enumerate(("a", "b"), start=1)}
+    start_all(engines.values())
+    try:
+        with Client(engines["a"].url, engines["a"].token) as a, Client(engines["b"].url, engines["b"].token) as b:
+            for name, c in (("a", a), ("b", b)):
+                c.set("//sys/clusters", {n: {"proxy_url": e.url, "token": peer_credential(e.token, name)}
+                                         for n, e in engines.items()})
+                c.create("table", TABLE, recursive=True, attributes={"dynamic": True, "xdcr": True,
+                                                                     "schema": SCHEMA[:2]})
+                c.mount_table(TABLE)
+            a.insert_rows(TABLE, [{"k": i, "u": i} for i in range(120)])
+            a.set("//sys/@xdcr_connections", ["b"])
+            b.set("//sys/@xdcr_connections", ["a"])
+            begun = b.dr_join_begin(TABLE, source="a", page_rows=50)
+            assert (begun["source"], begun["pages"], begun["rows"]) == ("a", 3, 120)
+            assert b.dr_status()["joining"][TABLE]["missing_pages"] == [0, 1, 2]
+            for page in begun["missing_pages"]:
+                entries = b.dr_join_read(TABLE, page)["entries"]
+                assert b.dr_join_write(TABLE, page, entries)["applied"] is True
+                assert b.dr_join_write(TABLE, page, entries)["applied"] is False  # loaded once
+            assert b.dr_join_finish(TABLE)["joined"] is True
+            assert TABLE not in b.dr_status()["joining"]
+            assert b.select_rows(f"k, u FROM [{TABLE}]", output_row_limit=1000) == \
+                a.select_rows(f"k, u FROM [{TABLE}]", output_row_limit=1000)
+    finally:
+        for engine in engines.values():
+            engine.stop()

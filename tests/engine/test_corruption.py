@@ -24,7 +24,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.node import Cluster
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 TABLE = "//tmp/t"

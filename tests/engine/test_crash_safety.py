@@ -15,7 +15,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"},
           {"name": "batch", "type": "int64"}, {"name": "v", "type": "string"}]

@@ -25,7 +25,7 @@ from reptables.engine import yson_util
 from reptables.engine.errors import ErrorCode
 from reptables.engine.peers import Peers, parse_directory
 from reptables.engine.peers.directory import NoCredential
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SECRET = "SECRET-token-of-b-0123456789"
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]

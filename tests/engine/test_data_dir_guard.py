@@ -25,7 +25,7 @@ from reptables.engine.client import Client
 from reptables.engine.config import EngineConfig
 from reptables.engine.errors import DataDirError, DataDirInUseError
 from reptables.engine.node import Cluster
-from tests.harness import EngineProcess, free_port
+from reptables.testing import EngineProcess, free_port
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 

@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 from reptables.engine.credentials import peer_credential
-from tests.replication.conftest import wait_for
+from reptables.testing import wait_for
 from tests.xdcr.conftest import SCHEMA, XdcrGroup
 
 PATH = "//tmp/users"
-#: the signature of SCHEMA as an XDCR peer sends it (engine/node/xdcr.py, schema_signature)
+#: the signature of SCHEMA as an XDCR peer sends it (engine/xdcr/settings.py, schema_signature)
 SIGNATURE = [{"name": c["name"], "type": c["type"], "sort_order": c.get("sort_order"), "required": False}
              for c in SCHEMA]
 

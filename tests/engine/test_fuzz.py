@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "d", "type": "double"}]

@@ -46,13 +46,12 @@ from hypothesis import strategies as st
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.process import start_all
+from reptables.testing import EngineProcess, wait_for
 from tests.engine.test_fuzz import FUZZ, _check_answer, _values
-from tests.harness import EngineProcess
-from tests.replication.conftest import wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "n", "type": "int64"}]
-#: the schema as an XDCR peer describes it (``schema_signature`` in engine/node/xdcr.py)
+#: the schema as an XDCR peer describes it (``schema_signature`` in engine/xdcr/settings.py)
 SIGNATURE = [{"name": "k", "type": "int64", "sort_order": "ascending", "required": False},
              {"name": "v", "type": "string", "sort_order": None, "required": False},
              {"name": "n", "type": "int64", "sort_order": None, "required": False}]

@@ -16,7 +16,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import ErrorCode, YtError
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 Row = dict[str, Any]
 

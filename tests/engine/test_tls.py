@@ -37,8 +37,8 @@ from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.httpconn import ConnectionPool, HttpTransportError, client_ssl_context
 from reptables.engine.peers import Peers
 from reptables.engine.peers.directory import ClusterConnection
-from tests.harness import EngineProcess, free_port
-from tests.replication.conftest import SCHEMA, ClusterSet, wait_for
+from reptables.testing import EngineProcess, free_port, wait_for
+from tests.replication.conftest import SCHEMA, ClusterSet
 from tests.test_chart import E2E_VALUES, by_kind, lint, load_values, merged, needs_helm, one, render, schema_validator
 
 HEADER_TIMEOUT = 1.0

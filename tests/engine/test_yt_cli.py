@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 
 @pytest.fixture

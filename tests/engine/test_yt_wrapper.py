@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yt.wrapper as yt
 
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "payload", "type": "any"}]

@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from reptables.engine.credentials import peer_credential
+from reptables.testing import wait_for
 
-from .conftest import SCHEMA, ClusterSet, wait_for
+from .conftest import SCHEMA, ClusterSet
 
 META, REPLICA = "primary", "remote_0"
 _names = itertools.count()

@@ -29,8 +29,8 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
-from tests.harness import EngineProcess
-from tests.replication.conftest import ClusterSet, wait_for
+from reptables.testing import EngineProcess, wait_for
+from tests.replication.conftest import ClusterSet
 
 ORDERED_SCHEMA = [{"name": "k", "type": "int64"}, {"name": "batch", "type": "int64"}, {"name": "v", "type": "string"}]
 ROWS_PER_BATCH = 3

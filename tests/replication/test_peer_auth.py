@@ -23,8 +23,9 @@ from typer.testing import CliRunner
 from reptables.engine.credentials import cell_tag, id_cell_tag, peer_credential
 from reptables.engine.errors import YtError
 from reptables.operator.cli import app as reptables_cli
+from reptables.testing import wait_for
 
-from .conftest import SCHEMA, ClusterSet, wait_for
+from .conftest import SCHEMA, ClusterSet
 
 PRIMARY, REPLICA, ROGUE = "primary", "replica", "rogue"
 _names = itertools.count()

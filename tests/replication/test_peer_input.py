@@ -37,8 +37,9 @@ from reptables.engine.replication.sink import ReplicaSink, read_sink
 from reptables.engine.storage import prepared_table
 from reptables.engine.timestamps import COUNTER_BITS
 from reptables.engine.transactions import make_object_id
+from reptables.testing import wait_for
 
-from .conftest import SCHEMA, ClusterSet, wait_for
+from .conftest import SCHEMA, ClusterSet
 from .test_units import SORTED, FakeHost
 
 IN_DOUBT_TIMEOUT = 2.0

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from reptables.engine.errors import ErrorCode, YtError
-from tests.replication.conftest import SCHEMA, ClusterSet, wait_for
+from reptables.testing import wait_for
+from tests.replication.conftest import SCHEMA, ClusterSet
 
 
 def test_async_replicas_receive_every_row_exactly_once(clusters: ClusterSet) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import yt.yson as yson
 
 from reptables.engine.errors import YtError
-from tests.replication.conftest import SCHEMA, ClusterSet, wait_for
+from reptables.testing import wait_for
+from tests.replication.conftest import SCHEMA, ClusterSet
 
 TABLE, REPLICA = "//tmp/replicated", "//tmp/replica"
 WIDER = SCHEMA + [{"name": "extra", "type": "int64"}]

@@ -18,7 +18,7 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import pytest
 import yt.yson as yson
 
 from reptables.engine.client import Client
-from reptables.engine.errors import YtError
+from reptables.testing import wait_for
 from tests.replication.conftest import ClusterSet
 
 META, FIRST, SECOND = "primary", "remote_0", "remote_1"
@@ -45,23 +45,6 @@ ROW_2 = {"k": 2, "v": 200}
 
 class CliFailure(AssertionError):
     """A `yt` command that should have succeeded failed."""
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll until ``predicate`` returns a true value; an error answer counts as "not yet"."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except (CliFailure, YtError) as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}"
-                                 + (f" (last error: {last_error})" if last_error else ""))
-        time.sleep(0.05)
 
 
 @dataclass

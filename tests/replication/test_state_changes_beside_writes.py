@@ -22,8 +22,9 @@ import pytest
 
 from reptables.engine.client import Client, TransportError
 from reptables.engine.errors import ErrorCode, YtError
+from reptables.testing import wait_for
 
-from .conftest import ClusterSet, wait_for
+from .conftest import ClusterSet
 
 WRITERS = 4
 #: a request that takes longer than this is an engine that stopped answering

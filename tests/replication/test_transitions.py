@@ -33,11 +33,11 @@ import pytest
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
+from reptables.operator.controllers.world import Engines
 from reptables.operator.registry import CredentialPolicy, Registry
-from reptables.operator.world import Engines
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess, wait_for
 from tests.operator.test_bootstrap import OPS, Operator, cluster, condition, replica, secret, table
-from tests.replication.conftest import ClusterSet, wait_for
+from tests.replication.conftest import ClusterSet
 
 TABLE = "//tmp/rt"
 REPLICA = "//tmp/r"

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from reptables.engine.errors import YtError
+from reptables.testing import wait_for
 
-from .conftest import ClusterSet, wait_for
+from .conftest import ClusterSet
 
 PIN_TTL = 8.0
 REPLICA = "remote_0"

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess, WaitTimeout, wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 PATH = "//tmp/orders"
@@ -61,15 +61,20 @@ class Stream:
     def keys(self) -> list[int]:
         return [e["key"]["k"] for e in self.events() if e["kind"] != "heartbeat"]
 
-    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
+    def expect(self, what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+        """Wait (bounded) until ``check()``; fail at once, with its stderr, if the command exits first."""
+        def seen() -> bool:
+            if check():
+                return True
             if self.proc.poll() is not None:
                 self.finish()
                 pytest.fail(f"reptables stream exited with {self.proc.returncode} waiting for {what}:\n{self.stderr}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {what}; stdout {self.events()}, stderr:\n{self.stderr}")
-            time.sleep(0.05)
+            return False
+
+        try:
+            wait_for(seen, timeout, what)
+        except WaitTimeout as exc:
+            pytest.fail(f"{exc}; stdout {self.events()}, stderr:\n{self.stderr}")
 
     def finish(self) -> None:
         """Let the readers take the rest of the output (the process has exited or was killed)."""
@@ -112,7 +117,7 @@ def test_heartbeats_come_at_the_heartbeat_interval_on_an_idle_table(engine: Engi
     create_table(engine)
     stream = Stream(engine, "--heartbeats", "--heartbeat-interval", "0.5")
     streams.append(stream)
-    stream.wait_for("four heartbeats", lambda: len(stream.events("heartbeat")) >= 4)
+    stream.expect("four heartbeats", lambda: len(stream.events("heartbeat")) >= 4)
     arrivals = [at for at, event in stream.lines if event["kind"] == "heartbeat"]
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
     assert max(gaps) < 1.5, gaps  # about every 0.5 s (the default pull waited 30 s)
@@ -124,12 +129,12 @@ def test_an_engine_restart_loses_and_repeats_no_change(engine: EngineProcess, st
     stream = Stream(engine, "--from-timestamp", str(start), "--heartbeat-interval", "1")
     streams.append(stream)
     insert(engine, range(0, 5))
-    stream.wait_for("the first five changes", lambda: len(stream.keys()) >= 5)
+    stream.expect("the first five changes", lambda: len(stream.keys()) >= 5)
     engine.stop()  # a restart: the same port and data directory
-    stream.wait_for("the outage to be reported", lambda: "unavailable" in stream.stderr)
+    stream.expect("the outage to be reported", lambda: "unavailable" in stream.stderr)
     engine.start()
     insert(engine, range(5, 10))
-    stream.wait_for("the changes after the restart", lambda: len(stream.keys()) >= 10)
+    stream.expect("the changes after the restart", lambda: len(stream.keys()) >= 10)
     time.sleep(1.5)  # a pull more: a change printed twice would show now
     assert stream.keys() == list(range(10))
     assert len({e["event_token"] for e in stream.events()}) == 10
@@ -146,7 +151,7 @@ def test_an_engine_gone_for_good_ends_the_stream_after_retry_for(tmp_path: Path,
         stream = Stream(engine, "--from-timestamp", str(start), "--heartbeat-interval", "1", "--retry-for", "2")
         streams.append(stream)
         insert(engine, range(3))
-        stream.wait_for("the changes", lambda: len(stream.keys()) >= 3)
+        stream.expect("the changes", lambda: len(stream.keys()) >= 3)
     finally:
         engine.stop()
     gone = time.monotonic()

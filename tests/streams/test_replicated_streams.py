@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 from reptables.engine.client import Client, token_timestamp
-from tests.replication.conftest import ClusterSet, wait_for
+from reptables.testing import EngineSet, wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 
 
 @pytest.fixture(scope="module")
-def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
-    cs = ClusterSet(tmp_path_factory.mktemp("rstreams"), names=("primary", "remote_0")).start()
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineSet]:
+    cs = EngineSet(tmp_path_factory.mktemp("rstreams"), names=("primary", "remote_0")).start()
     try:
         yield cs
     finally:
@@ -48,7 +48,7 @@ def drain(client: Client, path: str, token: str | None = None, ts: int | None = 
         answer = client.pull_changes(path, from_event_token=answer["event_token"], wait_timeout=0)
 
 
-def replicated(cs: ClusterSet, mode: str = "async") -> tuple[str, str, str]:
+def replicated(cs: EngineSet, mode: str = "async") -> tuple[str, str, str]:
     n = next(_counter)
     path = cs.replicated_table(f"//tmp/r{n}", SCHEMA)
     replica_path = f"//tmp/r{n}_replica"
@@ -56,7 +56,7 @@ def replicated(cs: ClusterSet, mode: str = "async") -> tuple[str, str, str]:
     return path, replica_path, replica_id
 
 
-def test_the_meta_cluster_streams_its_replication_queue(clusters: ClusterSet) -> None:
+def test_the_meta_cluster_streams_its_replication_queue(clusters: EngineSet) -> None:
     path, _, _ = replicated(clusters)
     meta = clusters.meta
     start = meta.generate_timestamp()
@@ -73,7 +73,7 @@ def test_the_meta_cluster_streams_its_replication_queue(clusters: ClusterSet) ->
     assert [e["event_token"] for e in rest] == [e["event_token"] for e in events[2:]]
 
 
-def test_a_replica_streams_what_it_received_with_the_meta_timestamps(clusters: ClusterSet) -> None:
+def test_a_replica_streams_what_it_received_with_the_meta_timestamps(clusters: EngineSet) -> None:
     path, replica_path, _ = replicated(clusters)
     meta, replica = clusters.meta, clusters.client("remote_0")
     start = meta.generate_timestamp()
@@ -96,7 +96,7 @@ def test_a_replica_streams_what_it_received_with_the_meta_timestamps(clusters: C
     assert [e["timestamp"] for e in got] == [e["timestamp"] for e in expected]
 
 
-def test_replica_reads_say_whether_they_are_fresh_enough(clusters: ClusterSet) -> None:
+def test_replica_reads_say_whether_they_are_fresh_enough(clusters: EngineSet) -> None:
     path, replica_path, _ = replicated(clusters)
     meta, replica = clusters.meta, clusters.client("remote_0")
     start = meta.generate_timestamp()
@@ -124,7 +124,7 @@ def test_replica_reads_say_whether_they_are_fresh_enough(clusters: ClusterSet) -
     assert token_timestamp(second["event_token"]) == second["timestamp"]
 
 
-def test_a_replica_stream_during_its_async_catch_up_misses_nothing(clusters: ClusterSet) -> None:
+def test_a_replica_stream_during_its_async_catch_up_misses_nothing(clusters: EngineSet) -> None:
     path, replica_path, replica_id = replicated(clusters)
     meta, replica = clusters.meta, clusters.client("remote_0")
     clusters.alter(replica_id, enabled=False)
@@ -158,7 +158,7 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data[:end].splitlines()]
 
 
-def test_reptables_stream_killed_and_resumed_writes_exactly_the_history(clusters: ClusterSet,
+def test_reptables_stream_killed_and_resumed_writes_exactly_the_history(clusters: EngineSet,
                                                                         tmp_path: Path) -> None:
     engine = clusters.engines["primary"]
     meta = clusters.meta
@@ -202,7 +202,7 @@ def test_reptables_stream_killed_and_resumed_writes_exactly_the_history(clusters
     assert written == 90 and len({e["event_token"] for e in lines}) == len(lines)
 
 
-def test_resharding_a_replicated_table_is_invisible_to_its_stream(clusters: ClusterSet) -> None:
+def test_resharding_a_replicated_table_is_invisible_to_its_stream(clusters: EngineSet) -> None:
     path, _, replica_id = replicated(clusters)
     meta = clusters.meta
     start = meta.generate_timestamp()

@@ -19,7 +19,7 @@ import pytest
 
 from reptables.engine.client import Client, compare_tokens, token_timestamp
 from reptables.engine.errors import YtError
-from tests.harness import EngineProcess
+from reptables.testing import EngineProcess
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "n", "type": "int64"}]

@@ -1,7 +1,10 @@
 """Real engines of one XDCR group (seed 001): each its own --cluster-id, all in each other's directory.
 
-``XdcrGroup`` starts the engines on free loopback ports, publishes ``//sys/clusters`` with the
-peer credentials, and sets ``//sys/@xdcr_connections`` the way an operator does (docs/xdcr.md).
+``XdcrGroup`` is the harness of ``reptables.testing`` (``EngineSet``) with an XDCR group's defaults:
+members ``a`` and ``b``, each its own ``--cluster-id`` (1, 2, ...), ``//sys/clusters`` published with
+the peer credentials; ``connect`` sets ``//sys/@xdcr_connections`` the way an operator does
+(docs/xdcr.md). What is here besides: the module's ``pair``, a group whose change logs are trimmed,
+and writers on every member.
 """
 
 from __future__ import annotations
@@ -9,80 +12,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import pytest
 
 from reptables.engine.client import Client
-from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import LockConflict, YtError
-from reptables.engine.process import start_all
-from tests.harness import EngineProcess
-from tests.replication.conftest import wait_for
+from reptables.testing import USERS_SCHEMA, EngineSet, wait_for
 
 ALL = ("a", "b", "c")
-SCHEMA = [{"name": "id", "type": "int64", "sort_order": "ascending"}, {"name": "name", "type": "string"},
-          {"name": "password", "type": "string"}]
+SCHEMA = USERS_SCHEMA
 
 
 @dataclass
-class XdcrGroup:
-    base: Path
+class XdcrGroup(EngineSet):
+    """An :class:`EngineSet` as an XDCR group: ``a`` and ``b`` unless named, each its own cluster id."""
+
     names: tuple[str, ...] = ("a", "b")
-    engines: dict[str, EngineProcess] = field(default_factory=dict)
-    clients: dict[str, Client] = field(default_factory=dict)
-
-    def start(self) -> XdcrGroup:
-        try:
-            for i, name in enumerate(self.names, start=1):
-                self.engines[name] = EngineProcess(name, self.base / name, extra_args=["--cluster-id", str(i)])
-            start_all(self.engines.values())
-            for name in self.names:
-                directory = {n: {"proxy_url": e.url, "token": peer_credential(e.token, name)}
-                             for n, e in self.engines.items()}
-                self.client(name).set("//sys/clusters", directory)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def client(self, name: str) -> Client:
-        if name not in self.clients:
-            engine = self.engines[name]
-            self.clients[name] = Client(engine.url, engine.token, timeout=60)
-        return self.clients[name]
-
-    def connect(self, names: tuple[str, ...] | None = None) -> None:
-        names = names or self.names
-        for name in names:
-            self.client(name).set("//sys/@xdcr_connections", [n for n in names if n != name])
-
-    def table(self, path: str, schema: list[dict[str, Any]] = SCHEMA, names: tuple[str, ...] | None = None) -> str:
-        for name in names or self.names:
-            self.client(name).create("table", path, attributes={"dynamic": True, "schema": schema, "xdcr": True})
-            self.client(name).mount_table(path)
-        return path
-
-    def rows(self, name: str, path: str) -> list[dict[str, Any]]:
-        return self.client(name).select_rows(f"* from [{path}]", output_row_limit=10_000_000)
-
-    def converged(self, path: str, names: tuple[str, ...] | None = None) -> bool:
-        contents = [self.rows(n, path) for n in names or self.names]
-        return all(c == contents[0] for c in contents)
-
-    def restart(self, name: str, kill: bool = True) -> None:
-        engine = self.engines[name]
-        self.clients.pop(name).close()
-        engine.kill() if kill else engine.stop()
-        engine.start()
-
-    def stop(self) -> None:
-        for client in self.clients.values():
-            client.close()
-        for engine in self.engines.values():
-            engine.stop()
+    cluster_ids: bool = True
+    client_timeout: float = 60.0
 
 
 @pytest.fixture(scope="module")

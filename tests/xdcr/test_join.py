@@ -17,7 +17,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
-from tests.replication.conftest import wait_for
+from reptables.testing import wait_for
 
 from .conftest import ALL, SCHEMA, Writers, XdcrGroup, trimmed_group
 

@@ -25,7 +25,7 @@ import pytest
 
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
-from tests.replication.conftest import wait_for
+from reptables.testing import wait_for
 
 from .conftest import SCHEMA, XdcrGroup
 

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from reptables.engine.errors import LockConflict, YtError
-from tests.harness import EngineProcess
-from tests.replication.conftest import wait_for
+from reptables.testing import EngineProcess, wait_for
 
 from .conftest import SCHEMA, XdcrGroup
 
