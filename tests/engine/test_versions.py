@@ -238,8 +238,8 @@ def test_a_snapshot_lease_holds_compaction_until_it_expires(tmp_path: Path) -> N
         c.rows.insert_rows(PATH, [{"k": 1, "v": "new"}])
         c.snapshots.compact()
         assert c.rows.lookup_rows(PATH, [{"k": 1}], timestamp=old)[0]["v"] == "old"  # held
-        renewed = c.snapshots.lease_snapshot({"path": PATH, "timestamp": old, "seconds": 1.5, "lease_id": lease["lease_id"]},
-                                   None)
+        renewed = c.snapshots.lease_snapshot(
+            {"path": PATH, "timestamp": old, "seconds": 1.5, "lease_id": lease["lease_id"]}, None)
         assert renewed["lease_id"] == lease["lease_id"]
         time.sleep(1.7)  # not renewed again: it expires
         assert c.snapshots.compact() > 0
