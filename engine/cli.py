@@ -73,7 +73,12 @@ def resolve_token(data_dir: Path, token: str | None) -> str:
 @app.command()
 def serve(
     cluster_name: Annotated[str, typer.Option("--cluster-name", help="Name of this table cluster")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", help="Directory for the SQLite database and token")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="Directory for the SQLite database and token (with "
+                                                              "--storage: the token and the engine's own files)")],
+    storage: Annotated[str | None, typer.Option(
+        "--storage", help="The cluster's database instead of SQLite in DATA_DIR: postgresql://USER@HOST:PORT/DB "
+        "(one database per table cluster, docs/storage.md). No password here: $PGPASSWORD, a ~/.pgpass or "
+        "$PGPASSFILE, or the whole URL in $REPTABLES_STORAGE (a mounted Secret)")] = None,
     port: Annotated[int, typer.Option("--port", help="HTTP port")] = 9012,
     host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
     token: Annotated[str | None, typer.Option("--token", help="API token (default: $REPTABLES_TOKEN, or "
@@ -155,7 +160,13 @@ def serve(
         print(problem, file=sys.stderr)
         raise typer.Exit(2)
     try:
-        cluster = Cluster.open(cluster_name, data_dir, config)
+        url = _storage_url(storage)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        raise typer.Exit(2) from None
+    try:
+        cluster = Cluster.open(cluster_name, data_dir, config) if url is None else \
+            Cluster.open_database(cluster_name, url, data_dir, config)
     except DataDirInUseError as exc:
         # another engine serves the directory (its pid in the message); nothing was touched
         print(exc.message, file=sys.stderr)
@@ -200,6 +211,29 @@ def _transport_problem(config: EngineConfig, port: int, metrics_port: int | None
     if metrics_port and metrics_port == port:
         return f"--metrics-port must differ from --port ({port})"
     return None
+
+
+def _storage_url(option: str | None) -> str | None:
+    """The database URL: ``--storage`` (never with a password: a command line is visible to every
+    user of the machine and lands in shell histories), else ``$REPTABLES_STORAGE`` (which may carry
+    one: an environment variable from a Secret); None for SQLite in the data directory."""
+    import sqlalchemy as sa
+
+    url = option if option is not None else os.environ.get("REPTABLES_STORAGE") or None
+    if url is None:
+        return None
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        raise ValueError(f"--storage: {url[:60]!r} is not a database URL (expected postgresql://USER@HOST:PORT/DB)")\
+            from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"--storage: {parsed.get_backend_name()!r} is not a supported database (postgresql://...; "
+                         "SQLite is the default, in --data-dir)")
+    if option is not None and parsed.password is not None:
+        raise ValueError("--storage: the URL carries a password; give it in $PGPASSWORD, a ~/.pgpass or $PGPASSFILE, "
+                         "or the whole URL in $REPTABLES_STORAGE, never on the command line")
+    return url
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

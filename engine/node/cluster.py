@@ -39,7 +39,18 @@ from ..httpconn import client_ssl_context
 from ..metrics import EngineMetrics
 from ..peers import Peers
 from ..replication import ReplicationManager
-from ..storage import DataDir, Storage, meta_table, new_database_id, open_data_dir, read_locks_table, tablets_table
+from ..storage import (
+    DatabaseReservation,
+    DataDir,
+    Storage,
+    meta_table,
+    new_database_id,
+    open_data_dir,
+    open_database,
+    read_locks_table,
+    tablets_table,
+    view_name,
+)
 from ..tablets import DynamicTable, RowWrite, SnapshotLeases
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
@@ -134,8 +145,15 @@ class Cluster:
         self.faults = Faults(config.crash_points, config.delay_points)
         self.storage = storage
         self.cypress = Cypress()
-        reservation = ReservationFile(state_dir / "timestamp.reservation")
-        self.timestamps = TimestampProvider(reservation.read(), reservation.write)
+        # the durable timestamp reservation lives with the data: in the database for PostgreSQL (every
+        # engine that ever serves it continues above it), in the data directory for SQLite
+        self._reservation: DatabaseReservation | None = None
+        if storage.is_postgresql:
+            self._reservation = DatabaseReservation(storage)
+            self.timestamps = TimestampProvider(self._reservation.read(), self._reservation.write)
+        else:
+            reservation = ReservationFile(state_dir / "timestamp.reservation")
+            self.timestamps = TimestampProvider(reservation.read(), reservation.write)
         self.peers = Peers(timeout=config.sync_timeout, ssl_context=client_ssl_context(config.peer_ca_file)
                            if config.peer_ca_file else None)
         #: wakes change-stream pulls waiting for commits (stream_service.py)
@@ -214,6 +232,30 @@ class Cluster:
         directory.mark_running(name, storage.get_meta("database_id") or "")
         return cluster
 
+    @classmethod
+    def open_database(cls, name: str, url: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> Cluster:
+        """The cluster whose state is in the PostgreSQL database at ``url`` (``engine serve --storage``);
+        ``data_dir`` holds only the engine's own files (token, conflict CSVs, snapshot pages) and its
+        lock. A database that is another cluster's, a newer format's or incomplete is refused
+        (``DatabaseRefused``, one line naming it, its password never)."""
+        directory = DataDir(data_dir)
+        directory.prepare_local()
+        try:
+            storage = open_database(url, name, STORAGE_FORMAT)
+            try:
+                cluster = cls(name, storage, data_dir, config)
+            except BaseException:
+                storage.close()
+                raise
+        except BaseException as exc:
+            directory.release()
+            if isinstance(exc, DataDirError):
+                log.error("database refused", extra={"cluster": name, "reason": exc.message})
+            raise
+        cluster.data_dir = directory
+        cluster.xdcr_host.data_dir = data_dir
+        return cluster
+
     def _load(self) -> None:
         with self.storage.write() as conn:
             nodes = self.cypress.load(conn)
@@ -253,12 +295,26 @@ class Cluster:
             raise DataDirError(f"the database of cluster {self.name} lacks the SQL tables of "
                                f"{', '.join(lost[:5])}{' and more' if len(lost) > 5 else ''}",
                                attributes={"tables": lost[:100]})
+        self._ensure_views()
         with self.storage.read() as conn:
             self.replication.load(conn)
         self.reads.refresh_directory()
         held, aborted = self.transactions.recover()
         if held or aborted:
             log.info("recovered prepared transactions", extra={"in_doubt": held, "aborted": aborted})
+
+    def _ensure_views(self) -> None:
+        """Every table has its SQL view (``UserTables.create_view``): the tables of a database made
+        before views existed get theirs at the first start."""
+        with self.storage.read() as conn:
+            present = set(sa.inspect(conn).get_view_names())
+        missing = [n for n in self.tables.all_tables()
+                   if n.table is not None and not n.table.replicated and view_name(n.path) not in present]
+        if missing:
+            with self.storage.write() as conn:
+                for node in missing:
+                    assert node.table is not None
+                    node.table.sql.create_view(conn, node.path)
 
     def _check_cluster_id(self, conn: sa.Connection) -> int | None:
         """The XDCR cluster id: the stored one, or ``--cluster-id`` stored at the first start; a
@@ -311,6 +367,8 @@ class Cluster:
         self.peers.close()
         if self._background is not None:
             self._background.join(timeout=5)
+        if self._reservation is not None:
+            self._reservation.close()
         self.storage.close()
         if self.data_dir is not None:
             self.data_dir.mark_stopped()

@@ -211,6 +211,7 @@ class CypressService:
         node.table = self.tables.make_table(node)
         node.table.has_read_locks = False
         node.table.sql.create(conn)
+        node.table.sql.create_view(conn, path)  # readable by any SQL tool under its path (docs/storage.md)
         if not schema.is_sorted or node.table.replicated:
             for i in range(node.table.tablet_count):
                 conn.execute(tablets_table.insert().values(table_id=node.id, tablet_index=i, row_count=0,
@@ -263,6 +264,7 @@ class CypressService:
                 collocation = self.reads.collocation_of(n)
                 if collocation is not None:
                     self._leave_collocation(conn, collocation, n)
+                n.table.sql.drop_view(conn, n.path)
                 n.table.sql.drop(conn)
                 conn.execute(tablets_table.delete().where(tablets_table.c.table_id == n.id))
                 drop_log(conn, n.id)

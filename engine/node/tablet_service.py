@@ -251,7 +251,7 @@ class TabletService:
             added = check_schema_update(current, new_schema, table_path, empty=table.is_empty(conn))
             if new_schema == current:
                 return
-            table.alter_schema(conn, new_schema, [c.name for c in added])
+            table.alter_schema(conn, new_schema, [c.name for c in added], table_path)
             previous = (node.attributes.get("schema"), node.attributes.get(f"{INTERNAL_PREFIX}schema_attrs"))
 
             def undo() -> None:

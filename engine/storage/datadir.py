@@ -118,6 +118,15 @@ class DataDir:
 
     # -- before SQLite opens anything ------------------------------------------------------------------
 
+    def prepare_local(self) -> None:
+        """For an engine whose database is elsewhere (PostgreSQL): take the directory's lock and make
+        it private; the directory then holds only the engine's own files (token, conflict CSVs,
+        snapshot pages), and the database checks are the database's (``database.py``)."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock()
+        self._private_directory()
+        self._private_files()
+
     def prepare(self) -> None:
         """Take the directory's lock, make the directory private, read the marker, check what it
         promises, create the database file (0600) when there is none and nothing says there was one."""
@@ -268,8 +277,12 @@ class DataDir:
         started = time.monotonic()
         try:
             with storage.engine.connect() as conn:
-                problems = [line for r in conn.exec_driver_sql("PRAGMA quick_check(5)")
-                            for line in str(r[0]).splitlines() if not line.startswith("***")]
+                try:
+                    problems = [line for r in conn.exec_driver_sql("PRAGMA quick_check(5)")
+                                for line in str(r[0]).splitlines() if not line.startswith("***")]
+                except sa.exc.DBAPIError as exc:
+                    # the check itself could not read the file (a damaged page it cannot walk)
+                    problems = [str(exc.orig)]
                 if problems != ["ok"]:
                     raise self.refuse(f"its database {DATABASE} failed SQLite's integrity check ("
                                       + "; ".join(p[:200] for p in problems[:5]) + ")")

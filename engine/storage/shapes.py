@@ -20,6 +20,7 @@ schema together and never names a column its SQL table lacks. Its compiled state
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import sqlalchemy as sa
@@ -154,4 +155,39 @@ class UserTables:
 
     def drop(self, conn: sa.Connection) -> None:
         self.metadata.drop_all(conn)
+
+    # -- the SQL view of a table (docs/storage.md, "Reading tables with SQL") ------------------------------
+
+    def create_view(self, conn: sa.Connection, path: str) -> str | None:
+        """The view that shows this table's latest committed rows with the schema's columns only,
+        named after the table's path (:func:`view_name`), so that ``psql`` or any SQL tool reads a
+        table (a replica, say) as ``SELECT * FROM "//home/users"``; replaced if it exists. A
+        replication queue (a replicated table keeps no rows) has none: None."""
+        if KIND in self.data.c:
+            return None
+        name = view_name(path)
+        preparer = conn.dialect.identifier_preparer
+        columns = ", ".join(preparer.quote(c.name) for c in self.schema.columns)
+        quoted = preparer.quote(name)
+        conn.execute(sa.text(f"DROP VIEW IF EXISTS {quoted}"))
+        conn.execute(sa.text(f"CREATE VIEW {quoted} AS SELECT {columns} FROM {preparer.format_table(self.data)}"))
+        return name
+
+    @staticmethod
+    def drop_view(conn: sa.Connection, path: str) -> None:
+        conn.execute(sa.text(f"DROP VIEW IF EXISTS {conn.dialect.identifier_preparer.quote(view_name(path))}"))
+
+
+#: PostgreSQL's longest identifier, in bytes
+MAX_VIEW_NAME_BYTES = 63
+
+
+def view_name(path: str) -> str:
+    """A table's view: its path (``//home/users``); a path longer than an identifier may be is cut
+    and ends with ``~`` and 8 hex digits of its hash, so that two long paths never share a view."""
+    if len(path.encode()) <= MAX_VIEW_NAME_BYTES:
+        return path
+    digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+    head = path.encode()[:MAX_VIEW_NAME_BYTES - 9].decode("utf-8", "ignore")
+    return f"{head}~{digest}"
 

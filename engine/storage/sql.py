@@ -1,8 +1,16 @@
 """SQL storage through SQLAlchemy Core: the one writer connection and its lock, and the readers.
 
-Everything here is dialect-neutral: no SQLite-only SQL. SQLite runs in WAL mode with
-``synchronous=FULL`` so that an acknowledged commit survives a crash; writes are serialized by the
-engine (one writer), reads run concurrently on other pooled connections. The system tables are
+Everything here is dialect-neutral: no SQLite-only SQL. Two backends: SQLite (the embedded
+default, one file in the data directory) runs in WAL mode with ``synchronous=FULL`` so that an
+acknowledged commit survives a crash; PostgreSQL (``postgresql://...``, one database per table
+cluster, ``storage/database.py``) with its defaults (``fsync``, ``synchronous_commit=on``). Writes
+are serialized by the engine (one writer connection, READ COMMITTED on PostgreSQL: it is the only
+writer), reads run concurrently on other pooled connections, each a consistent snapshot (SQLite's
+read transaction; REPEATABLE READ on PostgreSQL, whose default would let two statements of one
+read see different commits). A write with ``durable=False`` (``durability=async``) skips the
+fsync: ``PRAGMA synchronous=OFF`` on SQLite, ``SET LOCAL synchronous_commit = off`` on PostgreSQL.
+Connections are pooled by SQLAlchemy's own pool (``QueuePool``), with a liveness check before a
+pooled connection is used on PostgreSQL (a server restart leaves dead connections behind). The system tables are
 defined in ``system_tables.py``, the SQL shape of user tables in ``shapes.py``, the statements the
 hot paths compile once in ``statements.py``.
 
@@ -42,16 +50,23 @@ class Storage:
     def __init__(self, url: str, create_schema: bool = True) -> None:
         """``create_schema=False``: the system tables are created later (:meth:`create_schema`),
         once the data directory's checks have seen the database as it was."""
-        self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self.is_postgresql = url.startswith("postgresql")
+        self.url = postgresql_driver_url(url) if self.is_postgresql else url
         kwargs: dict[str, Any] = {}
         if self.is_sqlite:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
             kwargs["pool_size"] = 8
             kwargs["max_overflow"] = 8
+        if self.is_postgresql:
+            kwargs["pool_size"] = 8
+            kwargs["max_overflow"] = 16
+            kwargs["pool_pre_ping"] = True
+            kwargs["isolation_level"] = "REPEATABLE READ"
+            kwargs["connect_args"] = {"connect_timeout": 10, "application_name": "reptables-engine"}
         # every transaction is ended explicitly, so returning a connection needs no rollback
         kwargs["pool_reset_on_return"] = None
-        self.engine = sa.create_engine(url, **kwargs)
+        self.engine = sa.create_engine(self.url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
@@ -83,7 +98,7 @@ class Storage:
         if self.corruption is None:
             self.corruption = reason
             log.error("the database file is damaged: this engine reports itself unready until it is restarted",
-                      extra={"database": self.url, "error": reason})
+                      extra={"database": self.display_url, "error": reason})
         return StorageCorruptedError(
             f"The storage of this cluster is damaged ({reason}); the engine stays unready until it is "
             "restarted, which checks its data directory", attributes={"reason": reason})
@@ -106,6 +121,8 @@ class Storage:
             conn.info[_PUBLISH] = published
             try:
                 with conn.begin():
+                    if self.is_postgresql and not durable:
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                     yield conn
             except BaseException as exc:
                 # what the transaction changed in memory goes back with its rows
@@ -140,8 +157,12 @@ class Storage:
 
     def _writer_connection(self) -> sa.Connection:
         """The one connection all writes use (held under ``write_lock``): no pool checkout per commit."""
-        if self._writer is None or self._writer.closed:
-            self._writer = self.engine.connect()
+        if self._writer is None or self._writer.closed or self._writer.invalidated:
+            writer = self.engine.connect()
+            if self.is_postgresql:
+                # the only writer: each statement sees what the writer itself committed last
+                writer = writer.execution_options(isolation_level="READ COMMITTED")
+            self._writer = writer
         return self._writer
 
     @contextmanager
@@ -178,6 +199,11 @@ class Storage:
         with self.read() as conn:
             return set(sa.inspect(conn).get_table_names())
 
+    @property
+    def display_url(self) -> str:
+        """The database's URL for logs and messages: never its password."""
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
     def set_meta(self, conn: sa.Connection, name: str, value: str) -> None:
         updated = conn.execute(meta_table.update().where(meta_table.c.name == name).values(value=value))
         if updated.rowcount == 0:
@@ -204,6 +230,14 @@ def corruption_of(exc: BaseException) -> str | None:
     if isinstance(orig, sqlite3.DatabaseError) and getattr(orig, "sqlite_errorcode", 0) & 0xFF in _CORRUPTION_CODES:
         return str(orig)
     return None
+
+
+def postgresql_driver_url(url: str) -> str:
+    """``postgresql://...`` with the driver the engine uses (psycopg 3) named, as SQLAlchemy wants it."""
+    parsed = sa.engine.make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
 
 
 _UNDO = "reptables_undo"

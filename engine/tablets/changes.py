@@ -45,7 +45,17 @@ import sqlalchemy as sa
 
 from ..errors import ErrorCode, YtError
 from ..schema import ColumnType, TableSchema
-from ..storage import KIND, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, UserTables, changes_table, consumers_table
+from ..storage import (
+    KIND,
+    PAYLOAD,
+    ROW_INDEX,
+    TABLET_INDEX,
+    TS,
+    UserTables,
+    changes_table,
+    consumers_table,
+    positional,
+)
 from .queue import QueueEntry
 
 #: a position: (commit timestamp, seq)
@@ -245,7 +255,7 @@ def _insert_sql(conn: sa.Connection) -> str:
         stmt = changes_table.insert().values({
             c.table_id: sa.bindparam("a"), c.timestamp: sa.bindparam("b"), c.seq: sa.bindparam("c"),
             c.tablet_index: sa.bindparam("d"), c.kind: sa.bindparam("e"), c.payload: sa.bindparam("f")})
-        sql = _INSERT_SQL[conn.dialect.name] = str(stmt.compile(dialect=conn.dialect))
+        sql = _INSERT_SQL[conn.dialect.name] = str(stmt.compile(dialect=positional(conn.dialect)))
     return sql
 
 

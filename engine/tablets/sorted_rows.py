@@ -40,7 +40,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from .. import yson_util
 from ..query import QuerySource
 from ..schema import TableSchema
-from ..storage import DELETED, LOCK_MASK, TS, UserTables, on_rollback, read_locks_table
+from ..storage import DELETED, LOCK_MASK, TS, UserTables, on_rollback, positional, read_locks_table
 from . import changes, xdcr
 from .queue import QueueEntry
 from .writes import RowWrite, WriteKind
@@ -397,7 +397,7 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
                 [sa.bindparam(f"k{i}_{j}") for j in range(nkeys)] for i in range(size)]
             key_in = cols[0].in_([b[0] for b in binds]) if nkeys == 1 else \
                 sa.tuple_(*cols).in_([sa.tuple_(*b) for b in binds])
-            compiled = cast(SQLCompiler, build(key_in).compile(dialect=conn.dialect))
+            compiled = cast(SQLCompiler, build(key_in).compile(dialect=positional(conn.dialect)))
             order = list(compiled.positiontup or []) if compiled.positional else None
             keys_first = order is not None and order[:size * nkeys] == [
                 f"k{i}_{j}" for i in range(size) for j in range(nkeys)]

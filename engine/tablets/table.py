@@ -200,9 +200,10 @@ class DynamicTable:
                 return False
         return True
 
-    def alter_schema(self, conn: sa.Connection, schema: TableSchema, added: list[str]) -> None:
+    def alter_schema(self, conn: sa.Connection, schema: TableSchema, added: list[str], path: str | None = None) -> None:
         """Give the table ``schema`` (already checked to be a compatible widening of its own, adding
-        the columns ``added``) inside the caller's write transaction, under the writer lock.
+        the columns ``added``) inside the caller's write transaction, under the writer lock; its SQL
+        view (named after ``path``) is made again with them.
 
         The SQL tables get the new columns (a replicated table's queue needs none: its payloads
         are rows by column name), and the table a new SQL shape. The new shape and schema are
@@ -212,6 +213,8 @@ class DynamicTable:
         sql = UserTables.queue(self.sql.sql_name, schema) if self.replicated else \
             UserTables(self.sql.sql_name, schema)
         sql.add_columns(conn, added)
+        if path is not None:
+            sql.create_view(conn, path)  # the table's SQL view shows the new columns too
 
         def publish() -> None:
             self.sql = sql
