@@ -58,7 +58,7 @@ def up(
                                  "Spark job (a bootstrap copy or verify) that up runs; 600 s at most in all")] = 90.0,
 ) -> None:
     """Run the manifests on this machine: local engines, the reconcile core, the tracker, a demo."""
-    from .local.runner import run
+    from .local.up import run
 
     live_view = sys.stdout.isatty() if live is None else live
     raise typer.Exit(run(manifests or [Path("examples")], data_dir, keep_running, timeout=timeout, live=live_view))

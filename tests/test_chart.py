@@ -12,8 +12,10 @@
   the modes the chart has; the rendered RBAC must equal the expected rules, the engines'
   NetworkPolicy admits exactly the operator, the engines and the configured clients, the generated
   token Secrets carry the credentials label, the rendered TableClusters and kopf peering objects
-  are created through the emulator (CRD schema and CEL validation), and the rendered command lines
-  are accepted by the ``reptables`` CLI. Every rendered built-in object of every documented variant
+  are created through the emulator (CRD schema and CEL validation), the CloudNativePG Clusters of
+  PostgreSQL-backed engines through the emulator serving CloudNativePG's own CRD (strict: an
+  unknown field is refused, not pruned), and the rendered command lines are accepted by the
+  ``reptables`` CLI. Every rendered built-in object of every documented variant
   validates against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict: unknown fields
   rejected) of the oldest supported and the newest Kubernetes; ServiceMonitors and PrometheusRules
   get a structural check.
@@ -184,6 +186,20 @@ E2E_VALUES = {"operator": {"replicas": 2, "watch": {"namespaces": ["shop"]}, "cr
               "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}}
 
 
+# PostgreSQL-backed engines (docs/install.md, "PostgreSQL-backed engines"): a database of your own
+# through a Secret holding its whole URL, and a CloudNativePG Cluster the chart declares
+POSTGRESQL_ENGINES = [
+    {"name": "primary", "clusterId": 0,
+     "storage": {"size": "1Gi", "postgresql": {"existingSecret": {"name": "primary-db"}}}},
+    {"name": "remote-0", "clusterId": 1,
+     "storage": {"size": "1Gi", "postgresql": {"existingSecret": {"name": "dbs", "key": "remote-0-url"}}}},
+    {"name": "remote-1", "clusterId": 2,
+     "storage": {"size": "1Gi", "storageClass": "fast",
+                 "postgresql": {"cloudnativepg": {"instances": 3, "storage": {"size": "50Gi", "storageClass": "ssd"},
+                                                  "imageName": "ghcr.io/cloudnative-pg/postgresql:16.4"}}}},
+]
+
+
 def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     result = dict(base)
     for key, value in overlay.items():
@@ -193,6 +209,11 @@ def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
 
 def test_schema_accepts_a_full_configuration() -> None:
     errors = list(schema_validator().iter_errors(merged(load_values(), E2E_VALUES)))
+    assert not errors, [e.message for e in errors]
+
+
+def test_schema_accepts_postgresql_backed_engines() -> None:
+    errors = list(schema_validator().iter_errors(merged(load_values(), {"engines": POSTGRESQL_ENGINES})))
     assert not errors, [e.message for e in errors]
 
 
@@ -227,6 +248,25 @@ BAD_VALUES = [
     ({"bootstrap": {"spark": {"driver": {"memoryOverhead": "1g"}}}}, "Additional properties are not allowed"),
     ({"bootstrap": {"spark": {"enabled": "yes"}}}, "'yes' is not of type 'boolean'"),
     ({"bootstrap": {"flink": {}}}, "Additional properties are not allowed"),
+    # storage.postgresql: exactly one of existingSecret and cloudnativepg
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {
+        "existingSecret": {"name": "db"}, "cloudnativepg": {"storage": {"size": "1Gi"}}}}}]},
+     "has too many properties"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {}}}]}, "should be non-empty"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"url": "postgresql://x/y"}}}]},
+     "Additional properties are not allowed ('url' was unexpected)"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"existingSecret": {"key": "uri"}}}}]},
+     "'name' is a required property"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"cloudnativepg": {"instances": 3}}}}]},
+     "'storage' is a required property"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"cloudnativepg": {
+        "instances": 0, "storage": {"size": "1Gi"}}}}}]}, "0 is less than the minimum of 1"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"cloudnativepg": {
+        "storage": {"size": "1Gi"}, "database": "Tables-1"}}}}]}, "'Tables-1' does not match"),
+    ({"engines": [{"name": "primary", "clusterId": 0, "storage": {"postgresql": {"cloudnativepg": {
+        "storage": {"size": "lots"}}}}}]}, "'lots' does not match"),
+    ({"engineDefaults": {"storage": {"postgresql": {"existingSecret": {"name": "db"}}}}},
+     "Additional properties are not allowed ('postgresql' was unexpected)"),  # one database per engine
 ]
 
 
@@ -284,7 +324,7 @@ def test_kopf_peering_crds_match_what_kopf_expects() -> None:
 def test_every_template_has_a_plausible_yaml_structure() -> None:
     templates = sorted(p.name for p in (CHART / "templates").glob("*.yaml"))
     assert templates == ["dashboard-configmap.yaml", "deployment.yaml", "engines.yaml", "networkpolicy.yaml",
-                         "peering.yaml", "prometheusrule.yaml", "rbac.yaml", "serviceaccount.yaml",
+                         "peering.yaml", "postgresql.yaml", "prometheusrule.yaml", "rbac.yaml", "serviceaccount.yaml",
                          "servicemonitor.yaml", "tableclusters.yaml"]
     kinds = set()
     for name in templates:
@@ -296,7 +336,7 @@ def test_every_template_has_a_plausible_yaml_structure() -> None:
             kinds.add(doc["kind"])
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
                      "Service", "Secret", "StatefulSet", "KopfPeering", "ClusterKopfPeering", "TableCluster",
-                     "ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule"}
+                     "ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule", "Cluster"}
 
 
 def test_rbac_template_rules_without_helm() -> None:
@@ -513,8 +553,8 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 @needs_helm
 @pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}},
-                                    {"bootstrap": {"spark": {"enabled": False}}}],
-                         ids=["defaults", "engines-ha", "all-namespaces", "no-spark"])
+                                    {"bootstrap": {"spark": {"enabled": False}}}, {"engines": POSTGRESQL_ENGINES}],
+                         ids=["defaults", "engines-ha", "all-namespaces", "no-spark", "postgresql"])
 def test_helm_lint(tmp_path: Path, values: dict[str, Any] | None) -> None:
     passed, output = lint(tmp_path, values)
     assert passed, output
@@ -717,6 +757,120 @@ def test_helm_engines(tmp_path: Path) -> None:
     assert [s["metadata"]["name"] for s in scraped] == ["rt-reptables-operator-metrics"]
 
 
+# --- PostgreSQL-backed engines --------------------------------------------------------------------------
+
+def _engine(docs: list[dict[str, Any]], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(StatefulSet, its container) of engine ``name`` of release rt."""
+    sts = one(docs, "StatefulSet", f"rt-reptables-{name}")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    return sts, container
+
+
+@needs_helm
+def test_helm_postgresql_engine_reads_its_database_url_from_a_secret_never_from_its_arguments(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"engines": POSTGRESQL_ENGINES})
+    assert isinstance(docs, list)
+    # existingSecret: its key (uri by default); cloudnativepg: the Secret CloudNativePG makes for the owner
+    expected = {"primary": ("primary-db", "uri"), "remote-0": ("dbs", "remote-0-url"),
+                "remote-1": ("rt-reptables-remote-1-pg-app", "uri")}
+    for engine in POSTGRESQL_ENGINES:
+        sts, container = _engine(docs, engine["name"])
+        env = {e["name"]: e for e in container["env"]}
+        secret, key = expected[engine["name"]]
+        assert env["REPTABLES_STORAGE"] == {"name": "REPTABLES_STORAGE",
+                                            "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        # the URL, password included, is no argument (a command line is visible to every process of the node)
+        assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}",
+                                     f"--cluster-id={engine['clusterId']}", "--data-dir=/data", "--port=9012",
+                                     "--host=0.0.0.0", "--metrics-port=9013"]
+        assert not [a for a in container["args"] if "storage" in a or "://" in a or "@" in a]
+        # the PVC stays, small: the engine's token and its own files
+        assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        assert claim["spec"].get("storageClassName") == engine["storage"].get("storageClass")
+    # the chart makes no Secret holding a database URL: the token Secrets only
+    assert {(d["metadata"]["name"], tuple(d["data"])) for d in by_kind(docs, "Secret")} == {
+        (f"rt-reptables-{e['name']}-token", ("token",)) for e in POSTGRESQL_ENGINES}
+    # without storage.postgresql: SQLite in /data, and no REPTABLES_STORAGE
+    docs = render(tmp_path, {"engines": ENGINES_DOC})
+    assert isinstance(docs, list)
+    for engine in ENGINES_DOC:
+        _, container = _engine(docs, engine["name"])
+        assert "REPTABLES_STORAGE" not in {e["name"] for e in container["env"]}
+
+
+CNPG_API = "postgresql.cnpg.io/v1"
+# CloudNativePG's admission webhook (not its CRD): a Cluster's name is a DNS-1035 label of at most 50 characters
+CNPG_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+CNPG_SPEC_EXTRA = {  # what a user adds through cloudnativepg.spec: restore from a backup, placement, monitoring
+    "bootstrap": {"recovery": {"backup": {"name": "remote-2-before"}, "database": "reptables", "owner": "reptables"}},
+    "postgresql": {"parameters": {"max_connections": "200", "synchronous_commit": "on"}},
+    "affinity": {"enablePodAntiAffinity": True, "topologyKey": "topology.kubernetes.io/zone"},
+    "monitoring": {"enablePodMonitor": True},
+    "storage": {"resizeInUseVolumes": False},
+}
+
+
+def _cnpg_crd() -> Path:
+    from tests.k8s.emulator import THIRDPARTY_DIR
+
+    path = THIRDPARTY_DIR / "postgresql.cnpg.io_clusters.yaml"
+    assert path.is_file(), f"CloudNativePG's Cluster CRD is missing at {path} (see ../shared/thirdparty/README.md)"
+    return path
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, sub in value.items() for k, v in _leaves(sub, f"{path}.{key}").items()}
+    return {path: value}
+
+
+@needs_helm
+def test_helm_cloudnativepg_cluster_per_engine_passes_cloudnativepgs_crd(tmp_path: Path) -> None:
+    """The Cluster the chart declares is what CloudNativePG's API takes: created through the emulator
+    serving CloudNativePG's own CRD with strict field validation (an unknown field is refused, not pruned)."""
+    from tests.k8s.emulator import ApiError, K8sApi
+
+    engines = [*POSTGRESQL_ENGINES, {"name": "remote-2", "clusterId": 3, "storage": {"postgresql": {"cloudnativepg": {
+        "storage": {"size": "20Gi"}, "database": "tables", "owner": "engine", "spec": CNPG_SPEC_EXTRA}}}}]
+    docs = render(tmp_path, {"engines": engines})
+    assert isinstance(docs, list)
+    clusters = {d["metadata"]["name"]: d for d in by_kind(docs, "Cluster")}
+    assert sorted(clusters) == ["rt-reptables-remote-1-pg", "rt-reptables-remote-2-pg"]  # one per cloudnativepg engine
+    remote1 = clusters["rt-reptables-remote-1-pg"]
+    assert remote1["apiVersion"] == CNPG_API and remote1["metadata"]["namespace"] == "reptables-system"
+    assert remote1["metadata"]["labels"]["reptables.io/cluster"] == "remote-1"
+    assert remote1["metadata"]["labels"]["app.kubernetes.io/component"] == "database"
+    # helm uninstall keeps it, as Kubernetes keeps the engines' PVCs: deleting it deletes the data
+    assert remote1["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert remote1["spec"] == {"instances": 3, "imageName": "ghcr.io/cloudnative-pg/postgresql:16.4",
+                               "storage": {"size": "50Gi", "storageClass": "ssd"},
+                               "bootstrap": {"initdb": {"database": "reptables", "owner": "reptables"}}}
+    # spec is merged over the chart's; its bootstrap replaces initdb (CloudNativePG takes one method)
+    remote2 = clusters["rt-reptables-remote-2-pg"]["spec"]
+    assert remote2 == {**CNPG_SPEC_EXTRA, "instances": 1, "storage": {"size": "20Gi", "resizeInUseVolumes": False}}
+    for name in clusters:
+        assert CNPG_NAME.match(name) and len(name) <= 50, name
+    with K8sApi(namespaces=["reptables-system"], crd_dirs=[], crd_files=[_cnpg_crd()]) as api:
+        for name, cluster in clusters.items():
+            created = api.create(cluster, fieldValidation="Strict")
+            kept = _leaves(created["spec"])
+            assert {k: kept.get(k) for k in _leaves(cluster["spec"])} == _leaves(cluster["spec"]), name
+        # the check is not vacuous: what CloudNativePG's API refuses is refused here
+        for mutate, error in ((lambda c: c["spec"].update(instance=3), 'unknown field "spec.instance"'),
+                              (lambda c: c["spec"].update(instances=0), "spec.instances"),
+                              (lambda c: c["spec"]["storage"].update(size=20), "spec.storage.size"),
+                              (lambda c: c["spec"]["bootstrap"]["initdb"].update(dbname="x"),
+                               'unknown field "spec.bootstrap.initdb.dbname"')):
+            broken = json.loads(json.dumps(remote1))
+            broken["metadata"]["name"] = "broken"
+            mutate(broken)
+            with pytest.raises(ApiError) as refused:
+                api.create(broken, fieldValidation="Strict")
+            assert error in str(refused.value), refused.value
+
+
 def _admits(policy: dict[str, Any], pod_labels: dict[str, str], namespace_labels: dict[str, str],
             same_namespace: bool, port: int) -> bool:
     """Whether a NetworkPolicy's ingress rules let a pod with these labels, in a namespace with these labels, in."""
@@ -826,6 +980,19 @@ def test_rendered_command_lines_are_accepted_by_the_cli(tmp_path: Path) -> None:
     ({"engines": [{"name": "a", "clusterId": 1}, {"name": "b", "clusterId": 1}]}, "clusterId 1 is used by"),
     ({"engines": [{"name": "a", "clusterId": 300}]}, "values don't meet the specifications of the schema"),
     ({"operator": {"replicas": "two"}}, "values don't meet the specifications of the schema"),
+    ({"engines": [{"name": "a", "clusterId": 1, "storage": {"postgresql": {
+        "existingSecret": {"name": "db"}, "cloudnativepg": {"storage": {"size": "1Gi"}}}}}]},
+     "values don't meet the specifications of the schema"),
+    # CloudNativePG's webhook takes Cluster names of at most 50 characters that start with a letter
+    ({"fullnameOverride": "a-rather-long-name-for-the-release", "engines": [{
+        "name": "remote-primary", "clusterId": 1, "storage": {"postgresql": {"cloudnativepg": {
+            "storage": {"size": "1Gi"}}}}}]},
+     'engines: "remote-primary": its CloudNativePG Cluster would be named '
+     '"a-rather-long-name-for-the-release-remote-primary-pg", but CloudNativePG takes only names of at most 50 '
+     'characters that start with a letter'),
+    ({"fullnameOverride": "0reptables", "engines": [{"name": "a", "clusterId": 1, "storage": {"postgresql": {
+        "cloudnativepg": {"storage": {"size": "1Gi"}}}}}]},
+     'its CloudNativePG Cluster would be named "0reptables-a-pg"'),
 ])
 def test_helm_refuses_bad_values(tmp_path: Path, values: dict[str, Any], message: str) -> None:
     error = render(tmp_path, values, check=False)
@@ -990,8 +1157,10 @@ OLDEST_KUBERNETES = "1.25"
 # API groups of custom resources: no OpenAPI schema in Kubernetes itself. reptables.io and kopf.dev
 # objects go through the emulator's CRD validation (test_rendered_custom_resources_...), the
 # Prometheus Operator's through _check_prometheus_operator_object, SparkApplications through
-# tests/operator/test_sparkapplication.py (the operator creates them, the chart does not).
-CUSTOM_RESOURCE_GROUPS = {"reptables.io", "kopf.dev", "monitoring.coreos.com", "sparkoperator.k8s.io"}
+# tests/operator/test_sparkapplication.py (the operator creates them, the chart does not), CloudNativePG
+# Clusters through the emulator serving CloudNativePG's CRD (test_helm_cloudnativepg_cluster_...).
+CUSTOM_RESOURCE_GROUPS = {"reptables.io", "kopf.dev", "monitoring.coreos.com", "sparkoperator.k8s.io",
+                          "postgresql.cnpg.io"}
 
 
 def _api_group(doc: dict[str, Any]) -> str:
@@ -1101,6 +1270,7 @@ SCHEMA_VARIANTS: dict[str, tuple[dict[str, Any] | None, set[str]]] = {
                           _BASE_KINDS - {"Role", "RoleBinding"}),
     "tls": ({"engines": ENGINES_DOC, "tls": {"secretName": "reptables-tls"}}, _BASE_KINDS | _ENGINE_KINDS),
     "no-spark": ({"bootstrap": {"spark": {"enabled": False}}}, _BASE_KINDS),
+    "postgresql": ({"engines": POSTGRESQL_ENGINES}, _BASE_KINDS | _ENGINE_KINDS),
     "monitoring": ({"engines": ENGINES_DOC[:1], "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                     "metrics": {"prometheusRule": {"enabled": True},
                                 "dashboard": {"namespace": "monitoring", "annotations": {"grafana_folder": "DB"}}}},

@@ -51,6 +51,7 @@ from ..storage import (
     tablets_table,
     view_name,
 )
+from ..storage.migrations import migrate
 from ..tablets import DynamicTable, RowWrite, SnapshotLeases
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
@@ -257,6 +258,7 @@ class Cluster:
         return cluster
 
     def _load(self) -> None:
+        migrate(self.storage)
         with self.storage.write() as conn:
             nodes = self.cypress.load(conn)
             tablets = conn.execute(sa.select(tablets_table)).all()

@@ -3,7 +3,8 @@
 It reads the same manifests ``kubectl apply`` takes (Secrets, TableClusters, ReplicatedTables,
 TableReplicas, TableCollocations, XdcrGroups), starts one engine per TableCluster on the loopback
 port of its ``endpoint`` (a child process in its own process group, token from the Secret, XDCR
-cluster id from ``clusterId``), and runs the same
+cluster id from ``clusterId``, a PostgreSQL database from ``spec.local`` when it names one: the
+URL's password, if any, only in that engine's environment), and runs the same
 reconcile core and tracker the operator runs — status is written back into the in-memory objects
 instead of the API server. Then it shows replication working with the official YTsaurus client:
 rows written to each replicated table through ``yt.wrapper`` appear on every replica.
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import json
 import os
 import signal
@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from reptables.engine.errors import YtError
 from reptables.engine.process import LocalEngine, start_all
 
 from .. import models
@@ -67,6 +66,7 @@ from ..registry import (
     CREDENTIALS_LABEL,
     CREDENTIALS_LABEL_VALUE,
     CREDENTIALS_SELECTOR,
+    ClusterProblem,
     CredentialPolicy,
     Registry,
 )
@@ -80,7 +80,6 @@ from .state import (
     LOOPBACK,
     STATE_FILE,
     make_private_dir,
-    running_up,
     write_private,
 )
 
@@ -195,7 +194,7 @@ class LocalRunner:
     def _start(self, engines: list[LocalEngine]) -> None:
         for engine in start_all(engines):
             self.processes[engine.cluster_name] = engine
-            print(display(f"engine {engine.cluster_name} serving {engine.url} (data in {engine.data_dir})"))
+            print(display(f"engine {engine.cluster_name} serving {engine.url} (data in {_data_of(engine)})"))
 
     def _engine_for(self, name: str) -> LocalEngine:
         problem = self.registry.refresh_cluster(name)
@@ -206,9 +205,26 @@ class LocalRunner:
         if url.hostname not in LOOPBACK or url.port is None:
             raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
                                f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
+        args, env = self._storage_for(name)
         # the XDCR cluster id (docs/xdcr.md): stored in the data directory at the first start
-        return LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token,
-                           extra_args=["--cluster-id", str(ref.cluster_id)])
+        return LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token, env=env,
+                           extra_args=["--cluster-id", str(ref.cluster_id), *args])
+
+    def _storage_for(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """The engine's arguments and environment for ``spec.local``: ``--storage URL`` (the models
+        refuse a password in it), or the Secret's whole URL in ``REPTABLES_STORAGE``. Otherwise SQLite,
+        and ``REPTABLES_STORAGE`` empty: one in up's environment would send every engine to one database."""
+        body = self.bodies.get(("TableCluster", None, name))
+        local = self.registry.resource(body).spec.local if body is not None else None
+        if local is not None and local.storage is not None:
+            return ["--storage", local.storage], {"REPTABLES_STORAGE": ""}
+        if local is not None and local.storage_secret is not None:
+            secret = local.storage_secret
+            url = self.registry.credentials(name, secret.namespace or self.namespace, secret.name, secret.key)
+            if isinstance(url, ClusterProblem):
+                raise RuntimeError(f"TableCluster {name}: spec.local.storageSecret: {url}")
+            return [], {"REPTABLES_STORAGE": url}
+        return [], {"REPTABLES_STORAGE": ""}
 
     def record(self, type_: str, kind: str, namespace: str | None, name: str, reason: str, message: str) -> None:
         """Print one event line and keep it, Kubernetes-shaped, for state.json."""
@@ -346,8 +362,8 @@ class LocalRunner:
                 print(display(f"{key[0]} {key[1] + '/' if key[1] else ''}{key[2]} configured (manifest "
                               f"{file.name})"))
                 if key[0] == "TableCluster":
-                    print(display(f"warning: TableCluster {key[2]}: its engine keeps its endpoint until `reptables "
-                                  "up` restarts"), file=sys.stderr)
+                    print(display(f"warning: TableCluster {key[2]}: its engine keeps its endpoint and storage until "
+                                  "`reptables up` restarts"), file=sys.stderr)
         self._file_keys[file] = new_keys
         self._secret_keys[file] = new_secrets
         elsewhere = {k for f, keys in self._file_keys.items() if f != file for k in keys}
@@ -467,6 +483,13 @@ class LocalRunner:
             self.write_state()  # every engine shows running: false
 
 
+def _data_of(engine: LocalEngine) -> str:
+    """Where an engine of :meth:`LocalRunner._engine_for` keeps its data, for a log line (no password)."""
+    if "--storage" in engine.extra_args:
+        return engine.extra_args[engine.extra_args.index("--storage") + 1]
+    return "the database of its storageSecret" if engine.env.get("REPTABLES_STORAGE") else str(engine.data_dir)
+
+
 def _secret_key(doc: dict[str, Any], namespace: str) -> tuple[str, str]:
     meta = doc.get("metadata") or {}
     return (str(meta.get("namespace") or namespace), str(meta.get("name")))
@@ -494,96 +517,3 @@ def _status_summary(res: Resource) -> str:
         return (f"pairs={connected}/{len(status.get('pairs', []))} connected paused={status.get('paused', '-')} "
                 f"conflicts={status.get('conflicts', '-')}")
     return f"id={status.get('collocationId', '-')}"
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-# -- `reptables up` ----------------------------------------------------------------------------------
-
-
-def _live_frame(runner: LocalRunner, console: Any) -> Any:
-    """One frame of the live view: the status view of the current objects and events."""
-    from rich.text import Text
-
-    from ..kubectl import statusview
-
-    state = runner.state()
-    view = statusview.build_view(state["objects"], state["events"])
-    with console.capture() as capture:
-        statusview.render(view, console)
-    running = display(", ".join(f"{n} {'up' if e['running'] else 'STOPPED'}" for n, e in state["engines"].items()))
-    return Text.from_ansi(capture.get() + f"\nengines: {running}   updated {state['updated']}   "
-                          f"(Ctrl-C stops the engines)")
-
-
-def _tick(runner: LocalRunner) -> None:
-    runner.poll_manifests()
-    runner.handle_control()
-    runner.reconcile_all()
-
-
-def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0, live: bool = False) -> int:
-    """``reptables up``: start, converge, demo; with ``keep_running`` (or ``live``) watch and reconcile till stopped."""
-    # SIGTERM ends the runner like Ctrl-C: the engines it started are stopped on the way out
-    signal.signal(signal.SIGTERM, _terminate)
-    # everything up creates from here on is its user's alone, whatever mode the code creating it asks
-    # for: the state file and control answers (0600 anyway), and what its engines and Spark jobs write
-    # (job logs, the jobs' own files) under the data directory
-    os.umask(0o077)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(line_buffering=True)  # a log file follows the run line by line
-    keep_running = keep_running or live
-    other = running_up(data_dir)
-    if other is not None:
-        print(display(f"error: another `reptables up` (pid {other}) runs on {data_dir}; stop it first"),
-              file=sys.stderr)
-        return 1
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        print(display(f"error: no such manifest file or directory: {', '.join(missing)}"), file=sys.stderr)
-        return 1
-    try:
-        manifests = [doc for file in manifest_files(paths) for doc in load_file(file)]
-        runner = LocalRunner(manifests, data_dir)
-    except (ManifestError, ValueError) as exc:
-        print(display(f"error: {exc}", multiline=True), file=sys.stderr)
-        return 1
-    runner.watch(paths)
-    try:
-        runner.start_engines()
-        runner.write_state()
-        ready = runner.converge(timeout)
-        runner.print_status()
-        if not ready:
-            print("not every resource became Ready; see the conditions above")
-            if not keep_running:
-                return 1
-        else:
-            runner.demo()
-            runner.reconcile_all()
-            runner.print_status()
-        if not keep_running:
-            return 0
-        if live:
-            from rich.console import Console
-            from rich.live import Live
-
-            console = Console()
-            with Live(_live_frame(runner, console), console=console, refresh_per_second=2) as view:
-                while True:
-                    time.sleep(1)
-                    _tick(runner)
-                    view.update(_live_frame(runner, console))
-        print(display(f"reconciling every second, watching {', '.join(map(str, paths))}; Ctrl-C stops the engines"))
-        while True:
-            time.sleep(1)
-            _tick(runner)
-    except (YtError, RuntimeError, ValueError) as exc:
-        print(display(f"error: {exc}", multiline=True), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        runner.stop()

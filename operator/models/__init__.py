@@ -20,7 +20,7 @@ The tricky parts:
   as CEL, since a model sees one object at a time; the operator keeps its own copy of what it
   created and reports a drift, the API server refuses it first.
 * **CEL must stay portable.** Rules use only standard CEL (``has``, ``all``/``exists``/``filter``,
-  ``size``, comparisons) and no Kubernetes library functions, so tests evaluate them with
+  ``size``, ``matches``, comparisons) and no Kubernetes library functions, so tests evaluate them with
   cel-python against example objects. Lists that a rule iterates carry ``maxItems`` so that the
   API server's cost estimator accepts the rule.
 * **Null means unset.** Optional fields are ``X | None = None`` here and plain (not ``nullable``)
@@ -54,9 +54,11 @@ from .common import (
     DNS_SUBDOMAIN_PATTERN,
     DURATION_PATTERN,
     GROUP,
+    HIDDEN_INPUT_ERROR,
     MAX_COLUMNS,
     MAX_TABLETS,
     MAX_TIMESTAMP,
+    POSTGRESQL_URL_PATTERN,
     URL_PATTERN,
     VERSION,
     YPATH_PATTERN,
@@ -94,7 +96,14 @@ from .replicated_table import (
     SortOrder,
     TrackerStatus,
 )
-from .table_cluster import SecretKeySelector, TableCluster, TableClusterSpec, TableClusterStatus
+from .table_cluster import (
+    LocalEngineSpec,
+    SecretKeySelector,
+    StorageSecretSelector,
+    TableCluster,
+    TableClusterSpec,
+    TableClusterStatus,
+)
 from .table_collocation import TableCollocation, TableCollocationSpec, TableCollocationStatus
 from .table_replica import (
     Atomicity,
@@ -122,13 +131,14 @@ from .xdcr_group import (
 __all__ = [
     # the API group and its conventions
     "API_VERSION", "CATEGORY", "GROUP", "VERSION", "CONDITION_REASON_PATTERN", "DNS_LABEL_PATTERN",
-    "DNS_SUBDOMAIN_PATTERN", "DURATION_PATTERN", "URL_PATTERN", "YPATH_PATTERN", "MAX_COLUMNS", "MAX_TABLETS",
-    "MAX_TIMESTAMP", "ApiModel", "StatusModel", "BaseStatus", "BaseResource", "ObjectMeta", "PrinterColumn",
-    "ResourceInfo", "Scope", "Duration", "IntOrString", "NameSet", "ObjectName", "YPath", "DeletionPolicy",
-    "Condition", "ConditionStatus", "ConditionType", "ReplicaMode", "ReplicaState", "format_duration",
-    "parse_duration",
+    "DNS_SUBDOMAIN_PATTERN", "DURATION_PATTERN", "POSTGRESQL_URL_PATTERN", "URL_PATTERN", "YPATH_PATTERN",
+    "MAX_COLUMNS", "MAX_TABLETS", "MAX_TIMESTAMP", "ApiModel", "StatusModel", "BaseStatus", "BaseResource",
+    "ObjectMeta", "PrinterColumn", "ResourceInfo", "Scope", "Duration", "IntOrString", "NameSet", "ObjectName",
+    "YPath", "DeletionPolicy", "Condition", "ConditionStatus", "ConditionType", "ReplicaMode", "ReplicaState",
+    "format_duration", "parse_duration",
     # the kinds
-    "TableCluster", "TableClusterSpec", "TableClusterStatus", "SecretKeySelector",
+    "TableCluster", "TableClusterSpec", "TableClusterStatus", "SecretKeySelector", "LocalEngineSpec",
+    "StorageSecretSelector",
     "ReplicatedTable", "ReplicatedTableSpec", "ReplicatedTableStatus", "ReplicatedTableOptions",
     "ReplicationThrottler", "ReplicaSummary", "TrackerStatus", "Column", "ColumnType", "SortOrder",
     "SchemaMigrationPhase", "SchemaMigrationStatus",
@@ -168,7 +178,9 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 def _problem(error: Mapping[str, Any]) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     value = error.get("input")
-    if error["type"] != "missing" and isinstance(value, str | int | float | bool) and repr(value) not in message:
+    # the input of a HIDDEN_INPUT_ERROR holds a secret (a URL with its password): never repeated
+    if error["type"] not in ("missing", HIDDEN_INPUT_ERROR) and isinstance(value, str | int | float | bool) \
+            and repr(value) not in message:
         message += f" (got {value!r})"
     path = _field_path(tuple(error["loc"]))
     return f"{path}: {message}" if path else message

@@ -44,6 +44,8 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 YPATH_PATTERN = r"^//[^/\s][^\s]*$"
 URL_PATTERN = r"^https?://[^/?#\s]+(/[^\s]*)?$"
+#: a PostgreSQL database URL as the engine's ``--storage`` takes it (SQLAlchemy's form, a database named)
+POSTGRESQL_URL_PATTERN = r"^postgresql(\+[a-z0-9]+)?://[^\s/?#]*/[^\s/?#]+(\?\S*)?$"
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h))+$"
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 MAX_COLUMNS = 1024
@@ -79,6 +81,9 @@ def unique_entries(values: list[str] | None) -> list[str] | None:
             raise ValueError(f"duplicate entries: {', '.join(duplicates)}")
     return values
 
+
+#: the type of a validation error whose input must not be echoed in its message (a URL with a password)
+HIDDEN_INPUT_ERROR = "hidden_input"
 
 SET_LIST: JsonDict = {"x-kubernetes-list-type": "set"}
 """``json_schema_extra`` of a list whose entries are unique (``x-kubernetes-list-type: set``)."""

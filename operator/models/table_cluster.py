@@ -3,19 +3,31 @@
 A kind of its own module because its spec is what the operator needs to reach an engine (endpoint,
 token Secret, cluster id) and its status is what the health probe found; nothing else in the API
 depends on its fields, only on its name.
+
+Where an engine keeps its data (SQLite in its data directory, or a PostgreSQL database) is the
+engine's business, not the operator's: on Kubernetes the Helm chart's values say it. Only
+``reptables up``, which starts the engines itself, needs to be told, so that is ``spec.local``, which
+the operator ignores. Its URL never carries a password (the engine gets ``--storage`` on a command
+line any user of the machine can read; the models refuse it as the API server's CEL rule does): the
+password is in the user's ``$PGPASSWORD``/``~/.pgpass``, or the whole URL is in a Secret
+(``storageSecret``) that ``up`` hands to that engine alone, in its environment.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .common import (
     AGE_COLUMN,
     DNS_LABEL_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
+    HIDDEN_INPUT_ERROR,
+    POSTGRESQL_URL_PATTERN,
     READY_COLUMN,
     URL_PATTERN,
     ApiModel,
@@ -27,7 +39,8 @@ from .common import (
     immutable,
 )
 
-__all__ = ["SecretKeySelector", "TableCluster", "TableClusterSpec", "TableClusterStatus"]
+__all__ = ["LocalEngineSpec", "SecretKeySelector", "StorageSecretSelector", "TableCluster", "TableClusterSpec",
+           "TableClusterStatus"]
 
 
 class SecretKeySelector(ApiModel):
@@ -41,6 +54,60 @@ class SecretKeySelector(ApiModel):
     only from Secrets labelled reptables.io/credentials=true."""
     key: StrictStr = Field(default="token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
     """Key of the Secret holding the cluster token."""
+
+
+class StorageSecretSelector(ApiModel):
+    """A key of a Secret holding a whole PostgreSQL URL, password included."""
+
+    name: StrictStr = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the Secret (one of the manifests ``reptables up`` reads)."""
+    namespace: StrictStr | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Namespace of the Secret; defaults to the namespace ``reptables up`` runs in (default)."""
+    key: StrictStr = Field(default="uri", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    """Key of the Secret holding the URL (``uri``, as in CloudNativePG's application Secrets)."""
+
+
+# a password in the URL's user part (user:password@), or as a query parameter (?password=...)
+_PASSWORD_IN_USERINFO = r"^[^:/]+://[^/@]*:[^/@]*@"
+_PASSWORD_IN_QUERY = r"[?&]password="
+_NO_PASSWORD = ("storage must not carry a password (the engine gets it on its command line, which every user "
+                "of the machine can read): give the password in $PGPASSWORD or a ~/.pgpass, or the whole URL "
+                "in a Secret named by storageSecret")
+_ONE_STORAGE = "set storage or storageSecret, not both"
+
+
+class LocalEngineSpec(ApiModel):
+    """How ``reptables up`` runs this cluster's engine on the local machine; the operator ignores it."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.storage) || !has(self.storageSecret)", "message": _ONE_STORAGE}]})
+
+    storage: StrictStr | None = Field(default=None, max_length=2048, pattern=POSTGRESQL_URL_PATTERN,
+                                      json_schema_extra={"x-kubernetes-validations": [{
+                                          "rule": f"!self.matches('{_PASSWORD_IN_USERINFO}') && "
+                                                  f"!self.matches('{_PASSWORD_IN_QUERY}')",
+                                          "message": _NO_PASSWORD}]})
+    """The cluster's PostgreSQL database, postgresql://USER@HOST:PORT/DB, instead of SQLite in the
+    engine's data directory: given to the engine as --storage. No password here: the engine takes it
+    from $PGPASSWORD or a ~/.pgpass of the user running ``reptables up``; or use storageSecret. One
+    database per TableCluster."""
+    storage_secret: StorageSecretSelector | None = None
+    """A Secret key holding the cluster's whole PostgreSQL URL, password included: handed to this
+    engine alone, in its environment (REPTABLES_STORAGE), never on a command line."""
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _no_password(cls, url: object) -> object:
+        """Before the pattern, so that no error message repeats a URL that holds a password."""
+        if isinstance(url, str) and (re.search(_PASSWORD_IN_USERINFO, url) or re.search(_PASSWORD_IN_QUERY, url)):
+            raise PydanticCustomError(HIDDEN_INPUT_ERROR, _NO_PASSWORD)
+        return url
+
+    @model_validator(mode="after")
+    def _one_storage(self) -> LocalEngineSpec:
+        if self.storage is not None and self.storage_secret is not None:
+            raise ValueError(_ONE_STORAGE)
+        return self
 
 
 class TableClusterSpec(ApiModel):
@@ -57,6 +124,9 @@ class TableClusterSpec(ApiModel):
     """A read-only cluster refuses client row writes (the operator sets the engine's ``//sys/@read_only``;
     ``insert_rows`` and ``delete_rows`` fail with code 605) while replication into its replica tables
     goes on; the replicated table tracker treats it as unhealthy, so no sync replica stays there."""
+    local: LocalEngineSpec | None = None
+    """``reptables up`` only: how it runs this cluster's engine (its storage). The operator on Kubernetes
+    ignores it; there, the Helm chart's engine values say where an engine keeps its data."""
 
 
 class TableClusterStatus(BaseStatus):

@@ -285,13 +285,21 @@ def test_optional_fields_are_plain_not_nullable_and_enums_are_inlined() -> None:
 
 def test_every_cel_rule_compiles_and_has_a_message() -> None:
     rules = [rule for kind in NAMES for _, rule in cel_rules(root_schema(kind))]
-    assert len(rules) == 15
+    assert len(rules) == 17
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
 
 
-@pytest.mark.parametrize("manifest", [cluster(), table(), replica(), collocation()], ids=lambda m: m["kind"])
+LOCAL_DB = "postgresql://reptables@127.0.0.1:5432/primary"
+LOCAL_STORAGE = [{"storage": LOCAL_DB}, {"storage": "postgresql+psycopg://reptables@/primary?host=/run/postgresql"},
+                 {"storage": "postgresql://db.example.com/primary?sslmode=verify-full"},
+                 {"storageSecret": {"name": "primary-db"}}, {}]
+
+
+@pytest.mark.parametrize("manifest", [cluster(), table(), replica(), collocation(),
+                                      *(cluster(local=local) for local in LOCAL_STORAGE)],
+                         ids=lambda m: f"{m['kind']}{m['spec'].get('local', '')}")
 def test_valid_objects_pass_every_rule_on_create_and_on_a_no_op_update(manifest: dict[str, Any]) -> None:
     assert violations(manifest) == []
     assert violations(manifest, manifest) == []
@@ -351,6 +359,13 @@ def test_changing_a_value_column_or_an_option_is_allowed(old: dict[str, Any], ne
                                         "set mode: async and enableReplicatedTableTracker: false"),
     (replica(atomicity="none"), "a replica with atomicity: none can only be asynchronous: "
                                 "set mode: async and enableReplicatedTableTracker: false"),
+    (cluster(local={"storage": LOCAL_DB, "storageSecret": {"name": "primary-db"}}),
+     "set storage or storageSecret, not both"),
+    *((cluster(local={"storage": url}), "storage must not carry a password (the engine gets it on its command line, "
+                                        "which every user of the machine can read): give the password in $PGPASSWORD "
+                                        "or a ~/.pgpass, or the whole URL in a Secret named by storageSecret")
+      for url in ("postgresql://reptables:secret@127.0.0.1:5432/primary", "postgresql://reptables:@host/primary",
+                  "postgresql://reptables@host/primary?sslmode=require&password=secret")),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_api_server_and_the_models_refuse_the_same_manifest(manifest: dict[str, Any], message: str) -> None:
     assert violations(manifest) == [message]
@@ -374,6 +389,9 @@ def test_minimal_table_cluster_gets_the_documented_defaults() -> None:
     assert spec.credentials_secret.key == "token"
     assert spec.credentials_secret.namespace is None
     assert spec.read_only is False
+    assert spec.local is None  # the local runner's engine keeps SQLite in its data directory
+    local = parse_resource(cluster(local={"storageSecret": {"name": "primary-db"}}), TableCluster).spec.local
+    assert local is not None and local.storage_secret is not None and local.storage_secret.key == "uri"
 
 
 def test_minimal_replicated_table_gets_the_documented_defaults() -> None:
@@ -408,7 +426,9 @@ def test_throttler_period_defaults_to_one_second() -> None:
     assert spec.replication_throttler is not None and spec.replication_throttler.period == 1000
 
 
-@pytest.mark.parametrize("manifest", [cluster(), table(), replica(), collocation()], ids=lambda m: m["kind"])
+@pytest.mark.parametrize("manifest", [cluster(), table(), replica(), collocation(),
+                                      cluster(local={"storageSecret": {"name": "primary-db"}})],
+                         ids=lambda m: f"{m['kind']}{m['spec'].get('local', '')}")
 def test_crd_defaults_are_the_model_defaults(manifest: dict[str, Any]) -> None:
     model = parse_resource(manifest)
     defaulted = apply_defaults(root_schema(manifest["kind"])["properties"]["spec"], manifest["spec"])
@@ -432,6 +452,10 @@ def test_crd_defaults_are_the_model_defaults(manifest: dict[str, Any]) -> None:
      "spec.replicatedTableOptions.syncReplicaLagThreshold: '10 minutes' is not a duration"),
     (cluster(endpoint="ftp://primary"), "spec.endpoint: String should match pattern"),
     (cluster(credentialsSecret={}), "spec.credentialsSecret.name: Field required"),
+    (cluster(local={"storage": "mysql://reptables@127.0.0.1/primary"}), "spec.local.storage: String should match "
+                                                                         "pattern"),
+    (cluster(local={"storage": "postgresql://reptables@127.0.0.1:5432"}), "spec.local.storage: String should match "
+                                                                          "pattern"),  # no database named
     (replica(enabled="yes"), "spec.enabled: Input should be a valid boolean (got 'yes')"),
     (replica(replicaPth="//tmp/x"), "spec.replicaPth: Extra inputs are not permitted"),
     (collocation(tables=[]), "spec.tables: List should have at least 1 item"),
@@ -447,6 +471,19 @@ def test_invalid_manifest_error_names_the_resource_and_the_field(manifest: dict[
         parse_resource(manifest)
     assert expected in str(caught.value)
     assert str(caught.value).startswith(f'{manifest["kind"]} "{manifest["metadata"]["name"]}" is invalid: ')
+
+
+@pytest.mark.parametrize("url", ["postgresql://reptables:hunter2@127.0.0.1/primary",
+                                 "mysql://reptables:hunter2@127.0.0.1/primary",
+                                 "postgresql://reptables@127.0.0.1/primary?password=hunter2"])
+def test_a_password_in_a_storage_url_is_refused_and_never_repeated(url: str) -> None:
+    with pytest.raises(InvalidResourceError) as caught:
+        parse_resource(cluster(local={"storage": url}))
+    assert caught.value.problems == [
+        "spec.local.storage: storage must not carry a password (the engine gets it on its command line, which every "
+        "user of the machine can read): give the password in $PGPASSWORD or a ~/.pgpass, or the whole URL in a "
+        "Secret named by storageSecret"]
+    assert "hunter2" not in str(caught.value)
 
 
 def test_every_problem_is_reported_at_once() -> None:

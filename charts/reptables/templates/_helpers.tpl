@@ -79,6 +79,13 @@ Returned as a JSON list: use with fromJsonArray.
 {{- printf "%s-%s" (include "reptables.fullname" .root) .engine.name | trunc 52 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The CloudNativePG Cluster of an engine with storage.postgresql.cloudnativepg: <engine fullname>-pg.
+CloudNativePG makes from it the Services <name>-rw/-ro/-r and the Secret <name>-app (the application
+user's credentials, the whole URL under the key "uri"). */}}
+{{- define "reptables.cnpgClusterName" -}}
+{{- printf "%s-pg" (include "reptables.engineFullname" .) }}
+{{- end }}
+
 {{/* The Secret holding an engine's token, and its key. */}}
 {{- define "reptables.engineSecretName" -}}
 {{- if and .engine.existingSecret .engine.existingSecret.name }}
@@ -108,8 +115,9 @@ Returned as a JSON list: use with fromJsonArray.
 {{- printf "%s://%s.%s.svc.%s:%d" $scheme (include "reptables.engineFullname" .) .root.Release.Namespace .root.Values.clusterDomain (int .root.Values.engineDefaults.port) }}
 {{- end }}
 
-{{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids; and on a
-ServiceMonitor with nothing it could scrape without a token. */}}
+{{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids, a CloudNativePG
+Cluster name CloudNativePG would refuse; and on a ServiceMonitor with nothing it could scrape without a
+token. */}}
 {{- define "reptables.validateEngines" -}}
 {{- if and .Values.serviceMonitor.enabled .Values.engines (not (int .Values.engineDefaults.metricsPort)) }}
 {{- fail "serviceMonitor.enabled scrapes the engines' metrics listener: set engineDefaults.metricsPort (the API port's /metrics needs each engine's token)" }}
@@ -129,5 +137,11 @@ ServiceMonitor with nothing it could scrape without a token. */}}
 {{- end }}
 {{- $_ := set $names .name true }}
 {{- $_ := set $ids $id .name }}
+{{- if ((.storage).postgresql).cloudnativepg }}
+{{- $cnpg := include "reptables.cnpgClusterName" (dict "root" $ "engine" .) }}
+{{- if or (gt (len $cnpg) 50) (not (regexMatch "^[a-z]" $cnpg)) }}
+{{- fail (printf "engines: %q: its CloudNativePG Cluster would be named %q, but CloudNativePG takes only names of at most 50 characters that start with a letter: shorten the release or engine name, or set fullnameOverride" .name $cnpg) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}

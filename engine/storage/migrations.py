@@ -1,0 +1,49 @@
+"""Versioned changes of the system tables: a database is brought to this engine's schema once.
+
+A newer engine may need the system tables an older one made to look different. ``create_schema``
+creates the tables that are missing (a new system table needs nothing more); a change to a table
+that exists - a new column, a new index, data rewritten - is a numbered step in :data:`STEPS`,
+run once, in the writer's transaction with the new version recorded in ``_rt_meta``
+(``schema_version``), in order, at the engine's start. A database whose version is newer than this
+engine's is refused (an older engine does not know what the steps it lacks changed). Both backends
+run the same steps: each is written with SQLAlchemy Core, dialect-neutral.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from ..errors import DataDirError
+from .sql import Storage
+from .system_tables import meta_table
+
+log = logging.getLogger("reptables.engine.storage")
+
+_VERSION = "schema_version"
+
+#: (version, what it changes, the step): in version order. Version 1 is the schema as
+#: ``create_schema`` makes it; add a step with the next version to change an existing table.
+STEPS: list[tuple[int, str, Callable[[sa.Connection], None]]] = []
+#: the version this engine brings a database to
+SCHEMA_VERSION = max([1, *(v for v, _, _ in STEPS)])
+
+
+def migrate(storage: Storage) -> int:
+    """Run the steps the database lacks; its version afterwards. After ``create_schema``."""
+    with storage.write() as conn:
+        stored = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.name == _VERSION)).scalar()
+        version = int(stored) if stored is not None and stored.isdigit() else 1
+        if version > SCHEMA_VERSION:
+            raise DataDirError(f"The database {storage.display_url} has schema version {version}; this engine knows "
+                               f"versions up to {SCHEMA_VERSION}: a newer reptables wrote it",
+                               attributes={"schema_version": version})
+        for step_version, what, step in STEPS:
+            if step_version > version:
+                log.info("storage migration", extra={"version": step_version, "change": what})
+                step(conn)
+                version = step_version
+        storage.set_meta(conn, _VERSION, str(version))
+    return version
