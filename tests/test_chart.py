@@ -32,7 +32,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ import pytest
 import typer
 import yaml
 
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -439,10 +439,10 @@ def _run_operator_scenario(tmp_path: Path, args: list[str], peering: str | None,
                 return any(c.get("type") == "Ready" and c.get("status") == "True"
                            for c in status.get("conditions", []))
 
-            deadline = time.monotonic() + 90
-            while not all(ready(*o) for o in objects):
-                assert time.monotonic() < deadline, (tmp_path / "operator.log").read_text()[-4000:]
-                time.sleep(0.25)
+            try:
+                wait_for(lambda: all(ready(*o) for o in objects), 90, "every object Ready", interval=0.25)
+            except WaitTimeout as exc:
+                raise AssertionError(f"{exc}\n{(tmp_path / 'operator.log').read_text()[-4000:]}") from None
             api.wait_for(lambda: (api.get("replicatedtables", "t", app_ns).get("status") or {}).get("tracker"),
                          timeout=30, message="the tracker's verdict in status")
             api.wait_for(lambda: (api.get("xdcrgroups", "g").get("status") or {}).get("conditions"),

@@ -31,7 +31,8 @@ from reptables.operator.controllers.world import Engines
 from reptables.operator.jobs.processes import LocalLauncher
 from reptables.operator.registry import CredentialPolicy, Registry
 from reptables.operator.tracker.loop import TrackerLoop
-from tests.replication.conftest import ClusterSet, wait_for
+from reptables.testing import WaitTimeout, wait_for
+from tests.replication.conftest import ClusterSet
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "reptables"
@@ -201,13 +202,15 @@ class Core:
         return self.bodies[(kind, NS, name)]["status"]
 
     def until(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Reconcile everything until ``predicate()`` holds (:func:`wait_for`, a pass per look)."""
+        def reconciled() -> bool:
             self.reconcile_all()
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}: {json.dumps(self.bodies_status())[:3000]}")
+            return bool(predicate())
+
+        try:
+            wait_for(reconciled, timeout, what, interval=0.2)
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}: {json.dumps(self.bodies_status())[:3000]}") from None
 
     def bodies_status(self) -> dict[str, Any]:
         return {"/".join(str(p) for p in key): body.get("status") for key, body in self.bodies.items()}

@@ -5,9 +5,9 @@ state and synchronous only. Code of reptables that talks to an engine (the opera
 wants a client it can hold in one object, close deterministically and use from asyncio, raising
 the engine's own error classes. This is it, in the style of httpx: :class:`Client` and
 :class:`AsyncClient` have the same constructor and methods (the async ones are coroutines). Both
-build every request (``_Build``, ``_Request``) and parse every response (``_parse_*``,
-``_error_from_response``) with the same private helpers; the two classes differ only in the call
-that moves bytes, so the protocol is written down exactly once.
+build every request (``protocol.Build``, ``protocol.Request``) and turn every response into a
+result or an error (``protocol.result_of``) with the same helpers of ``protocol.py``; the two
+classes differ only in the call that moves bytes, so the protocol is written down exactly once.
 
 Every public command of the engine (its command table, ``GET /api/v4``) has a typed method of the
 same name with YT's parameter names, so a reader (and mypy) can follow a command from its caller to

@@ -3,6 +3,14 @@
 :class:`~reptables.engine.client.Client` and :class:`~reptables.engine.client.AsyncClient` differ
 only in the call that moves bytes; everything they say and understand is here (see the package
 docstring for the protocol's tricky parts).
+
+Its names come in two kinds. Those without an underscore are what the two clients (``sync.py``,
+``aio.py``) share: :class:`Build` (the request of each typed method), :class:`Request`,
+:class:`Answer`, :func:`result_of` (an answer to a result or a raised error), :class:`ClientConfig`
+and :data:`Row`; they are public to the package but implementation details of it, so the package's
+``__all__`` leaves them out (it exports :class:`Schema`, :class:`TransportError`,
+:func:`token_timestamp` and :func:`compare_tokens` from here). Names with an underscore are used in
+this module only.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from ..httpconn import has_non_finite
 #: JSON with strings as plain Unicode (see the module docstring on ``encode_utf8``)
 _JSON_FORMAT: dict[str, Any] = {"$value": "json", "$attributes": {"encode_utf8": False}}
 
-_Row = Mapping[str, Any]
+Row = Mapping[str, Any]
 
 
 class TransportError(UnavailableError):
@@ -225,12 +233,12 @@ def _encode_input(spec: _Spec, value: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class _Request:
+class Request:
     """One HTTP request, and the function that turns its successful response into a result."""
 
     method: str
     url: str
-    parse: Callable[[_Answer], Any]
+    parse: Callable[[Answer], Any]
     params: dict[str, Any] | None = None
     body: bytes | None = None
     #: filled with the answer's ``X-YT-Response-Parameters`` (reads with event tokens)
@@ -249,7 +257,7 @@ class _Request:
 
     @classmethod
     def command(cls, name: str, params: Mapping[str, Any], input: Any = None, *, spec: _Spec | None = None,
-                unwrap: str | None = None, convert: Callable[[Any], Any] | None = None) -> _Request:
+                unwrap: str | None = None, convert: Callable[[Any], Any] | None = None) -> Request:
         """A request of command ``name`` (``spec`` defaults to the known one).
 
         Parameters whose value is None are left out. A structured result is unwrapped from its
@@ -262,7 +270,7 @@ class _Request:
         if spec.input_type is not None:
             wire_params["input_format"] = _JSON_FORMAT
             body = _encode_input(spec, input)
-        parse: Callable[[_Answer], Any] = _parse_nothing
+        parse: Callable[[Answer], Any] = _parse_nothing
         if spec.output_type is not None:
             wire_params["output_format"] = _JSON_FORMAT
             parse = _parse_tabular if spec.output_type == "tabular" else partial(
@@ -278,7 +286,7 @@ class _Request:
 # -- decoding -------------------------------------------------------------------------------------
 
 
-class _Answer(Protocol):
+class Answer(Protocol):
     """What the parsers read of an answer: an ``httpx.Response`` or an ``httpconn.HttpResponse``."""
 
     @property
@@ -297,7 +305,7 @@ class _Answer(Protocol):
 
 
 
-def _parse_nothing(response: _Answer) -> None:
+def _parse_nothing(response: Answer) -> None:
     return None
 
 
@@ -310,7 +318,7 @@ def _unescape_keys(value: Any) -> Any:
     return value
 
 
-def _parse_structured(response: _Answer, unwrap: str | None,
+def _parse_structured(response: Answer, unwrap: str | None,
                       convert: Callable[[Any], Any] | None) -> Any:
     content = response.content
     value = json.loads(content.decode("utf-8"))
@@ -321,7 +329,7 @@ def _parse_structured(response: _Answer, unwrap: str | None,
     return convert(value) if convert is not None else value
 
 
-def _parse_tabular(response: _Answer) -> list[Any]:
+def _parse_tabular(response: Answer) -> list[Any]:
     body = response.content.strip()
     if not body:
         return []
@@ -334,7 +342,7 @@ def _parse_tabular(response: _Answer) -> list[Any]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def _parse_descriptors(response: _Answer) -> dict[str, _Spec]:
+def _parse_descriptors(response: Answer) -> dict[str, _Spec]:
     def kind(raw: str | None) -> str | None:
         return None if raw in (None, "", "null") else raw
 
@@ -351,7 +359,7 @@ def _to_schema(value: Any) -> Any:
     return value
 
 
-def _error_from_response(response: _Answer) -> YtError | None:
+def _error_from_response(response: Answer) -> YtError | None:
     """The YT error a response carries, or None if it is a success."""
     if response.is_success and response.headers.get("X-YT-Response-Code", "0") == "0":
         return None
@@ -371,7 +379,7 @@ def _error_from_response(response: _Answer) -> YtError | None:
     })
 
 
-def _result(req: _Request, response: _Answer) -> Any:
+def result_of(req: Request, response: Answer) -> Any:
     error = _error_from_response(response)
     if error is not None:
         raise error
@@ -385,117 +393,117 @@ def _result(req: _Request, response: _Answer) -> Any:
 # -- the requests of the typed methods, shared by both clients ------------------------------------
 
 
-class _Build:
+class Build:
     """The request of each typed method, built from that method's arguments (same names, same order)."""
 
     @staticmethod
-    def descriptors() -> _Request:
-        return _Request("GET", "/api/v4", _parse_descriptors)
+    def descriptors() -> Request:
+        return Request("GET", "/api/v4", _parse_descriptors)
 
     @staticmethod
-    def call(specs: Mapping[str, _Spec], command: str, params: Mapping[str, Any], input: Any) -> _Request:
+    def call(specs: Mapping[str, _Spec], command: str, params: Mapping[str, Any], input: Any) -> Request:
         if command not in specs:
             raise YtError(f"Command {command!r} is not supported by this proxy", code=ErrorCode.NO_SUCH_METHOD)
-        return _Request.command(command, params, input, spec=specs[command])
+        return Request.command(command, params, input, spec=specs[command])
 
     @staticmethod
     def create(type: str, path: str | None, attributes: dict[str, Any] | None, recursive: bool, ignore_existing: bool,
-               force: bool) -> _Request:
-        return _Request.command("create", {
+               force: bool) -> Request:
+        return Request.command("create", {
             "type": type, "path": path, "attributes": attributes, "recursive": recursive,
             "ignore_existing": ignore_existing, "force": force}, unwrap="node_id")
 
     @staticmethod
-    def get(path: str, attributes: list[str] | None) -> _Request:
+    def get(path: str, attributes: list[str] | None) -> Request:
         is_schema = path.rstrip("/").endswith("/@schema")
-        return _Request.command("get", {"path": path, "attributes": attributes}, unwrap="value",
-                                convert=_to_schema if is_schema else None)
+        return Request.command("get", {"path": path, "attributes": attributes}, unwrap="value",
+                               convert=_to_schema if is_schema else None)
 
     @staticmethod
-    def set(path: str, value: Any, recursive: bool, force: bool) -> _Request:
-        return _Request.command("set", {"path": path, "recursive": recursive, "force": force}, value)
+    def set(path: str, value: Any, recursive: bool, force: bool) -> Request:
+        return Request.command("set", {"path": path, "recursive": recursive, "force": force}, value)
 
     @staticmethod
-    def remove(path: str, recursive: bool, force: bool) -> _Request:
-        return _Request.command("remove", {"path": path, "recursive": recursive, "force": force})
+    def remove(path: str, recursive: bool, force: bool) -> Request:
+        return Request.command("remove", {"path": path, "recursive": recursive, "force": force})
 
     @staticmethod
-    def exists(path: str) -> _Request:
-        return _Request.command("exists", {"path": path}, unwrap="value", convert=bool)
+    def exists(path: str) -> Request:
+        return Request.command("exists", {"path": path}, unwrap="value", convert=bool)
 
     @staticmethod
-    def list(path: str, attributes: builtins.list[str] | None) -> _Request:
-        return _Request.command("list", {"path": path, "attributes": attributes}, unwrap="value")
+    def list(path: str, attributes: builtins.list[str] | None) -> Request:
+        return Request.command("list", {"path": path, "attributes": attributes}, unwrap="value")
 
     @staticmethod
-    def mount_table(path: str, freeze: bool) -> _Request:
-        return _Request.command("mount_table", {"path": path, "freeze": freeze})
+    def mount_table(path: str, freeze: bool) -> Request:
+        return Request.command("mount_table", {"path": path, "freeze": freeze})
 
     @staticmethod
-    def by_path(command: str, path: str) -> _Request:
+    def by_path(command: str, path: str) -> Request:
         """remount_table, freeze_table, unfreeze_table, dr_join_finish: commands of a path alone."""
-        return _Request.command(command, {"path": path})
+        return Request.command(command, {"path": path})
 
     @staticmethod
-    def unmount_table(path: str, force: bool) -> _Request:
-        return _Request.command("unmount_table", {"path": path, "force": force or None})
+    def unmount_table(path: str, force: bool) -> Request:
+        return Request.command("unmount_table", {"path": path, "force": force or None})
 
     @staticmethod
     def reshard_table(path: str, pivot_keys: builtins.list[builtins.list[Any]] | None,
-                      tablet_count: int | None) -> _Request:
-        return _Request.command("reshard_table", {"path": path, "pivot_keys": pivot_keys,
-                                                  "tablet_count": tablet_count})
+                      tablet_count: int | None) -> Request:
+        return Request.command("reshard_table", {"path": path, "pivot_keys": pivot_keys,
+                                                 "tablet_count": tablet_count})
 
     @staticmethod
-    def trim_rows(path: str, tablet_index: int, trimmed_row_count: int) -> _Request:
-        return _Request.command("trim_rows", {"path": path, "tablet_index": tablet_index,
-                                              "trimmed_row_count": trimmed_row_count})
+    def trim_rows(path: str, tablet_index: int, trimmed_row_count: int) -> Request:
+        return Request.command("trim_rows", {"path": path, "tablet_index": tablet_index,
+                                             "trimmed_row_count": trimmed_row_count})
 
     @staticmethod
-    def alter_table(path: str, schema: Any, upstream_replica_id: str | None) -> _Request:
-        return _Request.command("alter_table", {"path": path, "schema": schema,
-                                                "upstream_replica_id": upstream_replica_id})
+    def alter_table(path: str, schema: Any, upstream_replica_id: str | None) -> Request:
+        return Request.command("alter_table", {"path": path, "schema": schema,
+                                               "upstream_replica_id": upstream_replica_id})
 
     @staticmethod
     def alter_table_replica(replica_id: str, enabled: bool | None, mode: str | None,
-                            enable_replicated_table_tracker: bool | None) -> _Request:
-        return _Request.command("alter_table_replica", {
+                            enable_replicated_table_tracker: bool | None) -> Request:
+        return Request.command("alter_table_replica", {
             "replica_id": replica_id, "enabled": enabled, "mode": mode,
             "enable_replicated_table_tracker": enable_replicated_table_tracker})
 
     @staticmethod
-    def get_in_sync_replicas(path: str, timestamp: int, keys: Iterable[_Row] | None) -> _Request:
+    def get_in_sync_replicas(path: str, timestamp: int, keys: Iterable[Row] | None) -> Request:
         """``keys`` None asks about every key (``all_keys``)."""
-        return _Request.command("get_in_sync_replicas", {
+        return Request.command("get_in_sync_replicas", {
             "path": path, "timestamp": timestamp, "all_keys": True if keys is None else None},
             None if keys is None else list(keys))
 
     @staticmethod
-    def insert_rows(path: str, rows: Iterable[_Row], update: bool | None, transaction_id: str | None,
-                    atomicity: str | None, durability: str | None, require_sync_replica: bool | None) -> _Request:
-        return _Request.command("insert_rows", {
+    def insert_rows(path: str, rows: Iterable[Row], update: bool | None, transaction_id: str | None,
+                    atomicity: str | None, durability: str | None, require_sync_replica: bool | None) -> Request:
+        return Request.command("insert_rows", {
             "path": path, "update": update, "transaction_id": transaction_id, "atomicity": atomicity,
             "durability": durability, "require_sync_replica": require_sync_replica}, list(rows))
 
     @staticmethod
-    def delete_rows(path: str, keys: Iterable[_Row], transaction_id: str | None, atomicity: str | None,
-                    durability: str | None, require_sync_replica: bool | None) -> _Request:
-        return _Request.command("delete_rows", {
+    def delete_rows(path: str, keys: Iterable[Row], transaction_id: str | None, atomicity: str | None,
+                    durability: str | None, require_sync_replica: bool | None) -> Request:
+        return Request.command("delete_rows", {
             "path": path, "transaction_id": transaction_id, "atomicity": atomicity, "durability": durability,
             "require_sync_replica": require_sync_replica}, list(keys))
 
     @staticmethod
-    def lock_rows(path: str, keys: Iterable[_Row], locks: builtins.list[str] | None, lock_type: str | None,
-                  transaction_id: str | None) -> _Request:
-        return _Request.command("lock_rows", {
+    def lock_rows(path: str, keys: Iterable[Row], locks: builtins.list[str] | None, lock_type: str | None,
+                  transaction_id: str | None) -> Request:
+        return Request.command("lock_rows", {
             "path": path, "locks": locks, "lock_type": lock_type, "transaction_id": transaction_id}, list(keys))
 
     @staticmethod
-    def lookup_rows(path: str, keys: Iterable[_Row], column_names: builtins.list[str] | None,
+    def lookup_rows(path: str, keys: Iterable[Row], column_names: builtins.list[str] | None,
                     timestamp: int | None, keep_missing_rows: bool | None, transaction_id: str | None,
                     include_event_token: bool = False, compare_event_token: str | None = None,
-                    response_parameters: dict[str, Any] | None = None) -> _Request:
-        req = _Request.command("lookup_rows", {
+                    response_parameters: dict[str, Any] | None = None) -> Request:
+        req = Request.command("lookup_rows", {
             "path": path, "column_names": column_names, "timestamp": timestamp,
             "keep_missing_rows": keep_missing_rows, "transaction_id": transaction_id,
             "include_event_token": include_event_token or None, "compare_event_token": compare_event_token},
@@ -507,8 +515,8 @@ class _Build:
                     output_row_limit: int | None, include_event_token: bool = False,
                     compare_event_token: str | None = None,
                     response_parameters: dict[str, Any] | None = None, input_row_limit: int | None = None,
-                    fail_on_incomplete_result: bool | None = None) -> _Request:
-        req = _Request.command("select_rows", {
+                    fail_on_incomplete_result: bool | None = None) -> Request:
+        req = Request.command("select_rows", {
             "query": query, "timestamp": timestamp, "transaction_id": transaction_id,
             "input_row_limit": input_row_limit, "output_row_limit": output_row_limit,
             "fail_on_incomplete_result": fail_on_incomplete_result,
@@ -519,94 +527,94 @@ class _Build:
 
     @staticmethod
     def pull_changes(path: str, from_event_token: str | None, from_timestamp: int | None,
-                     max_row_count: int | None, wait_timeout: int | None) -> _Request:
-        return _Request.command("pull_changes", {
+                     max_row_count: int | None, wait_timeout: int | None) -> Request:
+        return Request.command("pull_changes", {
             "path": path, "from_event_token": from_event_token, "from_timestamp": from_timestamp,
             "max_row_count": max_row_count, "wait_timeout": wait_timeout})
 
     @staticmethod
     def register_queue_consumer(queue_path: str, consumer_path: str, vital: bool,
-                                from_timestamp: int | None) -> _Request:
-        return _Request.command("register_queue_consumer", {
+                                from_timestamp: int | None) -> Request:
+        return Request.command("register_queue_consumer", {
             "queue_path": queue_path, "consumer_path": consumer_path, "vital": vital,
             "from_timestamp": from_timestamp})
 
     @staticmethod
-    def unregister_queue_consumer(queue_path: str, consumer_path: str) -> _Request:
-        return _Request.command("unregister_queue_consumer", {"queue_path": queue_path,
-                                                              "consumer_path": consumer_path})
+    def unregister_queue_consumer(queue_path: str, consumer_path: str) -> Request:
+        return Request.command("unregister_queue_consumer", {"queue_path": queue_path,
+                                                             "consumer_path": consumer_path})
 
     @staticmethod
-    def list_queue_consumer_registrations(queue_path: str) -> _Request:
-        return _Request.command("list_queue_consumer_registrations", {"queue_path": queue_path}, unwrap="value")
+    def list_queue_consumer_registrations(queue_path: str) -> Request:
+        return Request.command("list_queue_consumer_registrations", {"queue_path": queue_path}, unwrap="value")
 
     @staticmethod
     def pull_consumer(consumer_path: str, queue_path: str, max_row_count: int | None,
-                      wait_timeout: int | None) -> _Request:
-        return _Request.command("pull_consumer", {
+                      wait_timeout: int | None) -> Request:
+        return Request.command("pull_consumer", {
             "consumer_path": consumer_path, "queue_path": queue_path, "max_row_count": max_row_count,
             "wait_timeout": wait_timeout})
 
     @staticmethod
-    def advance_consumer(consumer_path: str, queue_path: str, old_offset: str | None, new_offset: str) -> _Request:
-        return _Request.command("advance_consumer", {
+    def advance_consumer(consumer_path: str, queue_path: str, old_offset: str | None, new_offset: str) -> Request:
+        return Request.command("advance_consumer", {
             "consumer_path": consumer_path, "queue_path": queue_path, "old_offset": old_offset,
             "new_offset": new_offset})
 
     @staticmethod
-    def generate_timestamp() -> _Request:
-        return _Request.command("generate_timestamp", {}, unwrap="timestamp")
+    def generate_timestamp() -> Request:
+        return Request.command("generate_timestamp", {}, unwrap="timestamp")
 
     @staticmethod
     def start_transaction(type: str, atomicity: str | None, durability: str | None,
-                          timeout: int | None, start_timestamp: int | None = None) -> _Request:
-        return _Request.command("start_transaction", {
+                          timeout: int | None, start_timestamp: int | None = None) -> Request:
+        return Request.command("start_transaction", {
             "type": type, "atomicity": atomicity, "durability": durability, "timeout": timeout,
             "start_timestamp": start_timestamp}, unwrap="transaction_id")
 
     @staticmethod
-    def by_transaction_id(command: str, transaction_id: str) -> _Request:
+    def by_transaction_id(command: str, transaction_id: str) -> Request:
         """ping_transaction, abort_transaction: commands of a transaction id alone."""
-        return _Request.command(command, {"transaction_id": transaction_id})
+        return Request.command(command, {"transaction_id": transaction_id})
 
     @staticmethod
-    def commit_transaction(transaction_id: str) -> _Request:
-        return _Request.command("commit_transaction", {"transaction_id": transaction_id}, unwrap="commit_timestamp")
+    def commit_transaction(transaction_id: str) -> Request:
+        return Request.command("commit_transaction", {"transaction_id": transaction_id}, unwrap="commit_timestamp")
 
     # -- active-active replication, XDCR (docs/xdcr.md) --
 
     @staticmethod
-    def dr_pause(wait: bool, timeout: int | None) -> _Request:
-        return _Request.command("dr_pause", {"wait": wait, "timeout": timeout})
+    def dr_pause(wait: bool, timeout: int | None) -> Request:
+        return Request.command("dr_pause", {"wait": wait, "timeout": timeout})
 
     @staticmethod
-    def dr_reset(cluster: str | None, force: bool) -> _Request:
-        return _Request.command("dr_reset", {"cluster": cluster, "force": force or None})
+    def dr_reset(cluster: str | None, force: bool) -> Request:
+        return Request.command("dr_reset", {"cluster": cluster, "force": force or None})
 
     @staticmethod
-    def dr_drop(timeout: int | None) -> _Request:
-        return _Request.command("dr_drop", {"timeout": timeout})
+    def dr_drop(timeout: int | None) -> Request:
+        return Request.command("dr_drop", {"timeout": timeout})
 
     @staticmethod
-    def no_parameters(command: str) -> _Request:
+    def no_parameters(command: str) -> Request:
         """dr_status, dr_resume: commands without parameters."""
-        return _Request.command(command, {})
+        return Request.command(command, {})
 
     @staticmethod
-    def dr_join_begin(path: str, source: str | None, page_rows: int | None, restart: bool) -> _Request:
-        return _Request.command("dr_join_begin", {"path": path, "source": source, "page_rows": page_rows,
-                                                  "restart": restart})
+    def dr_join_begin(path: str, source: str | None, page_rows: int | None, restart: bool) -> Request:
+        return Request.command("dr_join_begin", {"path": path, "source": source, "page_rows": page_rows,
+                                                 "restart": restart})
 
     @staticmethod
-    def dr_join_read(path: str, page: int) -> _Request:
-        return _Request.command("dr_join_read", {"path": path, "page": page})
+    def dr_join_read(path: str, page: int) -> Request:
+        return Request.command("dr_join_read", {"path": path, "page": page})
 
     @staticmethod
-    def dr_join_write(path: str, page: int, entries: builtins.list[Any]) -> _Request:
-        return _Request.command("dr_join_write", {"path": path, "page": page}, entries)
+    def dr_join_write(path: str, page: int, entries: builtins.list[Any]) -> Request:
+        return Request.command("dr_join_write", {"path": path, "page": page}, entries)
 
 
-class _Config:
+class ClientConfig:
     """What :class:`Client` and :class:`AsyncClient` make of their constructor arguments."""
 
     def __init__(self, proxy_url: str, token: str | None, timeout: float) -> None:
@@ -621,7 +629,7 @@ class _Config:
         #: command descriptors; ``call`` adds the proxy's own on meeting an unknown command
         self.specs: dict[str, _Spec] = dict(_KNOWN_SPECS)
 
-    def read_timeout(self, req: _Request) -> float:
+    def read_timeout(self, req: Request) -> float:
         """How long ``req`` may wait for its answer: the client's timeout, and for a long pull at least
         its ``wait_timeout`` plus :data:`LONG_PULL_MARGIN` (a pull that waits 60 s is not late at 30 s).
         Connecting keeps the client's timeout either way."""
@@ -629,7 +637,7 @@ class _Config:
             return self.seconds
         return max(self.seconds, req.wait_seconds + LONG_PULL_MARGIN)
 
-    def httpx_timeout(self, req: _Request) -> httpx.Timeout:
+    def httpx_timeout(self, req: Request) -> httpx.Timeout:
         """:meth:`read_timeout` in httpx's form (connect, write and pool timeouts stay the client's)."""
         if req.wait_seconds is None:
             return self.timeout

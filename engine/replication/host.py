@@ -4,9 +4,11 @@ Replication sits above transactions, Cypress and storage and below the node (``C
 builds it. It must not know ``Cluster``: a layer that reached up into the composition root could
 use anything there, and a reader could not tell what replication depends on. This protocol is the
 whole answer: the cluster's name (sent as the coordinator of sync writes), its storage, timestamp
-provider, transaction manager and Cypress tree, and one way to turn a path into a table.
+provider, transaction manager and Cypress tree, one way to turn a path into a table, whether the
+cluster takes writes now, and the change streams' hold on a queue.
 
-``Cluster`` satisfies it structurally; the unit tests (``tests/replication/test_units.py``) satisfy
+``Cluster`` hands replication an adapter over its parts and services (``_ReplicationHost`` in
+node/cluster.py); the unit tests (``tests/replication/test_units.py``) satisfy
 it with a few real parts over a temporary SQLite file, without HTTP or engine processes.
 """
 

@@ -8,14 +8,13 @@ flush), restarts it on the same data directory and checks the data. Named crash 
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
-from reptables.testing import EngineProcess
+from reptables.testing import EngineProcess, wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"},
           {"name": "batch", "type": "int64"}, {"name": "v", "type": "string"}]
@@ -64,14 +63,13 @@ def test_sigkill_under_concurrent_writes_loses_no_acknowledged_commit(tmp_path: 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while len(acknowledged) < 60 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    engine.kill()
-    stop.set()
-    for t in threads:
-        t.join(timeout=30)
-    assert len(acknowledged) >= 60, "the write load did not get going"
+    try:
+        wait_for(lambda: len(acknowledged) >= 60, 30, "the write load to get going (60 acknowledged batches)")
+    finally:
+        engine.kill()
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
 
     engine.start()
     try:

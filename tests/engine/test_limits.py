@@ -34,7 +34,7 @@ from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import ErrorCode
 from reptables.engine.node import Cluster
-from reptables.testing import EngineProcess
+from reptables.testing import EngineProcess, wait_for
 
 MIB = 1024 * 1024
 MAX_BODY = 4 * MIB
@@ -424,13 +424,9 @@ def test_requests_beyond_the_connection_limit_get_503(engine):
     finally:
         for sock in sockets:
             sock.close()
-    deadline = time.monotonic() + 5
-    while True:  # the closed connections leave the engine's count as their EOF arrives
-        status = httpx.get(f"{engine.url}/healthz", timeout=5).status_code
-        if status == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert status == 200
+    # the closed connections leave the engine's count as their EOF arrives
+    wait_for(lambda: httpx.get(f"{engine.url}/healthz", timeout=5).status_code == 200, 5,
+             "the engine to serve again once the connections are closed")
 
 
 # -- errors ------------------------------------------------------------------------------------------------

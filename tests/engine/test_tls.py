@@ -37,7 +37,7 @@ from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.httpconn import ConnectionPool, HttpTransportError, client_ssl_context
 from reptables.engine.peers import Peers
 from reptables.engine.peers.directory import ClusterConnection
-from reptables.testing import EngineProcess, free_port, wait_for
+from reptables.testing import EngineProcess, WaitTimeout, free_port, wait_for
 from tests.replication.conftest import SCHEMA, ClusterSet
 from tests.test_chart import E2E_VALUES, by_kind, lint, load_values, merged, needs_helm, one, render, schema_validator
 
@@ -123,20 +123,21 @@ class TlsEngine(EngineProcess):
                 [sys.executable, "-m", "reptables.engine.cli", "serve", "--cluster-name", self.cluster_name,
                  "--data-dir", str(self.data_dir), "--port", str(self.port), "--log-level", self.log_level,
                  *self.extra_args], stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        deadline = time.monotonic() + timeout
+        proc = self.proc
         with httpx.Client(timeout=1.0, verify=client_ssl_context(str(self.ca))) as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"engine {self.cluster_name} exited with {self.proc.returncode}:\n"
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"engine {self.cluster_name} exited with {proc.returncode}:\n"
                                        + self.log_path.read_text(errors="replace")[-4000:])
-                try:
-                    if http.get(f"{self.url}/readyz").status_code == 200:
-                        return self
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"engine {self.cluster_name} did not become ready in {timeout} s; see {self.log_path}")
+                return http.get(f"{self.url}/readyz").status_code == 200
+
+            try:
+                wait_for(ready, timeout, f"engine {self.cluster_name} to be ready", retry_on=(httpx.HTTPError,))
+            except WaitTimeout:
+                self.stop()
+                raise RuntimeError(f"engine {self.cluster_name} did not become ready in {timeout} s; "
+                                   f"see {self.log_path}") from None
+        return self
 
 
 def tls_engine(name: str, data_dir: Path, pki: Pki, peer_ca: Path | None = None, *extra: str,

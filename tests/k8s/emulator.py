@@ -74,7 +74,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -94,6 +93,8 @@ import pytest
 import yaml
 from celpy.evaluation import CELEvalError, base_functions
 from kmock._internal import enums, k8s_views, rendering
+
+from reptables.testing import wait_for
 
 logger = logging.getLogger("tests.k8s.emulator")
 
@@ -2221,22 +2222,21 @@ class K8sApi:
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
                  message: str = "") -> Any:
-        """Poll ``predicate`` until it returns a truthy value (a 404 ApiError counts as falsy); return it."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while True:
+        """Poll ``predicate`` until it returns a truthy value (a 404 ApiError counts as falsy); return it.
+
+        :func:`reptables.testing.wait_for` with the emulator's rule for errors: an object not there
+        yet (404) is "not yet", any other error propagates; on timeout it raises
+        :class:`~reptables.testing.WaitTimeout` (a ``TimeoutError``).
+        """
+        def found() -> Any:
             try:
-                last = predicate()
+                return predicate()
             except ApiError as exc:
                 if exc.status != 404:
                     raise
-                last = None
-            if last:
-                return last
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"condition not met within {timeout}s{': ' + message if message else ''}; "
-                                   f"last value: {last!r}")
-            time.sleep(interval)
+                return None
+
+        return wait_for(found, timeout, message or "condition", interval=interval, retry_on=())
 
     def wait_for_deletion(self, resource: str | ResourceDef | Mapping[str, Any], name: str | None = None,
                           namespace: str | None = None, timeout: float = 10.0) -> None:

@@ -29,6 +29,7 @@ from reptables.operator.controllers.world import Engines, Event, Resource
 from reptables.operator.jobs.launcher import JobSpec, JobState
 from reptables.operator.jobs.processes import LocalLauncher
 from reptables.operator.registry import CredentialPolicy, Registry
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess
 
 API = "reptables.io/v1alpha1"
@@ -101,13 +102,12 @@ class Operator:
         return Client(self.engines[name].url, self.engines[name].read_token())
 
     def until(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Reconcile everything until ``predicate()`` holds (:func:`wait_for`, a pass per look)."""
+        def reconciled() -> bool:
             self.reconcile_all()
-            if predicate():
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}")
+            return bool(predicate())
+
+        wait_for(reconciled, timeout, what, interval=0.3)
 
     def secrets(self) -> list[str]:
         tokens = [e.read_token() for e in self.engines.values()]
@@ -155,10 +155,8 @@ def trimmed_table(op: Operator, name: str, rows: int, also_on: tuple[str, ...] =
         for start in range(0, rows, 1000):
             meta.insert_rows(path, [{"k": i, "v": f"v{i}", "a": {"i": i} if i % 3 else None}
                                     for i in range(start, min(rows, start + 1000))], require_sync_replica=False)
-        deadline = time.monotonic() + 60
-        while sum(t["trimmed_row_count"] for t in meta.get(f"{path}/@tablets")) < rows:
-            assert time.monotonic() < deadline, "the history was not trimmed"
-            time.sleep(0.2)
+        wait_for(lambda: sum(t["trimmed_row_count"] for t in meta.get(f"{path}/@tablets")) >= rows, 60,
+                 "the history to be trimmed", interval=0.2)
     return path
 
 
@@ -193,11 +191,8 @@ def test_a_replica_added_to_a_table_with_trimmed_history_is_bootstrapped_verifie
         assert info["state"] == "enabled" and info["start_replication_timestamp"] == boot["snapshotTimestamp"]
         # rows written after the bootstrap arrive through the replicator
         meta.insert_rows(path, [{"k": 10_000, "v": "after", "a": [1]}], require_sync_replica=False)
-        deadline = time.monotonic() + 60
-        while res.status["replicaId"] not in meta.call("get_in_sync_replicas", {
-                "path": path, "timestamp": meta.generate_timestamp(), "all_keys": True}):
-            assert time.monotonic() < deadline, "the bootstrapped replica never came in sync"
-            time.sleep(0.3)
+        wait_for(lambda: res.status["replicaId"] in meta.get_in_sync_replicas(path, meta.generate_timestamp()),
+                 60, "the bootstrapped replica to come in sync", interval=0.3)
     with op.client("source") as source, op.client("target") as target:
         query = "* from [{}] order by k limit 100000"
         expected = source.select_rows(query.format(path + "_source"))
@@ -254,11 +249,9 @@ def test_a_replica_table_removed_after_it_was_filled_is_refilled_with_every_row(
                          require_sync_replica=False)
     query = "* from [{}] order by k limit 100000"
     with op.client("source") as source, op.client("target") as target:
-        deadline = time.monotonic() + 60
-        while len(target.select_rows(query.format(path + "_target"))) < 2100 or \
-                len(source.select_rows(query.format(path + "_source"))) < 2100:
-            assert time.monotonic() < deadline, "the rows never reached both replicas"
-            time.sleep(0.2)
+        wait_for(lambda: len(target.select_rows(query.format(path + "_target"))) >= 2100
+                 and len(source.select_rows(query.format(path + "_source"))) >= 2100,
+                 60, "the rows to reach both replicas", interval=0.2)
         before = op.replica("lost-target").status
         assert before["replicaTableId"] == target.get(path + "_target/@id")
         # someone removes the filled replica table; made again empty under the same replica, it
@@ -284,11 +277,11 @@ def test_a_replica_table_removed_after_it_was_filled_is_refilled_with_every_row(
     with op.client("source") as source, op.client("target") as target:
         assert op.replica("lost-target").status["replicaTableId"] == target.get(path + "_target/@id") \
             != before["replicaTableId"]
-        deadline = time.monotonic() + 60
-        while (rows := target.select_rows(query.format(path + "_target"))) != \
-                source.select_rows(query.format(path + "_source")) or len(rows) != 2101:
-            assert time.monotonic() < deadline, f"the refilled replica holds {len(rows)} rows, not 2101"
-            time.sleep(0.3)
+        def refilled_rows() -> bool:
+            rows = target.select_rows(query.format(path + "_target"))
+            return len(rows) == 2101 and rows == source.select_rows(query.format(path + "_source"))
+
+        wait_for(refilled_rows, 60, "the refilled replica to hold the source's 2101 rows", interval=0.3)
     no_secret_anywhere(op)
 
 
@@ -300,10 +293,11 @@ def test_the_local_launcher_keeps_secrets_off_the_command_line_and_stops_what_it
         ref = launcher.start(JobSpec("sleepy", "tests.operator.test_bootstrap", ("--check",),
                                      {"meta-token-file": "s3cret-value-0123"}))
         assert launcher.start(JobSpec("sleepy", "tests.operator.test_bootstrap", ())) == ref  # started once
-        deadline = time.monotonic() + 30
-        while "secret file ok" not in launcher.log_of(ref):
-            assert time.monotonic() < deadline, launcher.log_of(ref)
-            time.sleep(0.1)
+        try:
+            wait_for(lambda: "secret file ok" in launcher.log_of(ref), 30, "the job to find its secret file",
+                     interval=0.1)
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}: {launcher.log_of(ref)}") from None
         [pid] = launcher.pids()
         assert b"s3cret-value-0123" not in Path(f"/proc/{pid}/cmdline").read_bytes()
         assert launcher.poll(ref) == JobState(running=True)
@@ -312,9 +306,14 @@ def test_the_local_launcher_keeps_secrets_off_the_command_line_and_stops_what_it
         assert state is not None and not state.running and state.exit_code == -15
         assert launcher.pids() == [] and not list(launcher.directory.rglob("meta-token-file"))
         failing = launcher.start(JobSpec("failing", "no_such_module_here", (), {"meta-token-file": "s3cret-0123"}))
-        while (state := launcher.poll(failing)) is not None and state.running:
-            time.sleep(0.1)
-        assert state is not None and state.exit_code == 1
+
+        def ended() -> JobState | None:
+            state = launcher.poll(failing)
+            assert state is not None, f"{failing} is gone"
+            return None if state.running else state
+
+        state = wait_for(ended, 30, "the failing job to end", interval=0.1)
+        assert state.exit_code == 1
         assert "No module named no_such_module_here" in (state.error or "")
         assert launcher.poll("local:never-started") is None
     finally:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from reptables.engine.process import free_port
 from reptables.operator.local.runner import LocalRunner
 from reptables.operator.local.state import STATE_FILE, write_private
 from reptables.operator.terminal import display
+from reptables.testing import WaitTimeout, wait_for
 
 BIN = Path(sys.executable).parent
 HOSTILE_PATH = "//tmp/a\x1b[31mred\x1b]0;title\x07"
@@ -120,11 +120,17 @@ def test_up_prints_the_events_and_status_of_a_table_on_such_a_path_escaped(
     try:
         runner.start_engines()
         out = ""
-        deadline = time.monotonic() + 20
-        while "Mounted" not in out:
-            assert time.monotonic() < deadline, f"the table was not mounted:\n{out}"
+
+        def mounted() -> bool:
+            nonlocal out
             runner.reconcile_all()
             out += capsys.readouterr().out
+            return "Mounted" in out
+
+        try:
+            wait_for(mounted, 20, "the table to be mounted", interval=0)
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}:\n{out}") from None
         runner.print_status()
         out += capsys.readouterr().out
     finally:

@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import yaml
 
 from reptables.engine.process import free_port
 from reptables.operator.local.state import make_private_dir
+from reptables.testing import WaitTimeout, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BIN = Path(sys.executable).parent
@@ -64,7 +64,7 @@ class Up:
                 [sys.executable, "-m", "reptables.operator.cli", "up", str(self.manifests), "--data-dir",
                  str(self.data), "--keep-running", "--no-live"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: "reconciling every second" in self.output(), 150, "reptables up to converge", self)
+        wait_on_up(lambda: "reconciling every second" in self.output(), 150, "reptables up to converge", self)
         self.engine_pids |= {e["pid"] for e in self.state()["engines"].values()}
 
     def output(self) -> str:
@@ -92,17 +92,18 @@ class Up:
                 os.killpg(pid, signal.SIGKILL)
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, up: Up) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
+def wait_on_up(check: Callable[[], Any], timeout: float, what: str, up: Up) -> Any:
+    """:func:`wait_for` ``check()``; fails at once, with up's output, if ``reptables up`` exits first."""
+    def seen() -> Any:
         result = check()
-        if result:
-            return result
-        if up.proc is not None and up.proc.poll() is not None:
+        if not result and up.proc is not None and up.proc.poll() is not None:
             pytest.fail(f"reptables up exited with {up.proc.returncode} waiting for {what}:\n{up.output()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}:\n{up.output()[-4000:]}")
-        time.sleep(0.5)
+        return result
+
+    try:
+        return wait_for(seen, timeout, what, interval=0.5)
+    except WaitTimeout as exc:
+        pytest.fail(f"{exc}:\n{up.output()[-4000:]}")
 
 
 def reptables(up: Up, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -212,7 +213,7 @@ def test_env_exports_drive_the_official_yt_cli(up: Up) -> None:
         assert found.returncode == 0, found.stderr
         return '"yt-cli"' in found.stdout
 
-    wait_for(replicated, 30, "the row on remote-1", up)
+    wait_on_up(replicated, 30, "the row on remote-1", up)
     missing = reptables(up, "env", "no-such-cluster")
     assert missing.returncode == 1 and "TableCluster no-such-cluster not found" in missing.stderr
 
@@ -227,7 +228,7 @@ def test_stopping_the_sync_cluster_moves_the_sync_replica_and_start_brings_it_ba
         orders = next(t for t in view["tables"] if t["name"] == "orders")
         return view if orders["syncReplicas"] == ["orders-remote-1"] else None
 
-    view = wait_for(moved, 40, "the tracker to move the sync replica to remote-1", up)
+    view = wait_on_up(moved, 40, "the tracker to move the sync replica to remote-1", up)
     switch = view["trackerSwitches"][0]  # newest first
     assert (switch["replica"], switch["mode"]) == ("orders-remote-1", "sync")
     started = reptables(up, "cluster", "start", "remote-0")
@@ -239,7 +240,7 @@ def test_stopping_the_sync_cluster_moves_the_sync_replica_and_start_brings_it_ba
         running = view["local"]["engines"]["remote-0"]["running"]
         return bool(remote0["healthy"] and remote0["ready"] == "True" and running)
 
-    wait_for(healthy, 40, "remote-0 healthy again", up)
+    wait_on_up(healthy, 40, "remote-0 healthy again", up)
     unknown = reptables(up, "cluster", "stop", "orders")
     assert unknown.returncode == 1 and "TableCluster orders not found" in unknown.stderr
 
@@ -262,18 +263,18 @@ def test_manifests_added_edited_and_removed_while_up_runs(up: Up) -> None:
         return bool(events and events["ready"] == "True" and [(r["name"], r["state"]) for r in events["replicas"]]
                     == [("events-remote-1", "enabled")])
 
-    wait_for(created, 40, "the new table and replica to be Ready", up)
+    wait_on_up(created, 40, "the new table and replica to be Ready", up)
     # an invalid edit is reported and changes nothing: the previous version stays
     broken = {**NEW_REPLICA, "spec": {**NEW_REPLICA["spec"], "mode": "fast"}}  # type: ignore[dict-item]
     new_file.write_text(yaml.safe_dump_all([NEW_TABLE, broken]))
-    wait_for(lambda: "zz-events.yaml: TableReplica \"events-remote-1\" is invalid: spec.mode" in up.output(),
-             15, "the invalid manifest to be reported", up)
+    wait_on_up(lambda: "zz-events.yaml: TableReplica \"events-remote-1\" is invalid: spec.mode" in up.output(),
+               15, "the invalid manifest to be reported", up)
     events = table_view(up, "events")
     assert events is not None and [(r["name"], r["mode"]) for r in events["replicas"]] == [("events-remote-1",
                                                                                             "async")]
     # the file is gone: the replica and then its table are deleted (deletionPolicy Retain keeps engine data)
     new_file.unlink()
-    wait_for(lambda: table_view(up, "events") is None, 30, "the table of the removed manifest to be deleted", up)
+    wait_on_up(lambda: table_view(up, "events") is None, 30, "the table of the removed manifest to be deleted", up)
     assert "TableReplica default/events-remote-1 deleted" in up.output()
     assert "ReplicatedTable default/events deleted" in up.output()
 

@@ -12,7 +12,6 @@ the policy, and a restarted operator adopts what exists.
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +27,7 @@ import pytest
 
 from reptables.engine.client import Client
 from reptables.engine.process import start_all
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.operator.rogue import Recorder
@@ -83,14 +83,11 @@ class Env:
         return Client(engine.url, engine.token, timeout=10)
 
     def wait(self, predicate: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ApiError):
-                value = predicate()
-                if value:
-                    return value
-            time.sleep(0.25)
-        raise AssertionError(f"timed out waiting for {what}\n--- operator log ---\n{self.operator.logs()}")
+        """:func:`wait_for`, with an API error "not yet" too, and the operator's log in the failure."""
+        try:
+            return wait_for(predicate, timeout, what, interval=0.25, retry_on=(ApiError,))
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}\n--- operator log ---\n{self.operator.logs()}") from None
 
     def status(self, kind: str, name: str) -> dict[str, Any]:
         namespace = None if kind == "tableclusters" else NS

@@ -34,6 +34,7 @@ from reptables.engine.process import start_all
 from reptables.operator.jobs.launcher import JobSpec, JobState, LaunchError, Owner
 from reptables.operator.jobs.spark_applications import SECRET_DIR, USER_AGENT, SparkApplicationLauncher, app_name
 from reptables.operator.settings import SparkJobSettings
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.k8s.spark_operator import SparkOperatorStandIn
@@ -54,14 +55,12 @@ def app_state(api: K8sApi, name: str, namespace: str = NS) -> str | None:
 
 
 def wait_done(launcher: SparkApplicationLauncher, ref: str, timeout: float = 60.0) -> JobState:
-    deadline = time.monotonic() + timeout
-    while True:
+    def finished() -> JobState | None:
         state = launcher.poll(ref)
         assert state is not None, f"{ref} is gone"
-        if not state.running:
-            return state
-        assert time.monotonic() < deadline, f"{ref} still runs"
-        time.sleep(0.2)
+        return None if state.running else state
+
+    return wait_for(finished, timeout, f"{ref} to finish", interval=0.2)
 
 
 # --- the launcher alone --------------------------------------------------------------------------------
@@ -243,10 +242,10 @@ def test_the_operator_bootstraps_a_replica_through_spark_applications(tmp_path: 
                 return api.get(kind, name, None if kind == "tableclusters" else NS).get("status") or {}
 
             def wait(predicate: Any, timeout: float, what: str) -> None:
-                deadline = time.monotonic() + timeout
-                while not predicate():
-                    assert time.monotonic() < deadline, f"timed out waiting for {what}\n{log_path.read_text()[-5000:]}"
-                    time.sleep(0.3)
+                try:
+                    wait_for(predicate, timeout, what, interval=0.3)
+                except WaitTimeout as exc:
+                    raise AssertionError(f"{exc}\n{log_path.read_text()[-5000:]}") from None
 
             for index, (name, engine) in enumerate(engines.items()):
                 api.create({"apiVersion": "v1", "kind": "Secret", "metadata": {

@@ -26,6 +26,7 @@ import yaml
 
 from reptables.engine.client import Client
 from reptables.engine.errors import LockConflict, YtError
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess, free_port
 from tests.k8s.emulator import ApiError, K8sApi
 from tests.operator.test_operator_e2e import API, CREDENTIALS, NS, OperatorProcess
@@ -61,14 +62,11 @@ class Env:
         return next((c for c in conds if c.get("type") == type_), {})
 
     def wait(self, predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(ApiError, YtError):
-                value = predicate()
-                if value:
-                    return value
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}\n--- operator log ---\n{self.operator.logs()}")
+        """:func:`wait_for`, with an API error "not yet" too, and the operator's log in the failure."""
+        try:
+            return wait_for(predicate, timeout, what, interval=0.2, retry_on=(ApiError, YtError))
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}\n--- operator log ---\n{self.operator.logs()}") from None
 
     def rows(self, cluster: str) -> list[dict[str, Any]]:
         with self.client(cluster) as client:

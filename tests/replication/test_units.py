@@ -36,6 +36,7 @@ from reptables.engine.storage import UserTables, replica_progress_table, storage
 from reptables.engine.tablets import DynamicTable, RowWrite, TabletState, WriteKind
 from reptables.engine.timestamps import TimestampProvider
 from reptables.engine.transactions import Participant, RemoteParticipant, TransactionManager, make_object_id
+from reptables.testing import wait_for
 
 SORTED = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
 ORDERED = [{"name": "k", "type": "int64"}, {"name": "v", "type": "string"}]
@@ -336,9 +337,7 @@ def test_a_failed_push_shows_its_error_on_the_tablet_and_the_replicator_backs_of
     replicator.ensure_running()
     time.sleep(0.2)
     assert len(world.network.pushes()) == pushes_before, "pushed again during the backoff"
-    deadline = time.monotonic() + 10
-    while replica.progress_of(0).row_index < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: replica.progress_of(0).row_index >= 2, 10, "the rows delivered after the backoff", interval=0.02)
     assert replica.progress_of(0).row_index == 2
     attrs = world.manager.describe(replica)
     assert attrs["errors"] == [] and "replication_error" not in attrs["tablets"][0]

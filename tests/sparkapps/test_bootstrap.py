@@ -25,7 +25,8 @@ from pyspark.sql import SparkSession
 
 from reptables.engine.credentials import peer_credential
 from reptables.sparkapps.bootstrap import copy, resolve
-from tests.replication.conftest import ClusterSet, wait_for
+from reptables.testing import wait_for
+from tests.replication.conftest import ClusterSet
 
 META, SOURCE, TARGET = "primary", "source", "target"
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},

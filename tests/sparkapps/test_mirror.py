@@ -26,6 +26,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from reptables.engine.client import Client
 from reptables.sparkapps.changes_source import ChangeRange, ChangesOptions, ChangesStreamReader, PulledChanges
+from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess
 
 from .conftest import client_of, create_table, table_name
@@ -180,16 +181,18 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
-def wait_for(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_on_mirror(what: str, check: Any, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> Any:
+    """:func:`wait_for` ``check()``; fails at once, with the mirror's log, if the mirror exits first."""
+    def seen() -> Any:
         value = check()
-        if value:
-            return value
-        if proc.poll() is not None:
+        if not value and proc.poll() is not None:
             pytest.fail(f"the mirror exited ({proc.returncode}) while waiting for {what}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
+        return value
+
+    try:
+        return wait_for(seen, timeout, what, interval=0.3)
+    except WaitTimeout as exc:
+        pytest.fail(f"{exc}:\n{log.read_text()[-4000:]}")
 
 
 def test_mirror_killed_and_restarted_while_writes_go_on_converges_exactly(
@@ -218,7 +221,7 @@ def test_mirror_killed_and_restarted_while_writes_go_on_converges_exactly(
     first = second = None
     try:
         first = start_mirror(engine, postgres.conninfo, path, pg_table, checkpoint, token_file, log)
-        wait_for("the first streamed change", streamed_token, 120, first, log)
+        wait_on_mirror("the first streamed change", streamed_token, 120, first, log)
         time.sleep(random.uniform(0.5, 2.0))  # somewhere in the middle of the stream's micro-batches
         kill_group(first)
         at_kill = streamed_token()
@@ -228,7 +231,8 @@ def test_mirror_killed_and_restarted_while_writes_go_on_converges_exactly(
         second = start_mirror(engine, postgres.conninfo, path, pg_table, checkpoint, token_file, log,
                               "--until-idle", "5")
         assert at_kill is not None
-        wait_for("a change applied after the restart", lambda: (streamed_token() or "") > at_kill, 120, second, log)
+        wait_on_mirror("a change applied after the restart", lambda: (streamed_token() or "") > at_kill, 120,
+                       second, log)
         time.sleep(1.0)
         writes.halt.set()
         writes.join(30)

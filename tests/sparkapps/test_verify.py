@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 from reptables.engine.client import Client
 from reptables.sparkapps.options import SourceOptions
 from reptables.sparkapps.verify import verify
+from reptables.testing import wait_for
 from tests.harness import EngineProcess
-from tests.replication.conftest import wait_for
 
 from .conftest import client_of, create_table, table_name
 

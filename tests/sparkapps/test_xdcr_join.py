@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from reptables.engine.errors import YtError
 from reptables.operator.cli import app as reptables_cli
 from reptables.sparkapps.xdcr_join import join
-from tests.replication.conftest import wait_for
+from reptables.testing import wait_for
 from tests.xdcr.conftest import ALL, SCHEMA, Writers, XdcrGroup, trimmed_group
 
 

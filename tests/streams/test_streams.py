@@ -19,7 +19,7 @@ import pytest
 
 from reptables.engine.client import Client, compare_tokens, token_timestamp
 from reptables.engine.errors import YtError
-from reptables.testing import EngineProcess
+from reptables.testing import EngineProcess, wait_for
 
 SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"},
           {"name": "n", "type": "int64"}]
@@ -64,6 +64,15 @@ def drain(client: Client, path: str, token: str | None = None, ts: int | None = 
             return events, answer["event_token"]
         answer = client.pull_changes(path, from_event_token=answer["event_token"], max_row_count=limit,
                                      wait_timeout=0)
+
+
+def pull_refusal(client: Client, path: str, **params: Any) -> YtError | None:
+    """The error a pull of ``path`` answers with, or None while it is answered (to wait for a trim)."""
+    try:
+        client.pull_changes(path, wait_timeout=0, **params)
+    except YtError as exc:
+        return exc
+    return None
 
 
 def test_sorted_changes_have_kinds_keys_values_and_commit_groups(client: Client) -> None:
@@ -191,17 +200,11 @@ def test_retention_trims_changes_and_says_where_the_stream_can_start(client: Cli
     path = table(client, change_retention=1)
     start = client.generate_timestamp()
     client.insert_rows(path, [{"k": 1, "v": "old", "n": 1}])
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.pull_changes(path, from_timestamp=start, wait_timeout=0)
-        except YtError as exc:
-            assert exc.code == 1760
-            assert exc.attributes["oldest_timestamp"] >= start
-            oldest = exc.attributes["oldest_event_token"]
-            break
-        assert time.monotonic() < deadline, "changes older than change_retention were never trimmed"
-        time.sleep(0.3)
+    refused = wait_for(lambda: pull_refusal(client, path, from_timestamp=start), 15,
+                       "changes older than change_retention to be trimmed", interval=0.3)
+    assert refused.code == 1760
+    assert refused.attributes["oldest_timestamp"] >= start
+    oldest = refused.attributes["oldest_event_token"]
     # from the oldest position still kept, the stream goes on
     client.insert_rows(path, [{"k": 2, "v": "new", "n": 2}])
     events, _ = drain(client, path, token=oldest)
@@ -220,15 +223,9 @@ def test_a_vital_consumer_holds_its_changes_until_it_advances(client: Client) ->
     client.advance_consumer("//consumers/audit", path, registration["offset"], answer["event_token"])
     assert client.pull_consumer("//consumers/audit", path, wait_timeout=0)["events"][0]["kind"] == "heartbeat"
     # advanced past them: they are trimmed now
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.pull_changes(path, from_event_token=registration["offset"], wait_timeout=0)
-        except YtError as exc:
-            assert exc.code == 1760
-            break
-        assert time.monotonic() < deadline, "acknowledged changes were never trimmed"
-        time.sleep(0.3)
+    refused = wait_for(lambda: pull_refusal(client, path, from_event_token=registration["offset"]), 10,
+                       "acknowledged changes to be trimmed", interval=0.3)
+    assert refused.code == 1760
 
 
 def test_advance_consumer_is_a_compare_and_swap(client: Client) -> None:
