@@ -23,6 +23,12 @@ if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     redis-server >/dev/null
 fi
+# network namespaces, nftables and tc make the faults of the fault runs (hack/chaos.sh, tests/chaos)
+if { ! command -v nft >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; } && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    iproute2 nftables >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

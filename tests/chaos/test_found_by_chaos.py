@@ -1,0 +1,151 @@
+"""What the fault runs found in the engine, kept as reproducers (engine fixes are the engine's owners' work).
+
+Each test is the smallest deterministic form of a failure a fault run showed, with the run's history
+excerpt in docs/reliability.md ("Found by the fault runs"). They are ``xfail(strict=True)``: they
+fail today, and the day a fix lands they pass and the marker must go.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reptables.engine.errors import YtError
+from reptables.testing import KV_SCHEMA, EngineSet, wait_for
+
+RESHARDED_QUEUE = ("a sorted replicated table resharded to more tablets has no _rt_tablets row for its new "
+                   "tablets: their queue row counts are never saved, so a restarted meta-cluster sees those "
+                   "tablets' queues as empty (engine/node/tablet_service.py reshard_table; found by the "
+                   "tracker-switches fault run)")
+
+
+RESHARDED_STREAM = ("a replica table learns its upstream's tablet count only from heartbeats, which a busy tablet "
+                    "never sends; after a reshard to more tablets its freshness (the bound of its change stream) "
+                    "counts the old tablets only, so a stream passes the new tablets' changes before they arrive "
+                    "and never delivers them (engine/replication/sink.py replica_freshness; found by the reshard "
+                    "fault run)")
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[EngineSet]:
+    es = EngineSet(tmp_path).start()
+    try:
+        yield es
+    finally:
+        es.stop()
+
+
+def _resharded_table(es: EngineSet) -> str:
+    """A sorted replicated table resharded (before its first mount) into tablets [.., 10) and [10, ..)."""
+    path = "//tmp/resharded"
+    es.meta.create("replicated_table", path, attributes={"dynamic": True, "schema": KV_SCHEMA})
+    es.meta.reshard_table(path, pivot_keys=[[], [10]])
+    es.meta.mount_table(path)
+    return path
+
+
+@pytest.mark.xfail(strict=True, reason=RESHARDED_QUEUE)
+def test_a_restarted_meta_cluster_takes_writes_to_every_tablet_of_a_resharded_table(engines: EngineSet) -> None:
+    path = _resharded_table(engines)
+    sync = engines.replica(path, "remote_0", path, mode="sync")
+    engines.wait_in_sync(sync)
+    engines.meta.insert_rows(path, [{"k": 11, "v": "before"}])
+    engines.restart("primary")
+    engines.wait_in_sync(sync)
+    # today: IntegrityError "UNIQUE constraint failed: rt_t1._rt_tablet_index, rt_t1._rt_row_index"
+    wait_for(lambda: engines.meta.insert_rows(path, [{"k": 12, "v": "after"}]) is None, 10, "a write to tablet 1")
+    assert engines.rows("remote_0", path) == [{"k": 11, "v": "before"}, {"k": 12, "v": "after"}]
+
+
+@pytest.mark.xfail(strict=True, reason=RESHARDED_QUEUE)
+def test_an_acknowledged_write_reaches_the_async_replica_after_a_meta_restart(engines: EngineSet) -> None:
+    path = _resharded_table(engines)
+    sync = engines.replica(path, "remote_0", path, mode="sync")
+    engines.replica(path, "remote_1", path, mode="async")
+    engines.wait_in_sync(sync)
+    engines.engines["remote_1"].stop()
+    engines.meta.insert_rows(path, [{"k": 11, "v": "acknowledged"}])  # in tablet 1; remote_1 is down
+    engines.restart("primary")
+    engines.engines["remote_1"].start()
+    # today: the restarted meta-cluster counts 0 rows in tablet 1's queue, and never sends the row
+    try:
+        wait_for(lambda: engines.rows("remote_1", path) == [{"k": 11, "v": "acknowledged"}], 20,
+                 "the acknowledged row on the async replica")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; tablets of the queue: {engines.meta.get(f'{path}/@tablets')}") from None
+
+
+def _stream_after_reshard(engines: EngineSet, path: str, reshard: bool) -> tuple[list[str], list[str]]:
+    """The replica's rows, and what its change stream delivered from before the rows were written:
+    tablet 1 gets 8 rows (its pushes throttled), tablet 0 then one, while the replica is down."""
+    engines.replica(path, "remote_1", path, mode="async")
+    engines.meta.insert_rows(path, [{"k": 1, "v": "first"}], require_sync_replica=False)
+    wait_for(lambda: len(engines.rows("remote_1", path)) == 1, 20, "the first row on the replica")
+    time.sleep(2.5)  # idle tablets: the heartbeats tell the replica how many tablets the table has
+    replica = engines.client("remote_1")
+    token = replica.pull_changes(path, from_timestamp=1 << 30, wait_timeout=0)["event_token"]
+    engines.engines["remote_1"].stop()
+    if reshard:
+        engines.meta.unmount_table(path)
+        engines.meta.reshard_table(path, pivot_keys=[[], [10]])
+        engines.meta.mount_table(path)
+    engines.meta.set(f"{path}/@replication_throttler", {"period": 1000, "limit": 50})
+    for i in range(8):
+        engines.meta.insert_rows(path, [{"k": 10 + i, "v": f"tablet1-{i}"}], require_sync_replica=False)
+    engines.meta.insert_rows(path, [{"k": 2, "v": "tablet0"}], require_sync_replica=False)
+    engines.engines["remote_1"].start()
+    delivered: list[str] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            answer = replica.pull_changes(path, from_event_token=token, wait_timeout=0)
+        except YtError:
+            time.sleep(0.02)
+            continue
+        token = answer["event_token"]
+        delivered += [e["row"]["v"] for e in answer["events"] if e["kind"] != "heartbeat"]
+        time.sleep(0.02)
+    return sorted(r["v"] for r in engines.rows("remote_1", path) if r["v"] != "first"), sorted(delivered)
+
+
+@pytest.mark.xfail(strict=True, reason=RESHARDED_STREAM)
+def test_a_replica_table_stream_delivers_the_changes_of_tablets_a_reshard_added(engines: EngineSet) -> None:
+    path = "//tmp/stream_resharded"
+    engines.meta.create("replicated_table", path, attributes={"dynamic": True, "schema": KV_SCHEMA})
+    engines.meta.mount_table(path)
+    rows, delivered = _stream_after_reshard(engines, path, reshard=True)
+    assert len(rows) == 9
+    # today: only "tablet0" is delivered; the 8 rows of tablet 1 are in the table but never in its stream
+    assert delivered == rows
+
+
+def test_a_replica_table_stream_of_a_table_created_with_its_tablets_delivers_every_change(
+        engines: EngineSet) -> None:
+    """The same steps without the reshard deliver everything: the difference is the reshard."""
+    path = "//tmp/stream_created"
+    engines.meta.create("replicated_table", path, attributes={"dynamic": True, "schema": KV_SCHEMA,
+                                                              "pivot_keys": [[], [10]]})
+    engines.meta.mount_table(path)
+    rows, delivered = _stream_after_reshard(engines, path, reshard=False)
+    assert len(rows) == 9 and delivered == rows
+
+
+def test_an_unresharded_replicated_table_keeps_its_queue_across_a_meta_restart(engines: EngineSet) -> None:
+    """The same steps on a table created with its two tablets (no reshard) work: the difference is the reshard."""
+    path = "//tmp/created_with_tablets"
+    engines.meta.create("replicated_table", path, attributes={"dynamic": True, "schema": KV_SCHEMA,
+                                                              "pivot_keys": [[], [10]]})
+    engines.meta.mount_table(path)
+    sync = engines.replica(path, "remote_0", path, mode="sync")
+    engines.wait_in_sync(sync)
+    engines.meta.insert_rows(path, [{"k": 11, "v": "before"}])
+    engines.restart("primary")
+    engines.wait_in_sync(sync)
+    try:
+        engines.meta.insert_rows(path, [{"k": 12, "v": "after"}])
+    except YtError as exc:
+        pytest.fail(f"a write after the restart failed: {exc}")
+    assert engines.rows("remote_0", path) == [{"k": 11, "v": "before"}, {"k": 12, "v": "after"}]
