@@ -197,6 +197,11 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         return JSONResponse([host])
 
     async def healthz(request: Request) -> Response:
+        # alive unless its memory is ahead of its database (PostgreSQL lost asynchronous commits):
+        # only a restart mends that, so a liveness probe should restart it
+        if cluster.storage.diverged is not None:
+            return JSONResponse({"status": "failed", "reason": f"{cluster.storage.diverged}; restart the engine"},
+                                status_code=503)
         return JSONResponse({"status": "ok", "cluster_name": cluster.name, "version": __version__})
 
     async def readyz(request: Request) -> Response:
@@ -209,6 +214,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         if cluster.storage.corruption is not None:
             return JSONResponse({"status": "unavailable", "reason": f"the database file is damaged "
                                  f"({cluster.storage.corruption}); restart the engine to check it"}, status_code=503)
+        if cluster.storage.diverged is not None:
+            return JSONResponse({"status": "unavailable", "reason": f"{cluster.storage.diverged}; restart the "
+                                 "engine"}, status_code=503)
         return JSONResponse({"status": "ready", "cluster_name": cluster.name})
 
     async def metrics(request: Request) -> Response:
@@ -239,9 +247,15 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return response
         except YtError as error:
             return error_response(error, request_id)
-        except sqlalchemy.exc.OperationalError as exc:
-            log.warning("storage unavailable", extra={"command": name, "error": str(exc)})
-            return error_response(UnavailableError(f"Storage is temporarily unavailable: {exc.orig}"), request_id)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                sqlalchemy.exc.PendingRollbackError) as exc:
+            # the database is away (a restart, a network fault) or a connection it dropped is not
+            # yet replaced: retriable; the first line of the driver's message (it names host and
+            # port, never a password)
+            cause = getattr(exc, "orig", None) or exc
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            log.warning("storage unavailable", extra={"command": name, "error": reason})
+            return error_response(UnavailableError(f"Storage is temporarily unavailable: {reason}"), request_id)
         except Exception as exc:  # noqa: BLE001 - the API must answer every request with a YT error
             internal = _internal_error(f"Command {name!r}", exc, command=name, request_id=request_id)
             return error_response(internal, request_id)

@@ -38,14 +38,20 @@ KIND = "_rt_kind"
 PAYLOAD = "_rt_payload"
 
 
+#: strings compare byte by byte, as YT compares them (and as SQLite's BINARY collation does): on
+#: PostgreSQL a column takes the database's collation unless told otherwise, and a database made with
+#: en_US puts "B" after "a" - key order, range scans and tablet pivots would disagree with YT's
+_BYTE_ORDER_TEXT = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")
+
+
 def sql_type(col_type: ColumnType) -> sa.types.TypeEngine[Any]:
     types: dict[ColumnType, sa.types.TypeEngine[Any]] = {
         ColumnType.INT64: sa.BigInteger(),
         ColumnType.UINT64: sa.BigInteger(),
         ColumnType.DOUBLE: sa.Double(),
         ColumnType.BOOLEAN: sa.Boolean(),
-        ColumnType.STRING: sa.Text(),
-        ColumnType.ANY: sa.Text(),
+        ColumnType.STRING: _BYTE_ORDER_TEXT,
+        ColumnType.ANY: _BYTE_ORDER_TEXT,
     }
     return types[col_type]
 

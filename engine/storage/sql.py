@@ -28,7 +28,9 @@ into a ``StorageCorruptedError`` (a 500, never a client's 400), logs one line, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from ..errors import StorageCorruptedError
+from ..errors import StorageCorruptedError, UnavailableError
 from .system_tables import SYSTEM_METADATA, meta_table
 
 log = logging.getLogger("reptables.engine.storage")
@@ -82,6 +84,20 @@ class Storage:
         #: once and never cleared - a restart checks the file again. Written and read without a
         #: lock: a reference assignment, and at worst two threads finding it at once both log it
         self.corruption: str | None = None
+        #: why this engine's memory is ahead of its database (PostgreSQL lost asynchronous commits in
+        #: a crash); set once, under write_lock, and never cleared: writes are refused until a restart
+        self.diverged: str | None = None
+        #: PostgreSQL: the token of the last commit that changed anything (``_rt_last_commit``), under
+        #: write_lock; unknown until the first writer connection reads it
+        self._last_token: int | None | object = _UNKNOWN
+        #: PostgreSQL: the server process of the writer connection and its start time, under
+        #: write_lock (kept here, not on the connection: a lost connection cannot be asked)
+        self._writer_backend: tuple[int, Any] | None = None
+        #: the token of the commit whose outcome the writer is looking up (set and cleared under
+        #: write_lock; read without it by writers that would wait for it: a reference, a hint)
+        self._resolving: int | None = None
+        #: set by close(): a commit whose outcome is being looked up stops waiting
+        self._closing = threading.Event()
         if create_schema:
             self.create_schema()
 
@@ -104,49 +120,141 @@ class Storage:
             "restarted, which checks its data directory", attributes={"reason": reason})
 
     @contextmanager
-    def write(self, durable: bool = True) -> Iterator[sa.Connection]:
-        """One serialized write transaction; ``durable=False`` skips the fsync (durability=async)."""
-        with self.write_lock:
-            if self._writer is not None and self._writer.in_transaction():
-                # re-entrant use (a write inside a write): join the open transaction
-                yield self._writer
-                return
-            conn = self._writer_connection()
-            relaxed = self.is_sqlite and not durable
-            if relaxed:
-                _raw_pragma(conn, "PRAGMA synchronous=OFF")
-            undo: list[Callable[[], None]] = []
-            published: list[Callable[[], None]] = []
-            conn.info[_UNDO] = undo
-            conn.info[_PUBLISH] = published
-            try:
-                with conn.begin():
-                    if self.is_postgresql and not durable:
-                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                    yield conn
-            except BaseException as exc:
+    def write(self, durable: bool = True, harmless_if_lost: bool = False) -> Iterator[sa.Connection]:
+        """One serialized write transaction; ``durable=False`` skips the fsync (durability=async).
+
+        ``harmless_if_lost`` (with ``durable=False``): a write whose loss in a crash of the database
+        changes nothing this engine remembers (forgetting a delivered decision: a lost one is
+        delivered again). It is not this engine's "last commit" (see ``_check_last_commit``)."""
+        while not self.write_lock.acquire(timeout=0.25):
+            if self._resolving is not None:
+                # the writer waits for the database to say whether a commit happened: the database is
+                # away, and a write would only wait behind it; the caller retries
+                raise UnavailableError(f"The database {self.display_url} is unreachable: writes wait for it to say "
+                                       "whether the last commit happened; retry")
+        try:
+            yield from self._write(durable, harmless_if_lost)
+        finally:
+            self.write_lock.release()
+
+    def _write(self, durable: bool, harmless_if_lost: bool) -> Iterator[sa.Connection]:
+        """:meth:`write` with ``write_lock`` held."""
+        if self._writer is not None and self._writer.in_transaction():
+            # re-entrant use (a write inside a write): join the open transaction
+            yield self._writer
+            return
+        if self.diverged is not None:
+            raise self._diverged_error()
+        conn = self._writer_connection()
+        relaxed = self.is_sqlite and not durable
+        if relaxed:
+            _raw_pragma(conn, "PRAGMA synchronous=OFF")
+        undo: list[Callable[[], None]] = []
+        published: list[Callable[[], None]] = []
+        conn.info[_UNDO] = undo
+        conn.info[_PUBLISH] = published
+        trans = conn.begin()
+        token: int | None = None
+        committing = False
+        try:
+            yield conn
+            if self.is_postgresql and harmless_if_lost:
+                if not durable:
+                    conn.execute(_RELAXED)
+            elif self.is_postgresql:
+                # the transaction's token, written by the transaction itself if it changed anything
+                # (None if not: nothing to commit), so that a commit whose answer is lost can be looked
+                # up (_resolve); SET LOCAL synchronous_commit in the same round trip
+                token = conn.execute(_PRE_COMMIT_DURABLE if durable else _PRE_COMMIT_RELAXED,
+                                     {"token": _new_token()}).scalar()
+            committing = True
+            trans.commit()
+        except BaseException as exc:
+            if committing and token is not None and self._resolve(token, exc):
+                log.warning("the answer to a commit was lost with the database connection; the database "
+                            "says it committed", extra={"database": self.display_url})
+            else:
                 # what the transaction changed in memory goes back with its rows
+                with contextlib.suppress(Exception):
+                    if trans.is_active:
+                        trans.rollback()
                 for fn in reversed(undo):
                     fn()
-                if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+                if _connection_broken(exc, conn):
+                    # a new connection for the next write (which checks the database still holds
+                    # this engine's last commit: the server may have restarted); closed below
                     self._writer = None
                 corrupted = self._corrupted(exc)
                 if corrupted is not None:
                     raise corrupted from exc
+                if committing and token is not None and isinstance(exc, sa.exc.DBAPIError):
+                    raise UnavailableError(f"The commit did not happen: the database {self.display_url} "
+                                           f"failed it ({_first_line(exc)}); retry") from exc
                 raise
-            finally:
+        finally:
+            if self._writer is conn:
                 conn.info.pop(_UNDO, None)
                 conn.info.pop(_PUBLISH, None)
-                if relaxed and self._writer is not None:
+                if relaxed:
                     _raw_pragma(conn, "PRAGMA synchronous=FULL")
-            # committed: what readers outside the writer lock may see now (still under the lock). The
-            # transaction is durable whatever a hook does: a failing hook is logged, never raised
-            # (a caller must not take a committed transaction for a failed one)
-            for fn in published:
-                try:
-                    fn()
-                except Exception:  # noqa: BLE001
-                    log.exception("publishing a committed write failed")
+            else:  # broken, or lost with a commit's answer (_resolve)
+                with contextlib.suppress(Exception):
+                    conn.close()
+        if token is not None:
+            self._last_token = token
+        # committed: what readers outside the writer lock may see now (still under the lock). The
+        # transaction is durable whatever a hook does: a failing hook is logged, never raised
+        # (a caller must not take a committed transaction for a failed one)
+        for fn in published:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("publishing a committed write failed")
+
+    def _resolve(self, token: int, exc: BaseException) -> bool:
+        """Whether the transaction whose COMMIT raised ``exc`` (the connection was lost) committed:
+        asked of the database on a new connection once the lost one's server process is gone,
+        waiting (the writer lock held: no other write can go on meanwhile, writers that come are
+        told to retry) until the database answers. A commit whose outcome is unknown must be
+        neither reported as failed (it may be in the database: a retry would apply it twice) nor
+        as done (it may not). Raises ``UnavailableError`` if the storage is closed first (the
+        engine is stopping; a restart reads the outcome from the database)."""
+        self._writer = None
+        backend, self._writer_backend = self._writer_backend, None
+        self._resolving = token
+        try:
+            return self._look_up(token, backend, exc)
+        finally:
+            self._resolving = None
+
+    def _look_up(self, token: int, backend: tuple[int, Any] | None, exc: BaseException) -> bool:
+        waited = 0.0
+        delay = 0.1
+        while not self._closing.is_set():
+            try:
+                with self.engine.connect() as conn, conn.begin():
+                    if backend is not None and _still_running(conn, backend):
+                        # the server may still be committing it: end that session first (its
+                        # COMMIT then either happened or not), and look again
+                        conn.execute(_TERMINATE, {"pid": backend[0]})
+                        status = "the lost connection's session still runs"
+                    else:
+                        stored = conn.execute(_LAST_TOKEN).scalar()
+                        return bool(stored == token)
+            except sa.exc.DBAPIError:  # refused, starting up, shutting down, reset
+                status = "unreachable"
+            if waited == 0.0 or int(waited + delay) // 10 != int(waited) // 10:
+                log.warning("a commit's outcome is unknown until the database answers; writes wait",
+                            extra={"database": self.display_url, "status": status, "error": _first_line(exc)})
+            self._closing.wait(delay)
+            waited += delay
+            delay = min(delay * 2, 2.0)
+        raise UnavailableError("The engine is stopping with a commit whose outcome the database has not told; "
+                               "a restart reads it from the database") from exc
+
+    def _diverged_error(self) -> StorageCorruptedError:
+        return StorageCorruptedError(f"This engine's memory is ahead of its database ({self.diverged}); restart "
+                                     "the engine to reload it", attributes={"reason": self.diverged})
 
     def write_busy(self) -> bool:
         """Whether a write transaction holds the writer right now (a hint: it may change at once)."""
@@ -162,8 +270,38 @@ class Storage:
             if self.is_postgresql:
                 # the only writer: each statement sees what the writer itself committed last
                 writer = writer.execution_options(isolation_level="READ COMMITTED")
+                try:
+                    with writer.begin():
+                        backend = tuple(writer.execute(_BACKEND_OF_SESSION).one())
+                        stored = writer.execute(_LAST_TOKEN).scalar()
+                except BaseException:
+                    writer.close()
+                    raise
+                try:
+                    self._check_last_commit(stored)
+                except StorageCorruptedError:
+                    writer.close()
+                    raise
+                self._writer_backend = (int(backend[0]), backend[1])
             self._writer = writer
         return self._writer
+
+    def _check_last_commit(self, stored: int | None) -> None:
+        """A new writer connection (at start, or after one was lost: the server may have restarted):
+        the database must hold the last commit this engine made. If it does not (PostgreSQL lost
+        commits made with durability=async in a crash, or the database was restored from a backup
+        under the engine), the engine's memory (row counts, queue tails, replication progress) is
+        ahead of its database: it refuses every write until a restart reloads it from the database."""
+        if self._last_token is _UNKNOWN:
+            self._last_token = stored  # the engine's first connection: what the database holds
+            return
+        if stored == self._last_token:
+            return
+        self.diverged = f"the database {self.display_url} no longer holds this engine's last commit"
+        log.error("the database lost commits this engine acknowledged (made with durability=async before "
+                  "PostgreSQL crashed, or a backup restored under the engine); writes are refused until the "
+                  "engine is restarted", extra={"database": self.display_url})
+        raise self._diverged_error()
 
     @contextmanager
     def read(self) -> Iterator[sa.Connection]:
@@ -174,7 +312,7 @@ class Storage:
         try:
             conn = None
             if threading.current_thread() is threading.main_thread():
-                if self._loop_reader is None or self._loop_reader.closed:
+                if self._loop_reader is None or self._loop_reader.closed or self._loop_reader.invalidated:
                     self._loop_reader = self.engine.connect()
                 if not self._loop_reader.in_transaction():  # not a read inside a read
                     conn = self._loop_reader
@@ -182,8 +320,15 @@ class Storage:
                 with self.engine.connect() as pooled, pooled.begin():
                     yield pooled
                 return
-            with conn.begin():
-                yield conn
+            try:
+                with conn.begin():
+                    yield conn
+            except Exception as exc:
+                if _connection_broken(exc, conn):
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    self._loop_reader = None
+                raise
         except Exception as exc:
             corrupted = self._corrupted(exc)
             if corrupted is None:
@@ -210,6 +355,7 @@ class Storage:
             conn.execute(meta_table.insert().values(name=name, value=value))
 
     def close(self) -> None:
+        self._closing.set()
         with self.write_lock:
             if self._writer is not None:
                 self._writer.close()
@@ -238,6 +384,47 @@ def postgresql_driver_url(url: str) -> str:
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed.render_as_string(hide_password=False)
+
+
+#: the last statement of a PostgreSQL write transaction before its COMMIT: if the transaction
+#: changed anything (it has a transaction id), its token in _rt_last_commit (RETURNING it; no row if
+#: it changed nothing: it has nothing to commit, and writing the token would make it write); for
+#: durability=async no WAL flush at its COMMIT (SET LOCAL synchronous_commit = off, read at COMMIT)
+_PRE_COMMIT_DURABLE = sa.text(
+    "INSERT INTO _rt_last_commit (id, token) SELECT 1, :token WHERE pg_current_xact_id_if_assigned() IS NOT NULL "
+    "ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token RETURNING token")
+_PRE_COMMIT_RELAXED = sa.text(
+    "INSERT INTO _rt_last_commit (id, token) SELECT 1, :token WHERE pg_current_xact_id_if_assigned() IS NOT NULL "
+    "AND set_config('synchronous_commit', 'off', true) = 'off' "
+    "ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token RETURNING token")
+_RELAXED = sa.text("SET LOCAL synchronous_commit = off")
+_LAST_TOKEN = sa.text("SELECT token FROM _rt_last_commit WHERE id = 1")
+#: the server process of a session and its start (a pid alone may be reused after a restart)
+_BACKEND_OF_SESSION = sa.text("SELECT pg_backend_pid(), backend_start FROM pg_stat_activity "
+                              "WHERE pid = pg_backend_pid()")
+_SESSION_RUNS = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid AND backend_start = :start")
+_TERMINATE = sa.text("SELECT pg_terminate_backend(:pid)")
+_UNKNOWN = object()
+
+
+def _new_token() -> int:
+    """A transaction's token: random, 63 bits (a BIGINT)."""
+    return int.from_bytes(os.urandom(8), "big") >> 1
+
+
+def _still_running(conn: sa.Connection, backend: tuple[int, Any]) -> bool:
+    return bool(conn.execute(_SESSION_RUNS, {"pid": backend[0], "start": backend[1]}).scalar())
+
+
+def _connection_broken(exc: BaseException, conn: sa.Connection) -> bool:
+    """Whether ``exc`` left ``conn`` unusable (lost, or its transaction beyond a rollback)."""
+    return conn.invalidated or (isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated) \
+        or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.PendingRollbackError))
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0]
 
 
 _UNDO = "reptables_undo"

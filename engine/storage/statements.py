@@ -122,11 +122,25 @@ class FastStatement:
                 str(compiled), list(compiled.positiontup or []) if compiled.positional else None)
         sql, order = entry
         cursor = conn.connection.cursor()
-        if order is not None:
-            cursor.execute(sql, tuple(params[n[2:]] for n in order))
-        else:
-            cursor.execute(sql, {f"p_{k}": v for k, v in params.items()})
+        try:
+            if order is not None:
+                cursor.execute(sql, tuple(params[n[2:]] for n in order))
+            else:
+                cursor.execute(sql, {f"p_{k}": v for k, v in params.items()})
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _wrapped(conn, cursor, sql, exc) from exc
         return cursor
+
+
+def _wrapped(conn: sa.Connection, cursor: Any, sql: str, exc: Exception) -> sa.exc.DBAPIError:
+    """What SQLAlchemy would have raised for a driver error on ``conn``: the same exception classes
+    (``OperationalError``, ``IntegrityError``...) for callers, and a connection the server dropped
+    invalidated, so the writer and readers replace it (as SQLAlchemy's own execution does)."""
+    lost = conn.dialect.is_disconnect(cast(Any, exc), conn.connection.dbapi_connection, cursor)
+    if lost:
+        conn.invalidate(exc)
+    return cast(sa.exc.DBAPIError, sa.exc.DBAPIError.instance(
+        sql, None, exc, conn.dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=conn.dialect))
 
 
 _SYSTEM_UPSERTS: dict[tuple[str, str], BulkStatement] = {}

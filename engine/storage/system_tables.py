@@ -57,6 +57,17 @@ prepared_table = sa.Table(
     sa.Column("payload", sa.Text, nullable=False),
 )
 
+#: PostgreSQL: the token of the last write transaction that changed anything (one row, id 1), written
+#: by that transaction itself just before its COMMIT (storage/sql.py). It answers "did my commit
+#: happen?" when the answer to a COMMIT is lost with the connection, and "does the database still
+#: hold everything I was told committed?" after the server restarts. (A transaction id cannot: the
+#: server hands a crashed transaction's id out again after its restart.)
+last_commit_table = sa.Table(
+    "_rt_last_commit", SYSTEM_METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("token", sa.BigInteger, nullable=False),
+)
+
 commits_table = sa.Table(
     "_rt_commits", SYSTEM_METADATA,
     sa.Column("transaction_id", sa.String(64), primary_key=True),

@@ -404,7 +404,7 @@ class TransactionManager:
 
     def forget_decision(self, tx_id: str, remaining: list[dict[str, Any]]) -> None:
         # no fsync: a forgetting lost in a crash only makes the commit be sent again, which is a no-op
-        with self.storage.write(durable=False) as conn:
+        with self.storage.write(durable=False, harmless_if_lost=True) as conn:
             if remaining:
                 conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
                              .values(participants=json.dumps(remaining)))

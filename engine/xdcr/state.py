@@ -163,7 +163,8 @@ class XdcrState:
         which the peer answers with its record (its sink is durable and skips what it has); the log
         trim only ever sees a position the peer holds."""
         c = xdcr_progress_table.c
-        with self.storage.write(durable=durable) as conn:
+        # a lost record changes nothing this engine relies on: the peer holds what it acknowledged
+        with self.storage.write(durable=durable, harmless_if_lost=not durable) as conn:
             if peer not in self.connections():
                 return  # reset meanwhile (``_forget``, under this same writer): nothing to record
             updated = conn.execute(xdcr_progress_table.update().where(c.peer == peer, c.table_id == table_id)
