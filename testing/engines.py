@@ -42,6 +42,7 @@ from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
 from reptables.engine.process import LocalEngine, free_port, start_all
 
+from . import backends
 from .waits import wait_for
 
 __all__ = ["KV_SCHEMA", "TEST_TOKEN", "USERS_SCHEMA", "EngineProcess", "EngineSet", "free_port"]
@@ -64,6 +65,12 @@ class EngineProcess(LocalEngine):
     """A real engine, with the official ``yt`` CLI, ``yt.wrapper`` and our :class:`Client` pointed at it."""
 
     token: str | None = TEST_TOKEN
+
+    def __post_init__(self) -> None:
+        # the test's storage backend (testing/backends.py): a database of the run's PostgreSQL server,
+        # made once, so that a restart finds its data
+        if "--storage" not in self.extra_args:
+            self.extra_args = [*self.extra_args, *backends.storage_args(self.cluster_name)]
 
     def client(self, timeout: float = 30.0) -> Client:
         """A new :class:`Client` of this engine (the caller closes it)."""
@@ -106,6 +113,9 @@ class EngineSet:
     #: the API token of every engine, unless :meth:`start` gives each its own
     token: str | None = TEST_TOKEN
     log_level: str = "info"
+    #: the storage of some engines, by name: a backend ("sqlite", "postgresql": a new database of the
+    #: run's server) or a database URL; the others use the current backend (testing/backends.py)
+    storage: Mapping[str, str] = field(default_factory=dict)
     #: the timeout of the shared clients
     client_timeout: float = 30.0
     start_timeout: float = 30.0
@@ -142,8 +152,14 @@ class EngineSet:
                 own_tokens: bool) -> EngineProcess:
         cluster_id = ["--cluster-id", str(index)] if self.cluster_ids else []
         token = f"token-{name}-0123456789abcdef" if own_tokens else self.token
-        return EngineProcess(name, self.base / name, token=token, env=dict(env or {}), log_level=self.log_level,
-                             extra_args=[*cluster_id, *(extra_args or [])])
+        storage = self.storage.get(name, backends.current())
+        args = [*cluster_id, *(extra_args or [])]
+        if storage.startswith("postgresql://"):
+            args += ["--storage", storage]
+            storage = backends.current()
+        with backends.using(storage):
+            return EngineProcess(name, self.base / name, token=token, env=dict(env or {}), log_level=self.log_level,
+                                 extra_args=args)
 
     def publish_directory(self) -> None:
         """Write ``//sys/clusters`` into every engine: every engine's URL, with the credential with which

@@ -63,7 +63,9 @@ def _free_port() -> int:
 class PostgresServer:
     """One PostgreSQL server in a directory of its own (see the module docstring)."""
 
-    def __init__(self, base: Path | None = None) -> None:
+    def __init__(self, base: Path | None = None, settings: dict[str, str] | None = None) -> None:
+        """``settings``: lines added to its ``postgresql.conf`` (a test that needs a slower WAL writer, say)."""
+        self.settings = dict(settings or {})
         self.bindir = find_bindir()
         self.account = self._account()
         self.dir = Path(tempfile.mkdtemp(prefix="reptables-pg-", dir=str(base) if base else None))
@@ -105,26 +107,62 @@ class PostgresServer:
         with open(self.datadir / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write(f"\n# testing/postgres.py\nlisten_addresses = '127.0.0.1'\n"
                        f"unix_socket_directories = '{self.sockdir}'\nmax_connections = 400\n")
+            conf.writelines(f"{name} = '{value}'\n" for name, value in self.settings.items())
         for attempt in range(3):
             self.port = _free_port()
-            log = open(self.logfile, "ab")  # noqa: SIM115 - handed to the server process
-            try:
-                proc = subprocess.Popen(self._cmd([str(self.bindir / "postgres"), "-D", str(self.datadir),
-                                                   "-p", str(self.port)]),
-                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
-            finally:
-                log.close()
-            if self._wait_ready(proc):
-                self._proc = proc
+            if self._launch():
                 return self
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
             text = self.logfile.read_text(errors="replace")[-2000:]
             if "could not bind" not in text or attempt == 2:
                 raise PostgresUnavailable(f"PostgreSQL did not start; its log ends with:\n{text}")
         raise AssertionError("unreachable")
+
+    def _launch(self) -> bool:
+        """Start the postmaster on ``self.port``; whether it takes connections (else it is killed)."""
+        log = open(self.logfile, "ab")  # noqa: SIM115 - handed to the server process
+        try:
+            proc = subprocess.Popen(self._cmd([str(self.bindir / "postgres"), "-D", str(self.datadir),
+                                               "-p", str(self.port)]),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        finally:
+            log.close()
+        if self._wait_ready(proc):
+            self._proc = proc
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        return False
+
+    def shut_down(self, mode: str = "fast") -> None:
+        """Stop the server and keep its data: ``fast`` (SIGINT: clients disconnected, a checkpoint)
+        or ``immediate`` (SIGQUIT: no checkpoint, crash recovery at the next start), to its postmaster's pid."""
+        signals = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        pid = self.pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals[mode])
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server was started (and not shut down since)."""
+        return self._proc is not None
+
+    def start_again(self) -> None:
+        """Start the server shut down by :meth:`shut_down`, on the same port and data."""
+        if not self._launch():
+            raise PostgresUnavailable("PostgreSQL did not start again; its log ends with:\n"
+                                      + self.logfile.read_text(errors="replace")[-2000:])
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> bool:
         deadline = time.monotonic() + START_TIMEOUT
@@ -165,18 +203,7 @@ class PostgresServer:
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT to the postmaster, by its pid), then its directories removed."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            pid = self.pid
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGINT)
-            try:
-                proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        self.shut_down("fast")
         shutil.rmtree(self.dir, ignore_errors=True)
         shutil.rmtree(self.sockdir, ignore_errors=True)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reptables.testing import backends
 from tests.harness import EngineProcess
 
 #: the JVM options of every local Spark the tests start (the session of tests/sparkapps, and the jobs
@@ -19,9 +20,81 @@ from tests.harness import EngineProcess
 SPARK_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+#: the modules whose behaviour depends on storage: collected a second time as ``test_x.py[postgresql]``,
+#: whose engines keep their state in databases of the run's PostgreSQL server (testing/backends.py).
+#: (The SQLite-only modules - a damaged database file, the data directory's files and lock - and the
+#: ones that never touch storage are not in it.)
+BACKEND_MODULES = (
+    "tests/engine/test_transactions.py", "tests/engine/test_versions.py", "tests/engine/test_crash_safety.py",
+    "tests/engine/test_yt_cli.py", "tests/engine/test_alter_schema.py", "tests/engine/test_query.py",
+    "tests/engine/test_fuzz.py", "tests/engine/test_fuzz_xdcr.py",
+    "tests/replication/test_replication.py", "tests/replication/test_faults.py",
+    "tests/replication/test_transitions.py", "tests/replication/test_trimmed_history.py",
+    "tests/replication/test_bootstrap_write.py", "tests/replication/test_seed_walkthrough.py",
+    "tests/replication/test_state_changes_beside_writes.py",
+    "tests/streams/test_streams.py", "tests/streams/test_replicated_streams.py",
+    "tests/xdcr/test_xdcr.py", "tests/xdcr/test_join.py", "tests/xdcr/test_trust.py",
+)
+#: REPTABLES_TEST_BACKENDS=sqlite runs the suite without the PostgreSQL half (a machine without it)
+_BACKENDS = tuple(os.environ.get("REPTABLES_TEST_BACKENDS", "sqlite,postgresql").split(","))
+_ROOT = Path(__file__).resolve().parent.parent
+_pg_server: Any = None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # pyspark reads PYSPARK_SUBMIT_ARGS when it launches its JVM; set here, every child process inherits it
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{SPARK_TEST_JVM_OPTIONS}' pyspark-shell")
+    global _pg_server
+    # one PostgreSQL server for the whole run (the PostgreSQL half, reptables up on PostgreSQL, the
+    # mirror's target), started by the process that runs the session (the controller under
+    # pytest-xdist: its workers inherit the address) and stopped by its pid at the end
+    if "PYTEST_XDIST_WORKER" not in os.environ and not os.environ.get(backends.SERVER_ENV):
+        from reptables.testing.postgres import PostgresServer
+
+        _pg_server = PostgresServer().start()
+        os.environ[backends.SERVER_ENV] = f"127.0.0.1:{_pg_server.port}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _pg_server
+    if _pg_server is not None:
+        _pg_server.stop()
+        _pg_server = None
+        os.environ.pop(backends.SERVER_ENV, None)
+
+
+class BackendModule(pytest.Module):
+    """A test module collected for another storage backend: its tests' engines use that backend."""
+
+    backend = backends.POSTGRESQL
+
+    def setup(self) -> None:
+        self._using = backends.using(self.backend)
+        self._using.__enter__()
+        super().setup()
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self._using.__exit__(None, None, None)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if backends.POSTGRESQL not in _BACKENDS:
+        return None
+    relative = file_path.resolve().relative_to(_ROOT).as_posix() if file_path.is_relative_to(_ROOT) else ""
+    if relative in BACKEND_MODULES:
+        # a node id of its own (the path's and "[postgresql]"): pytest-xdist tells tests apart by it
+        return BackendModule.from_parent(parent, path=file_path, name=f"{file_path.name}[{backends.POSTGRESQL}]",
+                                         nodeid=f"{relative}[{backends.POSTGRESQL}]")
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres() -> backends.RunServer:
+    """The run's PostgreSQL server: ``create_database()``, ``psql()``, ``conninfo``, ``connect()``."""
+    return backends.run_server()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from reptables.engine.client import (
     compare_tokens,
 )
 from reptables.engine.errors import ErrorCode
-from reptables.testing import EngineProcess, free_port
+from reptables.testing import EngineProcess, free_port, wait_for
 
 TABLE = "//tmp/t"
 
@@ -425,20 +425,13 @@ def replica(client: Client, engine: EngineProcess) -> Iterator[tuple[str, str]]:
         client.set("//sys/clusters", {})
 
 
-def _wait(what: str, check: Any, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"waited {seconds:g} s for {what}"
-        time.sleep(0.1)
-
-
 def test_alter_table_replica_switches_mode_enables_and_hands_the_mode_to_the_tracker(client, replica):
     _, replica_id = replica
     client.alter_table_replica(replica_id, mode="sync")
     assert client.get(f"#{replica_id}/@mode") == "sync"
     assert client.get(f"#{replica_id}/@state") == "disabled"
     client.alter_table_replica(replica_id, enabled=True)
-    _wait("the replica enabled", lambda: client.get(f"#{replica_id}/@state") == "enabled")
+    wait_for(lambda: client.get(f"#{replica_id}/@state") == "enabled", what="the replica enabled")
     assert client.get(f"#{replica_id}/@mode") == "sync"
     client.alter_table_replica(replica_id, enable_replicated_table_tracker=False)
     assert client.get(f"#{replica_id}/@enable_replicated_table_tracker") is False
@@ -449,10 +442,12 @@ def test_get_in_sync_replicas_names_an_enabled_replica_that_holds_every_change(c
     before = client.generate_timestamp()
     assert client.get_in_sync_replicas(path, before) == []  # disabled
     client.alter_table_replica(replica_id, enabled=True, mode="sync")
-    _wait("the replica enabled", lambda: client.get(f"#{replica_id}/@state") == "enabled")
-    client.insert_rows(path, [{"k": 1, "s": "written"}])
+    wait_for(lambda: client.get(f"#{replica_id}/@state") == "enabled", what="the replica enabled")
+    # A sync replica just enabled refuses writes (retriable) until it has caught up.
+    wait_for(lambda: client.insert_rows(path, [{"k": 1, "s": "written"}]) or True,
+             what="a write the new sync replica accepts")
     now = client.generate_timestamp()
-    _wait("the replica in sync", lambda: client.get_in_sync_replicas(path, now) == [replica_id])
+    wait_for(lambda: client.get_in_sync_replicas(path, now) == [replica_id], what="the replica in sync")
     assert client.get_in_sync_replicas(path, now, keys=[{"k": 1}]) == [replica_id]
     assert client.lookup_rows("//tmp/rt_copy", [{"k": 1}], column_names=["s"]) == [{"s": "written"}]
 

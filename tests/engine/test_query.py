@@ -1,4 +1,4 @@
-"""Tests of the YT QL parser and compiler, run against a real SQLite table.
+"""Tests of the YT QL parser and compiler, run against a real table of the run's backend (SQLite, PostgreSQL).
 
 Expected results are computed in Python from ROWS with YT's semantics (NULL equals NULL and is
 smaller than every other value; integer division truncates), not hard-coded.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +18,10 @@ from sqlalchemy.dialects import postgresql
 
 from reptables.engine.errors import ErrorCode, QuerySyntaxError, YtError
 from reptables.engine.query import CompiledQuery, QuerySource, compile_query, parse_query
+from reptables.engine.schema import ColumnType
+from reptables.engine.storage.shapes import sql_type
+from reptables.engine.storage.sql import postgresql_driver_url
+from reptables.testing import backends
 
 _STRINGS = ["alpha", "Beta", "GAMMA", "delta", "Epsilon"]
 ROWS: list[dict[str, Any]] = [
@@ -54,7 +58,7 @@ def table() -> sa.Table:
         "t",
         sa.MetaData(),
         sa.Column("k", sa.BigInteger, primary_key=True),
-        sa.Column("s", sa.String),
+        sa.Column("s", sql_type(ColumnType.STRING)),  # the engine's string column: byte order
         sa.Column("v", sa.Float),
         sa.Column("b", sa.Boolean),
         sa.Column("_rt_row_index", sa.BigInteger),
@@ -62,8 +66,12 @@ def table() -> sa.Table:
 
 
 @pytest.fixture(scope="module")
-def engine(table: sa.Table) -> sa.Engine:
-    engine = sa.create_engine("sqlite://")
+def engine(table: sa.Table) -> Iterator[sa.Engine]:
+    # the run's backend: an in-memory SQLite, or a new database of the run's PostgreSQL server
+    if backends.current() == backends.POSTGRESQL:
+        engine = sa.create_engine(postgresql_driver_url(backends.new_database_url("query")))
+    else:
+        engine = sa.create_engine("sqlite://")
     table.metadata.create_all(engine)
     shuffled = ROWS[:]
     random.Random(7).shuffle(shuffled)  # so that key order has to come from the query
@@ -72,7 +80,8 @@ def engine(table: sa.Table) -> sa.Engine:
             table.insert(),
             [{**{c: row[c] for c in "ksvb"}, "_rt_row_index": row["$row_index"]} for row in shuffled],
         )
-    return engine
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture(scope="module")

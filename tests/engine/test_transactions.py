@@ -19,6 +19,7 @@ from reptables.engine.errors import ErrorCode, LockConflict, YtError
 from reptables.engine.node import Cluster
 from reptables.engine.storage import commits_table, prepared_table
 from reptables.engine.timestamps import COUNTER_BITS
+from reptables.testing.backends import open_cluster
 
 SCHEMA = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},
@@ -30,7 +31,7 @@ SCHEMA = [
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster.open("local", tmp_path / "data")
+    c = open_cluster("local", tmp_path / "data")
     c.nodes.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
     c.tablets.mount_table("//tmp/t")
     try:
@@ -195,12 +196,12 @@ def test_conflict_in_one_participant_aborts_all(cluster: Cluster) -> None:
 
 
 @pytest.fixture
-def open_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
+def configured_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
     """A cluster with //tmp/t mounted, built with the given engine config."""
     opened: list[Cluster] = []
 
     def make(config: EngineConfig) -> Cluster:
-        c = Cluster.open("local", tmp_path / "configured", config)
+        c = open_cluster("local", tmp_path / "configured", config)
         opened.append(c)
         c.nodes.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA, "pivot_keys": [[], [100]]})
         c.tablets.mount_table("//tmp/t")
@@ -211,8 +212,8 @@ def open_cluster(tmp_path: Path) -> Iterator[Callable[[EngineConfig], Cluster]]:
         c.close()
 
 
-def test_row_limit_per_transaction(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
-    cluster = open_cluster(EngineConfig(max_rows_per_transaction=10))
+def test_row_limit_per_transaction(configured_cluster: Callable[[EngineConfig], Cluster]) -> None:
+    cluster = configured_cluster(EngineConfig(max_rows_per_transaction=10))
     tx = cluster.rows.start_transaction()
     cluster.rows.insert_rows("//tmp/t", [{"k": i} for i in range(10)], transaction_id=tx)
     with pytest.raises(YtError) as err:
@@ -225,8 +226,8 @@ def test_default_row_limit_is_100000() -> None:
     assert DEFAULT_CONFIG.max_transaction_lifetime == 60.0
 
 
-def test_transaction_lifetime_limit(open_cluster: Callable[[EngineConfig], Cluster]) -> None:
-    cluster = open_cluster(EngineConfig(max_transaction_lifetime=0.2))
+def test_transaction_lifetime_limit(configured_cluster: Callable[[EngineConfig], Cluster]) -> None:
+    cluster = configured_cluster(EngineConfig(max_transaction_lifetime=0.2))
     tx = cluster.rows.start_transaction()
     cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "late"}], transaction_id=tx)
     time.sleep(0.3)
@@ -297,10 +298,10 @@ def test_compaction_keeps_versions_visible_to_open_transactions(cluster: Cluster
 
 
 def test_timestamps_stay_monotonic_across_restart(tmp_path: Path) -> None:
-    c = Cluster.open("local", tmp_path / "d")
+    c = open_cluster("local", tmp_path / "d")
     last = max(c.rows.generate_timestamp() for _ in range(100))
     c.close()
-    c = Cluster.open("local", tmp_path / "d")
+    c = open_cluster("local", tmp_path / "d")
     try:
         assert c.rows.generate_timestamp() > last
     finally:

@@ -1,7 +1,7 @@
 """``reptables up`` with PostgreSQL-backed engines: a TableCluster's ``spec.local``, against a real server.
 
-One PostgreSQL server (:class:`reptables.testing.postgres.PostgresServer`, trust authentication on
-loopback) gives each cluster a database of its own. The runner runs in-process
+The run's PostgreSQL server (the ``postgres`` fixture: trust authentication on loopback) gives each
+cluster a database of its own. The runner runs in-process
 (:class:`~reptables.operator.local.runner.LocalRunner`: the manifests, engines and reconcile core of
 ``up`` without its command-line loop), which is the cheapest way to start its engines and reconcile
 a replicated table and a replica on them. What a user relies on is checked where it lands: the
@@ -20,7 +20,7 @@ import pytest
 
 from reptables.engine.process import free_port
 from reptables.operator.local.runner import LocalRunner
-from reptables.testing.postgres import DB_USER, PostgresServer
+from reptables.testing.backends import DB_USER, RunServer
 
 API = "reptables.io/v1alpha1"
 #: trust authentication ignores it; the engine still gets a URL that carries it
@@ -53,14 +53,8 @@ def proc_file(pid: int, name: str) -> list[str]:
     return Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace").split("\0")
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Any:
-    with PostgresServer() as server:
-        yield server
-
-
 def test_up_runs_each_engine_on_the_database_its_manifest_names(
-        postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        postgres: RunServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     primary_url = postgres.create_database("primary")
     remote_url = postgres.create_database("remote")

@@ -81,21 +81,3 @@ def write(df: DataFrame, engine: EngineProcess, path: str, mode: str = "append",
     for name, value in options.items():
         writer = writer.option(name, str(value))
     writer.save()
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Any]:
-    """ONE PostgreSQL 15 server for the run: ``initdb`` (trust auth) into a fresh directory under /tmp, ``pg_ctl
-    start`` on a free port with ``listen_addresses=127.0.0.1``, stopped at the end by ``pg_ctl stop``, which
-    signals the pid in its ``postmaster.pid`` (benchmarks/pg_logical.py's helpers: as root, the server runs as
-    the ``postgres`` OS user). Yields the server: ``.conninfo`` is its DSN, ``.connect()`` a psycopg connection."""
-    from benchmarks.pg_logical import PgUnavailableError, _Run
-
-    try:
-        run = _Run(None)
-    except PgUnavailableError as exc:
-        pytest.fail(f"the mirror tests need PostgreSQL 15: {exc}")
-    try:
-        yield run.server("mirror", {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
-    finally:
-        run.close()

@@ -43,10 +43,11 @@ def test_a_cluster_id_is_kept_and_cannot_change(tmp_path: Path) -> None:
     engine = EngineProcess("solo", tmp_path / "solo", extra_args=["--cluster-id", "7"]).start()
     try:
         engine.stop()
-        engine.extra_args = ["--cluster-id", "8"]
+        storage = engine.extra_args[2:]  # the run's backend (--storage URL on PostgreSQL)
+        engine.extra_args = ["--cluster-id", "8", *storage]
         with pytest.raises(RuntimeError, match="XDCR cluster id 7"):
             engine.start()
-        engine.extra_args = []
+        engine.extra_args = storage
         engine.start()  # without the option: the stored id
         from reptables.engine.client import Client
 

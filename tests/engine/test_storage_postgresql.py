@@ -1,0 +1,332 @@
+"""What a PostgreSQL-backed engine adds to what every backend does (those run on both: tests/conftest.py).
+
+* The database is the cluster's own: another cluster's, a newer format's or an incomplete database
+  is refused at start in one line that names it and never its password; a password on the command
+  line is refused before anything is opened.
+* Tables are readable by SQL: ``psql`` reads a replica's rows through the view named after its path.
+* Strings order byte by byte, as YT orders them, in a database whose collation says otherwise.
+* Durability: PostgreSQL shut down (fast, and immediate: a crash) and started again under writes
+  loses no acknowledged write and applies no failed one; the engine answers 105 (retriable) while it
+  is away and writes again by itself once it is back, and an async replica on SQLite ends equal to
+  the table. A commit made with durability=async that a crash of PostgreSQL lost makes the engine
+  refuse writes (its memory is ahead of its database) until a restart reloads it.
+
+The restart tests stop and start a server, so they run on one of their own (the run's server is
+shared with every other test); everything else uses the run's server (the ``postgres`` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reptables.engine.client import Client
+from reptables.engine.client.protocol import TransportError
+from reptables.engine.errors import ErrorCode, YtError
+from reptables.testing import EngineSet, wait_for
+from reptables.testing.backends import DB_USER, RunServer
+from reptables.testing.engines import TEST_TOKEN, EngineProcess
+from reptables.testing.postgres import PostgresServer
+
+SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
+PASSWORD = "never-shown-0451"
+
+
+def serve(name: str, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``engine serve`` expected to refuse to start: its exit, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "reptables.engine.cli", "serve", "--cluster-name", name, "--data-dir",
+                           str(data_dir), "--token", TEST_TOKEN, "--port", "1", *args],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**_base_env(), **(env or {})})
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "REPTABLES_STORAGE"}
+
+
+def with_password(url: str) -> str:
+    """The URL with a password in it (trust authentication ignores it: what matters is where it shows)."""
+    return url.replace(f"//{DB_USER}@", f"//{DB_USER}:{PASSWORD}@")
+
+
+def started(name: str, data_dir: Path, url: str) -> EngineProcess:
+    engine = EngineProcess(name, data_dir, extra_args=["--storage", url])
+    return engine.start()  # type: ignore[return-value]
+
+
+# -- the database is the cluster's own ----------------------------------------------------------------
+
+
+def test_a_database_of_another_cluster_is_refused_in_one_line(postgres: RunServer, tmp_path: Path) -> None:
+    url = postgres.create_database("owned")
+    first = started("alpha", tmp_path / "alpha", url)
+    first.stop()
+    # the whole URL, password included, from the environment (a mounted Secret)
+    refused = serve("beta", tmp_path / "beta", env={"REPTABLES_STORAGE": with_password(url)})
+    assert refused.returncode != 0
+    message = refused.stderr.strip().splitlines()
+    assert any("Refusing to serve the database" in line and "as cluster beta" in line and "holds cluster alpha"
+               in line for line in message), refused.stderr
+    assert PASSWORD not in refused.stderr + refused.stdout
+    assert url.rsplit("/", 1)[1] in refused.stderr  # the database is named
+    # nothing of it was touched: its owner starts on it again
+    again = started("alpha", tmp_path / "alpha", url)
+    again.stop()
+
+
+def test_a_database_of_a_newer_format_or_incomplete_is_refused(postgres: RunServer, tmp_path: Path) -> None:
+    newer = postgres.create_database("newer")
+    started("alpha", tmp_path / "a", newer).stop()
+    postgres.psql("UPDATE _rt_meta SET value = '999' WHERE name = 'storage_format'", newer.rsplit("/", 1)[1])
+    refused = serve("alpha", tmp_path / "a", "--storage", newer)
+    assert refused.returncode != 0 and "a newer reptables wrote it (storage format 999" in refused.stderr
+
+    incomplete = postgres.create_database("incomplete")
+    started("alpha", tmp_path / "b", incomplete).stop()
+    postgres.psql("DROP TABLE _rt_nodes", incomplete.rsplit("/", 1)[1])
+    refused = serve("alpha", tmp_path / "b", "--storage", incomplete)
+    assert refused.returncode != 0 and "_rt_nodes" in refused.stderr and "missing" in refused.stderr
+
+    foreign = postgres.create_database("foreign")
+    postgres.psql("CREATE TABLE _rt_replicas (x int)", foreign.rsplit("/", 1)[1])
+    refused = serve("alpha", tmp_path / "c", "--storage", foreign)
+    assert refused.returncode != 0 and "has reptables tables (_rt_replicas) but no _rt_meta" in refused.stderr
+
+
+def test_a_password_on_the_command_line_is_refused_without_echoing_it(postgres: RunServer, tmp_path: Path) -> None:
+    refused = serve("alpha", tmp_path / "a", "--storage", with_password(postgres.url("postgres")))
+    assert refused.returncode == 2
+    assert "carries a password" in refused.stderr and "$PGPASSWORD" in refused.stderr
+    assert PASSWORD not in refused.stderr + refused.stdout
+    refused = serve("alpha", tmp_path / "a", "--storage", "mysql://root@127.0.0.1/x")
+    assert refused.returncode == 2 and "'mysql' is not a supported database" in refused.stderr
+
+
+def test_an_unreachable_database_is_named_at_start(tmp_path: Path) -> None:
+    from reptables.engine.process import free_port
+
+    refused = serve("alpha", tmp_path / "a", env={
+        "REPTABLES_STORAGE": f"postgresql://{DB_USER}:{PASSWORD}@127.0.0.1:{free_port()}/nowhere"})
+    assert refused.returncode != 0
+    assert "Cannot reach the database" in refused.stderr and "nowhere" in refused.stderr
+    assert PASSWORD not in refused.stderr + refused.stdout
+
+
+# -- tables are readable by SQL ---------------------------------------------------------------------
+
+
+def test_psql_reads_a_replica_through_the_view_named_after_its_path(postgres: RunServer, tmp_path: Path) -> None:
+    # the meta-cluster on SQLite, the replica's cluster on PostgreSQL (a mixed topology)
+    with EngineSet(tmp_path, names=("primary", "replica"), storage={"primary": "sqlite",
+                                                                    "replica": postgres.create_database("replica")}) \
+            as clusters:
+        path = clusters.replicated_table("//tmp/orders", SCHEMA)
+        replica_id = clusters.replica(path, "replica", "//tmp/orders", mode="async")
+        clusters.meta.insert_rows(path, [{"k": i, "v": f"order {i}"} for i in range(5)], require_sync_replica=False)
+        clusters.meta.delete_rows(path, [{"k": 3}], require_sync_replica=False)
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "changed"}], require_sync_replica=False)
+        clusters.wait_in_sync(replica_id)
+        database = clusters.engines["replica"].extra_args[-1].rsplit("/", 1)[1]
+        # the latest committed image, without the engine's system columns
+        out = postgres.psql('SELECT k, v FROM "//tmp/orders" ORDER BY k', database)
+        assert out.splitlines() == ["0|order 0", "1|changed", "2|order 2", "4|order 4"]
+        columns = postgres.psql("SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM "
+                                "information_schema.columns WHERE table_name = '//tmp/orders'", database)
+        assert columns == "k,v"
+        # a removed table takes its view with it
+        replica = clusters.client("replica")
+        replica.unmount_table("//tmp/orders")
+        wait_for(lambda: replica.get("//tmp/orders/@tablet_state") == "unmounted", 30, "unmounted")
+        replica.remove("//tmp/orders")
+        assert postgres.psql("SELECT count(*) FROM information_schema.views WHERE table_name = "
+                             "'//tmp/orders'", database) == "0"
+
+
+def test_strings_order_byte_by_byte_whatever_the_database_collation(postgres: RunServer, tmp_path: Path) -> None:
+    # a database whose default collation puts "B" after "a" (ICU's en-US: no OS locale needed)
+    url = postgres.create_database("collated", "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
+                                               "LOCALE 'C.UTF-8'")
+    engine = started("alpha", tmp_path / "a", url)
+    try:
+        with engine.client() as client:
+            path = "//tmp/names"
+            client.create("table", path, attributes={
+                "dynamic": True, "pivot_keys": [[], ["a"]],
+                "schema": [{"name": "k", "type": "string", "sort_order": "ascending"}, {"name": "n", "type": "int64"}]})
+            client.mount_table(path)
+            wait_for(lambda: client.get(f"{path}/@tablet_state") == "mounted", 30, "mounted")
+            keys = ["b", "B", "a", "A", "ä", "Z", "_"]
+            client.insert_rows(path, [{"k": k, "n": i} for i, k in enumerate(keys)])
+            ordered = [r["k"] for r in client.select_rows(f"k from [{path}]")]
+            assert ordered == sorted(keys, key=lambda k: k.encode())  # A B Z _ a b ä
+            assert [r["k"] for r in client.select_rows(f'k from [{path}] where k < "a"')] == ["A", "B", "Z", "_"]
+            assert [r["k"] for r in client.select_rows(f'k from [{path}] where k >= "a" and k < "b"')] == ["a"]
+            assert [(r or {}).get("k") for r in client.lookup_rows(path, [{"k": "ä"}, {"k": "A"}])] == ["ä", "A"]
+    finally:
+        engine.stop()
+
+
+# -- durability across PostgreSQL restarts -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[PostgresServer]:
+    """A server of this module's own (it is shut down and started again); a slow WAL writer, so that
+    a crash right after a commit made with durability=async loses it."""
+    with PostgresServer(settings={"wal_writer_delay": "10s", "wal_writer_flush_after": "0"}) as server:
+        yield server
+
+
+class Writer(threading.Thread):
+    """Inserts one new key per commit until stopped; remembers what was acknowledged and what failed."""
+
+    def __init__(self, client: Client, path: str, first_key: int, **options: Any) -> None:
+        super().__init__(daemon=True)
+        self.client, self.path, self.options, self.first_key = client, path, options, first_key
+        self.acked: list[int] = []
+        self.failed: dict[int, int] = {}  # key -> the error code the engine answered
+        self.unknown: list[int] = []  # no answer at all (the outcome is the engine's to tell)
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        key = self.first_key
+        while not self.stop_event.is_set():
+            key += 1
+            try:
+                self.client.insert_rows(self.path, [{"k": key, "v": f"v{key}"}], **self.options)
+            except TransportError:
+                self.unknown.append(key)
+            except YtError as exc:
+                self.failed[key] = int(exc.code)
+                time.sleep(0.05)
+            else:
+                self.acked.append(key)
+
+    def finish(self) -> None:
+        self.stop_event.set()
+        self.join(60)
+
+    def acked_after(self, count: int, timeout: float) -> None:
+        target = len(self.acked) + count
+        wait_for(lambda: len(self.acked) >= target, timeout, f"{count} more acknowledged writes")
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_postgresql_restarting_under_writes_loses_no_acknowledged_write(
+        own_server: PostgresServer, tmp_path: Path, mode: str) -> None:
+    meta_db = own_server.create_database(f"meta_{mode}")
+    with EngineSet(tmp_path, names=("primary", "replica"), storage={"primary": meta_db, "replica": "sqlite"}) \
+            as clusters:
+        path = clusters.replicated_table("//tmp/t", SCHEMA)
+        replica_id = clusters.replica(path, "replica", "//tmp/t", mode="async")
+        pid = clusters.engines["primary"].pid
+        url = clusters.engines["primary"].url
+        # two writers: while one waits for the database to say whether its commit happened, the
+        # other is answered at once
+        with Client(url, TEST_TOKEN, timeout=120) as one, Client(url, TEST_TOKEN, timeout=120) as other:
+            writers = [Writer(one, path, 0, require_sync_replica=False),
+                       Writer(other, path, 10_000_000, require_sync_replica=False)]
+            for writer in writers:
+                writer.start()
+            try:
+                writers[0].acked_after(50, 30)
+                own_server.shut_down(mode)
+                # while it is away: retriable answers, never an internal error
+                wait_for(lambda: sum(len(w.failed) for w in writers) >= 3, 30,
+                         "writes answered while PostgreSQL is away")
+                with httpx.Client() as http:
+                    ready = http.get(f"{url}/readyz")
+                assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+                time.sleep(1.0)
+                own_server.start_again()
+                # back by itself: no restart of the engine
+                for writer in writers:
+                    writer.acked_after(20, 60)
+            finally:
+                for writer in writers:
+                    writer.finish()
+                if not own_server.running:
+                    own_server.start_again()
+        assert clusters.engines["primary"].pid == pid
+        acked = {k for w in writers for k in w.acked}
+        failed = {k: code for w in writers for k, code in w.failed.items()}
+        unknown = {k for w in writers for k in w.unknown}
+        assert set(failed.values()) == {ErrorCode.UNAVAILABLE}, failed
+        # what the table holds, as its async replica on SQLite received it (the replication queue
+        # in PostgreSQL, pushed in order: a row twice or a gap would stall or differ)
+        clusters.wait_in_sync(replica_id, timeout=60)
+        replica_rows = clusters.client("replica").select_rows("k, v from [//tmp/t]")
+        rows = {r["k"] for r in replica_rows}
+        assert len(rows) == len(replica_rows) and all(r["v"] == f"v{r['k']}" for r in replica_rows)
+        assert acked <= rows, sorted(acked - rows)[:10]
+        # a failed write did not happen (a commit whose answer was lost was looked up, not guessed)
+        assert not rows & set(failed), sorted(rows & set(failed))
+        assert rows <= acked | unknown
+
+
+def test_a_lost_async_commit_stops_writes_until_a_restart(own_server: PostgresServer, tmp_path: Path) -> None:
+    url = own_server.create_database("relaxed")
+    engine = started("alpha", tmp_path / "a", url)
+    try:
+        with engine.client() as client:
+            path = "//tmp/relaxed"
+            client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "atomicity": "none"})
+            client.mount_table(path)
+            wait_for(lambda: client.get(f"{path}/@tablet_state") == "mounted", 30, "mounted")
+            client.insert_rows(path, [{"k": 0, "v": "durable"}], atomicity="none")
+            lost = False
+            for attempt in range(1, 6):
+                probe = 100 + attempt
+                # acknowledged without a WAL flush; PostgreSQL crashes before its WAL writer flushes it
+                client.insert_rows(path, [{"k": attempt, "v": "relaxed"}], atomicity="none", durability="async")
+                own_server.shut_down("immediate")
+                own_server.start_again()
+                sql = RunServer(f"127.0.0.1:{own_server.port}")
+                present = sql.psql(f'SELECT count(*) FROM "{path}" WHERE k = {attempt}', url.rsplit("/", 1)[1]) == "1"
+                if present:
+                    # it was flushed after all (another commit flushed the WAL): the engine goes on
+                    wait_for(lambda: _inserted(client, path, probe), 30, "writes again")  # noqa: B023
+                    continue
+                lost = True
+                with pytest.raises(YtError) as refused:
+                    wait_for(lambda: _inserted(client, path, probe), 30, "the refusal",  # noqa: B023
+                             retry_on=(TransportError,))
+                assert refused.value.code == ErrorCode.IO_ERROR
+                assert "memory is ahead of its database" in str(refused.value)
+                with httpx.Client() as http:
+                    assert http.get(f"{engine.url}/healthz").status_code == 503
+                    assert http.get(f"{engine.url}/readyz").status_code == 503
+                break
+            assert lost, "no crash lost an async commit in 5 attempts (wal_writer_delay = 10s)"
+    finally:
+        engine.stop()
+    # a restart reloads it from the database: it writes again, and reads what the database holds
+    engine.start()
+    try:
+        with engine.client() as client:
+            client.insert_rows("//tmp/relaxed", [{"k": 1000, "v": "after"}], atomicity="none")
+            keys = [r["k"] for r in client.select_rows("k from [//tmp/relaxed]")]
+            assert 0 in keys and 1000 in keys and attempt not in keys
+    finally:
+        engine.stop()
+
+
+def _inserted(client: Client, path: str, key: int) -> bool:
+    """One insert: True once it succeeds, False while the engine answers 105 (PostgreSQL still
+    coming back); any other error raises."""
+    try:
+        client.insert_rows(path, [{"k": key, "v": "probe"}], atomicity="none")
+    except YtError as exc:
+        if exc.code == ErrorCode.UNAVAILABLE and not isinstance(exc, TransportError):
+            return False
+        raise
+    return True
