@@ -300,6 +300,8 @@ class Cluster:
         self._ensure_views()
         with self.storage.read() as conn:
             self.replication.load(conn)
+        # (after the replicas: their acknowledged progress tells where a queue trimmed empty ends)
+        self.tablets.restore_tablet_counts()
         self.reads.refresh_directory()
         held, aborted = self.transactions.recover()
         if held or aborted:

@@ -50,6 +50,8 @@ DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 #: a table's node attribute holding ``DynamicTable.changes_trimmed`` (change streams)
 CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
+#: a table's node attribute holding ``DynamicTable.layout_revision`` (how many reshards it had)
+LAYOUT_REVISION_ATTRIBUTE = "_rt_layout_revision"
 #: the default ``change_retention`` of sorted and ordered tables (ms): changes are streamed from this far back
 DEFAULT_CHANGE_RETENTION_MS = 60 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much
@@ -143,6 +145,7 @@ class Tables:
             replicated=replicated, upstream_replica_id=attrs.get("upstream_replica_id") or None,
             pivot_keys=attrs.get("pivot_keys") or [[]],
             tablet_count_ordered=int(attrs.get(f"{INTERNAL_PREFIX}tablet_count", 1)),
+            layout_revision=int(attrs.get(LAYOUT_REVISION_ATTRIBUTE, 0)),
             state=TabletState(attrs.get(f"{INTERNAL_PREFIX}tablet_state", "unmounted")),
             atomicity=attrs.get("atomicity", "full"),
             trimmed_timestamp=int(attrs.get(TRIMMED_TIMESTAMP_ATTRIBUTE, 0)),

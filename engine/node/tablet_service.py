@@ -9,16 +9,20 @@ relies on (every accepted change is in the queue, ``flushed_row_count`` is final
 
 Collaborators (given by the composition root, ``cluster.py``): the storage and the tree, the node's
 tables, the transaction manager (commits in flight, for a freeze), replication (the replicas of a
-table: a reshard waits for them, a schema change asks them) and the serving state (an XDCR table's
-schema changes only while its cluster is paused).
+table: a reshard waits for them, a schema change asks them, the start-up repair of queue row counts
+reads their progress) and the serving state (an XDCR table's schema changes only while its cluster
+is paused).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from typing import Any
+
+import sqlalchemy as sa
 
 from .. import yson_util
 from ..cypress import (
@@ -28,7 +32,7 @@ from ..cypress import (
 from ..errors import ErrorCode, TabletStateError, YtError
 from ..replication import ReplicationManager
 from ..schema import TableSchema, check_schema_update, validate_row
-from ..storage import Storage, on_rollback, tablets_table
+from ..storage import Storage, on_commit, on_rollback, tablets_table
 from ..tablets import (
     DynamicTable,
     TabletState,
@@ -36,7 +40,7 @@ from ..tablets import (
 )
 from ..transactions import TransactionManager
 from .serving import ServingState
-from .tables import Tables
+from .tables import LAYOUT_REVISION_ATTRIBUTE, Tables
 
 log = logging.getLogger("reptables.engine")
 
@@ -156,6 +160,15 @@ class TabletService:
                                     "retriable": True})
 
     def reshard_table(self, path: Any, pivot_keys: Any = None, tablet_count: Any = None) -> None:
+        """Give an unmounted table new tablets: pivot keys (sorted) or a tablet count (ordered).
+
+        A table whose tablets count rows (an ordered table, a replicated table's queue) has one
+        ``_rt_tablets`` row per tablet, made here for every tablet the reshard adds, in the same
+        write transaction: a queue append updates that row, and a restart reads its counts from it
+        alone. A tablet index that had rows before (a sorted replicated table resharded to fewer
+        tablets and back) keeps its counts: its queue goes on from its last row. The new layout is
+        published once the SQL commit is done, the tablets first and ``layout_revision`` after them
+        (what replicators send to replica clusters, ``DynamicTable.layout_revision``)."""
         table, table_path, node = self.tables.table(path)
         if (pivot_keys is None) == (tablet_count is None):
             raise YtError(f"Cannot reshard table {table_path}: give exactly one of pivot_keys and tablet_count",
@@ -166,13 +179,14 @@ class TabletService:
                                        f"(tablet state is {table.state.value!r})", attributes={"path": table_path})
             if table.replicated:
                 self._check_queue_replicated(table, table_path)
+            pivots: list[list[Any]] | None = None
             if pivot_keys is not None:
                 if not table.sorted:
                     raise YtError(f"Cannot reshard ordered table {table_path} by pivot keys; use tablet_count",
                                   code=ErrorCode.INVALID_PARAMETER)
                 pivots = parse_pivot_keys(pivot_keys, table.schema, table_path)
-                table.pivot_keys = pivots
-                node.attributes["pivot_keys"] = pivots
+                count = len(pivots)
+                attributes: dict[str, Any] = {"pivot_keys": pivots}
             else:
                 count = yson_util.to_python(tablet_count)
                 if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 10_000:
@@ -186,17 +200,95 @@ class TabletService:
                     if rows > trimmed:
                         raise YtError(f"Cannot reshard table {table_path} to {count} tablets: tablet {i} "
                                       "still holds rows", code=ErrorCode.INVALID_PARAMETER)
-                for i in range(count, table.tablet_count):
-                    conn.execute(tablets_table.delete().where(tablets_table.c.table_id == node.id,
-                                                              tablets_table.c.tablet_index == i))
-                    table.tablet_rows.pop(i, None)
-                for i in range(table.tablet_count, count):
-                    conn.execute(tablets_table.insert().values(table_id=node.id, tablet_index=i, row_count=0,
-                                                               trimmed_row_count=0))
-                    table.tablet_rows[i] = [0, 0]
-                table.tablet_count_ordered = count
-                node.attributes[f"{INTERNAL_PREFIX}tablet_count"] = count
+                attributes = {f"{INTERNAL_PREFIX}tablet_count": count}
+            dropped, added = self._reshard_tablet_rows(conn, table, node.id, count) \
+                if table.replicated or not table.sorted else ([], {})
+            revision = table.layout_revision + 1
+            attributes[LAYOUT_REVISION_ATTRIBUTE] = revision
+            previous = {name: node.attributes.get(name) for name in attributes}
+
+            def undo() -> None:
+                for name, value in previous.items():
+                    if value is None:
+                        node.attributes.pop(name, None)
+                    else:
+                        node.attributes[name] = value
+
+            on_rollback(conn, undo)
+            node.attributes.update(attributes)
             self.cypress.save(conn, node)
+
+            def publish() -> None:
+                # lock-free readers (replicators) read the revision first and the tablets second:
+                # the tablets go first, so that a new revision is never read with an old tablet count
+                for i in dropped:
+                    table.tablet_rows.pop(i, None)
+                for i, counts in added.items():
+                    table.tablet_rows[i] = counts
+                if pivots is not None:
+                    table.pivot_keys = pivots
+                else:
+                    table.tablet_count_ordered = count
+                table.layout_revision = revision
+
+            on_commit(conn, publish)
+
+    @staticmethod
+    def _reshard_tablet_rows(conn: sa.Connection, table: DynamicTable, table_id: str,
+                             count: int) -> tuple[list[int], dict[int, list[int]]]:
+        """The ``_rt_tablets`` rows of a table resharded to ``count`` tablets, in the caller's write
+        transaction: (the tablets whose counts go, the tablets that get counts) for the caller to
+        publish.
+
+        An ordered table's tablets past ``count`` are empty (checked) and go. A replicated table's
+        keep their rows and counts: its change stream is its queue, tablets that left the layout
+        included. Every tablet below ``count`` gets its row if it has none, with the counts the
+        table holds for it, if any (a tablet it had before), else none yet."""
+        dropped = list(range(count, table.tablet_count)) if not table.sorted else []
+        for i in dropped:
+            conn.execute(tablets_table.delete().where(tablets_table.c.table_id == table_id,
+                                                      tablets_table.c.tablet_index == i))
+        stored = set(conn.execute(sa.select(tablets_table.c.tablet_index).where(
+            tablets_table.c.table_id == table_id)).scalars())
+        added: dict[int, list[int]] = {}
+        for i in range(count):
+            if i in stored:
+                continue
+            rows, trimmed = added[i] = list(table.tablet_rows.get(i, [0, 0]))
+            conn.execute(tablets_table.insert().values(table_id=table_id, tablet_index=i, row_count=rows,
+                                                       trimmed_row_count=trimmed))
+        return dropped, added
+
+    def restore_tablet_counts(self) -> None:
+        """At start-up, before anything writes: give every tablet of a replicated table that has no
+        ``_rt_tablets`` row one, with the counts its queue shows.
+
+        A reshard of an engine before the fix of docs/reliability.md's first finding made no such
+        row for the tablets it added, so their queues' row counts were never saved: a restart took
+        them for empty queues (writes to them failed, queued rows were never sent). The counts
+        come from the queue's rows and the replicas' acknowledged progress
+        (``DynamicTable.uncounted_tablets``)."""
+        restored: list[tuple[str, dict[int, list[int]]]] = []
+        with self.storage.write() as conn:
+            for node in self.tables.all_tables():
+                table = node.table
+                if table is None or not table.replicated:
+                    continue
+
+                def acknowledged(tablet: int, table_id: str = table.table_id) -> int:
+                    return max((r.progress_of(tablet).row_index for r in self.replication.replicas_of(table_id)),
+                               default=0)
+
+                found = table.uncounted_tablets(conn, acknowledged)
+                for tablet, (rows, trimmed) in found.items():
+                    conn.execute(tablets_table.insert().values(table_id=table.table_id, tablet_index=tablet,
+                                                               row_count=rows, trimmed_row_count=trimmed))
+                if found:
+                    on_commit(conn, functools.partial(table.tablet_rows.update, found))
+                    restored.append((node.path, found))
+        for path, found in restored:
+            log.warning("restored the queue row counts of tablets a reshard had added without them",
+                        extra={"path": path, "tablets": found})
 
     def alter_table(self, path: Any, upstream_replica_id: Any = None, schema: Any = None) -> None:
         table, table_path, node = self.tables.table(path)

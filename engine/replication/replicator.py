@@ -53,6 +53,19 @@ def queue_end(table: DynamicTable, tablet: int) -> int:
     return table.tablet_rows.get(tablet, [0, 0])[0]
 
 
+def layout(table: DynamicTable) -> tuple[int, int]:
+    """(layout revision, tablet count) of a table, for a push or a heartbeat to send after reading
+    the changes it carries: a replica table's freshness is the least recorded timestamp over that
+    many tablets of the meta table (``sink.replica_freshness``), so every push tells the count, a
+    busy tablet's as an idle one's. A change read from the queue was committed after any reshard
+    before it, so the count read after it is that reshard's, or a later one's. The revision is read
+    first: a reshard publishes its tablets before its revision (``TabletService.reshard_table``), so
+    a new revision is never sent with an old count, and a replica cluster never goes back to the
+    count of an older revision, whatever order pushes arrive in (a late one after a timeout)."""
+    revision = table.layout_revision
+    return revision, table.tablet_count
+
+
 class Replicator:
     """Feeds one replica: its thread, its pushes, its throttle, its way to in sync."""
 
@@ -174,9 +187,11 @@ class Replicator:
         if not batch:
             return False
         end = batch[-1].row_index + 1
+        revision, tablet_count = layout(table)
         header = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
                              "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
-                             "preserve_timestamps": replica.preserve_timestamps, "table_id": table.table_id})
+                             "preserve_timestamps": replica.preserve_timestamps, "table_id": table.table_id,
+                             "tablet_count": tablet_count, "layout_revision": revision})
         # queue payloads are JSON already: splice them in instead of encoding JSON inside JSON
         changes = ",".join(f'{{"timestamp":{e.timestamp},"kind":"{e.kind}","payload":{e.payload}}}'
                            for e in batch if e.timestamp > replica.start_replication_timestamp)
@@ -242,10 +257,12 @@ class Replicator:
         replica = self.replica
         if not replica.preserve_timestamps:
             return  # its rows take this cluster's timestamps: no freshness to speak of
+        revision, tablet_count = layout(table)
         body = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
                            "tablet_index": tablet, "prev_row_index": end, "row_index": end,
                            "preserve_timestamps": True, "entries": [], "barrier_timestamp": barrier,
-                           "tablet_count": table.tablet_count, "table_id": table.table_id}).encode()
+                           "tablet_count": tablet_count, "layout_revision": revision,
+                           "table_id": table.table_id}).encode()
         try:
             # network: no lock held; short, so that a slow replica cluster never holds up the
             # replicator's loop (its transitions, its next batch) for a heartbeat

@@ -43,7 +43,7 @@ from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag, made_by
 from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
-from ..storage import FastStatement, on_rollback, replica_sink_table
+from ..storage import FastStatement, on_commit, on_rollback, replica_sink_table
 from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes, validate_key_not_null
 from .host import ReplicationHost
 from .options import UPSTREAM_TABLE_ATTRIBUTE
@@ -118,26 +118,40 @@ def advance_sink(conn: sa.Connection, replica_id: str, tablet: int, row_index: i
 
 
 #: the sink record (replica, TABLET_COUNT_RECORD) holds the meta table's tablet count in row_index
+#: and the layout revision it belongs to in timestamp (0: not told)
 TABLET_COUNT_RECORD = -1
 
 
-def set_upstream_tablet_count(conn: sa.Connection, replica_id: str, count: int) -> None:
+def set_upstream_tablet_count(conn: sa.Connection, replica_id: str, count: int, revision: int | None = None,
+                              known: tuple[int, int] | None = None) -> tuple[int, int]:
     """Remember how many tablets the meta table has (their records make the replica's freshness);
-    records of tablets a reshard removed stop counting."""
-    current = read_sink(conn, replica_id, TABLET_COUNT_RECORD)
+    records of tablets a reshard removed stop counting. Returns the record as it is then.
+
+    ``revision`` is the meta table's layout revision (``DynamicTable.layout_revision``; None from a
+    meta-cluster that does not send it): a count of an older revision than the record's is one a
+    push that arrived late carries, and is ignored. ``known`` is the record as the caller knows it
+    to be (it is read when None)."""
+    current = known if known is not None else read_sink(conn, replica_id, TABLET_COUNT_RECORD)
     if current is None:
         _INSERT_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=TABLET_COUNT_RECORD,
-                         row_index=count, timestamp=0)
-    elif current[0] != count:
-        _UPDATE_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=TABLET_COUNT_RECORD,
-                         row_index=count, timestamp=0)
+                         row_index=count, timestamp=revision or 0)
+        return count, revision or 0
+    stored_count, stored_revision = current
+    if revision is None:
+        revision = stored_revision
+    if revision < stored_revision or (revision, count) == (stored_revision, stored_count):
+        return current
+    _UPDATE_SINK.run(conn, upstream_replica_id=replica_id, tablet_index=TABLET_COUNT_RECORD,
+                     row_index=count, timestamp=revision)
+    return count, revision
 
 
 def replica_freshness(conn: sa.Connection, replica_id: str) -> int:
     """The newest timestamp up to which a replica table surely has every change of its upstream
     replica: one below the least recorded timestamp over the meta table's tablets (a recorded
     timestamp may be a commit only partly applied: a batch can end inside a commit). 0 while a
-    tablet has no record, or the tablet count is not known yet (the first heartbeat tells it)."""
+    tablet has no record, or the tablet count is not known yet (the first push tells it: every push
+    and heartbeat carries it, so a push of a tablet after a reshard counts the reshard's tablets)."""
     rows = conn.execute(sa.select(replica_sink_table.c.tablet_index, replica_sink_table.c.row_index,
                                   replica_sink_table.c.timestamp).where(
         replica_sink_table.c.upstream_replica_id == replica_id)).all()
@@ -159,6 +173,11 @@ class ReplicaSink:
         #: without a directory accepts every coordinator)
         self.peers = peers
         self.config = config
+        #: upstream replica -> its committed TABLET_COUNT_RECORD (count, layout revision), once read or
+        #: written: a push that tells what the record holds needs no statement. Read and changed only
+        #: under Storage.write_lock (in a push's write transaction and its on_commit hook); nothing but
+        #: ``handle_push`` writes the record
+        self._tablet_counts: dict[str, tuple[int, int]] = {}
 
     def replica_table(self, path: object, replica_id: str, preserve: bool = True) -> tuple[DynamicTable, str]:
         """The table a peer's push, prepare or bootstrap write for replica ``replica_id`` goes to.
@@ -464,6 +483,7 @@ class ReplicaSink:
             barrier = self.check_timestamp(body["barrier_timestamp"], f"barrier timestamp of a {what}")
         tablet_count = int_field(body, "tablet_count", what, MAX_PEER_TABLET_INDEX) if "tablet_count" in body \
             else None
+        revision = int_field(body, "layout_revision", what) if "layout_revision" in body else None
         # the replicated table's id: its stream's tokens compare with this replica's reads
         upstream_table = str_field(body, "table_id", what, MAX_TRANSACTION_ID_LENGTH) if "table_id" in body \
             else None
@@ -472,7 +492,12 @@ class ReplicaSink:
         def record(conn: sa.Connection, newest_ts: int) -> None:
             advance_sink(conn, replica_id, tablet, end, max(newest_ts, barrier))
             if tablet_count is not None:
-                set_upstream_tablet_count(conn, replica_id, tablet_count)
+                # every push tells the count (a heartbeat's alone would miss a busy tablet's reshard);
+                # the record is read only when this sink does not know it yet
+                known = self._tablet_counts.get(replica_id)
+                stored = set_upstream_tablet_count(conn, replica_id, tablet_count, revision, known)
+                if stored != known:
+                    on_commit(conn, lambda: self._tablet_counts.__setitem__(replica_id, stored))
             if upstream_table is not None and node is not None \
                     and node.attributes.get(UPSTREAM_TABLE_ATTRIBUTE) != upstream_table:
                 previous = node.attributes.get(UPSTREAM_TABLE_ATTRIBUTE)

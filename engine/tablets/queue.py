@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -125,6 +126,38 @@ def first_timestamp_from(table: QueueTable, conn: sa.Connection, tablet_index: i
     data = table.sql.data
     return conn.execute(sa.select(data.c[TS]).where(
         data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] == from_row)).scalar()
+
+
+def uncounted_tablets(table: QueueTable, conn: sa.Connection, tablet_count: int,
+                      acknowledged: Callable[[int], int]) -> dict[int, list[int]]:
+    """The tablets that have no row counts (no ``_rt_tablets`` row), with the counts their queues show.
+
+    Those are the tablets below ``tablet_count`` without counts, and those past it whose queues
+    hold rows without counts (a reshard made no ``_rt_tablets`` rows for the tablets it added,
+    before the fix of docs/reliability.md's first finding). Rows are appended at the end of a
+    tablet's queue and trimmed from its start, so they are ``[trimmed_row_count, row_count)``;
+    ``acknowledged(tablet)`` is the largest row index a replica has acknowledged (the queue had
+    every row below it), where a queue trimmed empty ends. Only the queue's key index is read:
+    two lookups per tablet, none over its rows."""
+    data = table.sql.data
+    tablet_column, row_column = data.c[TABLET_INDEX], data.c[ROW_INDEX]
+    uncounted = [t for t in range(tablet_count) if t not in table.tablet_rows]
+    after = tablet_count
+    while True:  # the tablets past the count holding rows, one index lookup each
+        tablet = conn.execute(sa.select(sa.func.min(tablet_column)).where(tablet_column >= after)).scalar()
+        if tablet is None:
+            break
+        if int(tablet) not in table.tablet_rows:
+            uncounted.append(int(tablet))
+        after = int(tablet) + 1
+    found: dict[int, list[int]] = {}
+    for tablet in uncounted:
+        # (min and max in two statements: SQLite looks either up in the index, not both at once)
+        first = conn.execute(sa.select(sa.func.min(row_column)).where(tablet_column == tablet)).scalar()
+        last = conn.execute(sa.select(sa.func.max(row_column)).where(tablet_column == tablet)).scalar()
+        end = acknowledged(tablet)
+        found[tablet] = [end, end] if first is None or last is None else [max(int(last) + 1, end), int(first)]
+    return found
 
 
 def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:

@@ -69,6 +69,11 @@ class DynamicTable:
     sql: UserTables
     pivot_keys: list[list[Any]] = field(default_factory=lambda: [[]])
     tablet_count_ordered: int = 1
+    #: how many reshards the table has had (kept on its node, ``_rt_layout_revision``): a replica
+    #: cluster tells a newer tablet count of a replicated table from an older one by it. A reshard
+    #: publishes the new tablets first and this after them, so a reader that reads this first and
+    #: the tablet count second never pairs a new revision with an old count
+    layout_revision: int = 0
     state: TabletState = TabletState.UNMOUNTED
     atomicity: str = "full"
     #: ordered tables: per tablet [row_count, trimmed_row_count]; kept in sync with _rt_tablets.
@@ -275,6 +280,11 @@ class DynamicTable:
     def trim_queue(self, conn: sa.Connection, tablet_index: int, below_row: int, not_after_ts: int) -> int:
         """Drop queue rows below ``below_row`` committed at or before ``not_after_ts``."""
         return queue.trim(self, conn, tablet_index, below_row, not_after_ts)
+
+    def uncounted_tablets(self, conn: sa.Connection, acknowledged: Callable[[int], int]) -> dict[int, list[int]]:
+        """Tablets of a replication queue without row counts, and the counts the queue shows for them
+        (``acknowledged(tablet)``: the largest row index a replica has acknowledged)."""
+        return queue.uncounted_tablets(self, conn, self.tablet_count, acknowledged)
 
     # -- reads -----------------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
-"""What the fault runs found in the engine, kept as reproducers (engine fixes are the engine's owners' work).
+"""What the fault runs found in the engine, kept as reproducers now that it is fixed.
 
 Each test is the smallest deterministic form of a failure a fault run showed, with the run's history
-excerpt in docs/reliability.md ("Found by the fault runs"). They are ``xfail(strict=True)``: they
-fail today, and the day a fix lands they pass and the marker must go.
+excerpt in docs/reliability.md ("Found by the fault runs", which says what fixed it). They were
+``xfail(strict=True)`` until the fix landed; now they guard against its return.
 """
 
 from __future__ import annotations
@@ -15,18 +15,6 @@ import pytest
 
 from reptables.engine.errors import YtError
 from reptables.testing import KV_SCHEMA, EngineSet, wait_for
-
-RESHARDED_QUEUE = ("a sorted replicated table resharded to more tablets has no _rt_tablets row for its new "
-                   "tablets: their queue row counts are never saved, so a restarted meta-cluster sees those "
-                   "tablets' queues as empty (engine/node/tablet_service.py reshard_table; found by the "
-                   "tracker-switches fault run)")
-
-
-RESHARDED_STREAM = ("a replica table learns its upstream's tablet count only from heartbeats, which a busy tablet "
-                    "never sends; after a reshard to more tablets its freshness (the bound of its change stream) "
-                    "counts the old tablets only, so a stream passes the new tablets' changes before they arrive "
-                    "and never delivers them (engine/replication/sink.py replica_freshness; found by the reshard "
-                    "fault run)")
 
 
 @pytest.fixture
@@ -47,20 +35,21 @@ def _resharded_table(es: EngineSet) -> str:
     return path
 
 
-@pytest.mark.xfail(strict=True, reason=RESHARDED_QUEUE)
 def test_a_restarted_meta_cluster_takes_writes_to_every_tablet_of_a_resharded_table(engines: EngineSet) -> None:
+    """A sorted replicated table resharded to more tablets had no _rt_tablets row for its new tablets: their
+    queue row counts were never saved, and a restarted meta-cluster saw those queues as empty (the
+    tracker-switches fault run)."""
     path = _resharded_table(engines)
     sync = engines.replica(path, "remote_0", path, mode="sync")
     engines.wait_in_sync(sync)
     engines.meta.insert_rows(path, [{"k": 11, "v": "before"}])
     engines.restart("primary")
     engines.wait_in_sync(sync)
-    # today: IntegrityError "UNIQUE constraint failed: rt_t1._rt_tablet_index, rt_t1._rt_row_index"
+    # (before the fix: IntegrityError "UNIQUE constraint failed: rt_t1._rt_tablet_index, rt_t1._rt_row_index")
     wait_for(lambda: engines.meta.insert_rows(path, [{"k": 12, "v": "after"}]) is None, 10, "a write to tablet 1")
     assert engines.rows("remote_0", path) == [{"k": 11, "v": "before"}, {"k": 12, "v": "after"}]
 
 
-@pytest.mark.xfail(strict=True, reason=RESHARDED_QUEUE)
 def test_an_acknowledged_write_reaches_the_async_replica_after_a_meta_restart(engines: EngineSet) -> None:
     path = _resharded_table(engines)
     sync = engines.replica(path, "remote_0", path, mode="sync")
@@ -70,7 +59,7 @@ def test_an_acknowledged_write_reaches_the_async_replica_after_a_meta_restart(en
     engines.meta.insert_rows(path, [{"k": 11, "v": "acknowledged"}])  # in tablet 1; remote_1 is down
     engines.restart("primary")
     engines.engines["remote_1"].start()
-    # today: the restarted meta-cluster counts 0 rows in tablet 1's queue, and never sends the row
+    # (before the fix: the restarted meta-cluster counted 0 rows in tablet 1's queue, and never sent the row)
     try:
         wait_for(lambda: engines.rows("remote_1", path) == [{"k": 11, "v": "acknowledged"}], 20,
                  "the acknowledged row on the async replica")
@@ -111,14 +100,16 @@ def _stream_after_reshard(engines: EngineSet, path: str, reshard: bool) -> tuple
     return sorted(r["v"] for r in engines.rows("remote_1", path) if r["v"] != "first"), sorted(delivered)
 
 
-@pytest.mark.xfail(strict=True, reason=RESHARDED_STREAM)
 def test_a_replica_table_stream_delivers_the_changes_of_tablets_a_reshard_added(engines: EngineSet) -> None:
+    """A replica table learned its upstream's tablet count only from heartbeats, which a busy tablet never sends:
+    after a reshard to more tablets its stream passed the new tablets' changes before they arrived and never
+    delivered them (the reshard fault run)."""
     path = "//tmp/stream_resharded"
     engines.meta.create("replicated_table", path, attributes={"dynamic": True, "schema": KV_SCHEMA})
     engines.meta.mount_table(path)
     rows, delivered = _stream_after_reshard(engines, path, reshard=True)
     assert len(rows) == 9
-    # today: only "tablet0" is delivered; the 8 rows of tablet 1 are in the table but never in its stream
+    # (before the fix: only "tablet0" was delivered; the 8 rows of tablet 1 were in the table, never in its stream)
     assert delivered == rows
 
 

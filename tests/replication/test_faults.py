@@ -26,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from reptables.engine.client import Client
+from reptables.engine.client import Client, token_timestamp
 from reptables.engine.errors import YtError
+from reptables.engine.storage import tablets_table
+from reptables.engine.storage.datadir import DATABASE
+from reptables.engine.storage.sql import postgresql_driver_url
 from reptables.testing import EngineProcess, wait_for
 from tests.replication.conftest import ClusterSet
 
@@ -436,3 +440,139 @@ def test_a_malformed_delay_setting_is_refused_at_start(tmp_path: Path) -> None:
     engine = EngineProcess("bad", tmp_path / "bad", env={"REPTABLES_DELAY_AT": "replicator_barrier"})
     with pytest.raises(RuntimeError, match="REPTABLES_DELAY_AT"):
         engine.start()
+
+
+# -- 6: a resharded table across a restart of the meta-cluster ----------------------------------------------
+
+#: three tablets, after a reshard of a table made with one; a key in each
+RESHARD_PIVOTS: list[list[Any]] = [[], [10], [20]]
+RESHARD_KEYS = (5, 15, 25)
+
+
+def _replica_changes(clusters: ClusterSet, cluster: str, start: int, until: int) -> list[tuple[int, str]]:
+    """What the change stream of the replica table on ``cluster`` delivers from timestamp ``start`` on,
+    until it has passed timestamp ``until``: a consumer's view, (key, value) per change."""
+    client = clusters.client(cluster)
+    changes: list[tuple[int, str]] = []
+    token: list[str] = []
+
+    def passed() -> bool:
+        answer = client.pull_changes(REPLICA, from_event_token=token[-1] if token else None,
+                                     from_timestamp=None if token else start, wait_timeout=0)
+        token.append(answer["event_token"])
+        changes.extend((e["key"]["k"], e["row"]["v"]) for e in answer["events"] if e["kind"] != "heartbeat")
+        return token_timestamp(answer["event_token"]) >= until
+
+    wait_for(passed, 30, f"the stream of {REPLICA} on {cluster} to pass the last write")
+    return changes
+
+
+def _check_delivered_once(clusters: ClusterSet, replicas: dict[str, str], start: int,
+                          written: list[tuple[int, str]]) -> None:
+    """Every replica holds the last value of every key, every tablet of the queue is replicated to
+    its end, and each replica's change stream has every acknowledged write exactly once."""
+    until = clusters.meta.generate_timestamp()
+    last = {k: v for k, v in written}
+    for replica_id, cluster in replicas.items():
+        wait_for(lambda cluster=cluster: _sorted_contents(clusters, cluster) == last, 30, f"the rows on {cluster}")
+        wait_for(lambda replica_id=replica_id: all(
+            t["current_replication_row_index"] == t["flushed_row_count"] for t in queue_tablets(clusters, replica_id)),
+            30, f"replica {replica_id} to have the whole queue")
+        delivered = Counter(_replica_changes(clusters, cluster, start, until))
+        assert delivered == Counter(written), (
+            f"the stream on {cluster}: missing {sorted(set(written) - set(delivered))}, "
+            f"more than once {sorted(c for c, n in delivered.items() if n > 1)}, "
+            f"never written {sorted(set(delivered) - set(written))}")
+
+
+def test_a_resharded_table_delivers_every_acknowledged_row_once_across_a_meta_sigkill(clusters: ClusterSet) -> None:
+    """A reshard to more tablets saves the queue row counts of the tablets it adds: a meta-cluster
+    SIGKILLed after it goes on appending to their queues where they ended, and sends the rows an
+    async replica had not received yet (docs/reliability.md, "Found by the fault runs")."""
+    path = clusters.replicated_table(TABLE)
+    sync = clusters.replica(path, SYNC_CLUSTER, REPLICA, mode="sync")
+    async_ = clusters.replica(path, ASYNC_CLUSTER, REPLICA, mode="async")
+    clusters.wait_in_sync(sync)
+    meta = clusters.meta
+    start = meta.generate_timestamp()
+    written = [(k, "one tablet") for k in RESHARD_KEYS]
+    meta.insert_rows(path, [{"k": k, "v": v} for k, v in written])
+    # the operator's way to spread a table: unmount, reshard (once every replica has the queue), mount
+    meta.unmount_table(path)
+    wait_for(lambda: meta.reshard_table(path, pivot_keys=RESHARD_PIVOTS) is None, 30, "the reshard")
+    meta.mount_table(path)
+    assert meta.get(f"{path}/@tablet_count") == len(RESHARD_PIVOTS)
+    clusters.wait_in_sync(sync)
+    clusters.engines[ASYNC_CLUSTER].stop()
+    resharded = [(k, "three tablets") for k in RESHARD_KEYS]
+    meta.insert_rows(path, [{"k": k, "v": v} for k, v in resharded])  # queued for the async replica
+    written += resharded
+
+    clusters.restart(META)
+    clusters.engines[ASYNC_CLUSTER].start()
+    clusters.wait_in_sync(sync)
+    restarted = [(k, "restarted") for k in RESHARD_KEYS]
+    try:
+        meta.insert_rows(path, [{"k": k, "v": v} for k, v in restarted])
+    except YtError as exc:
+        pytest.fail(f"a write to every tablet after the restart failed: {exc}")
+    written += restarted
+
+    _check_delivered_once(clusters, {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}, start, written)
+    # each queue counted its rows on across the restart: one tablet's rows, then one row a tablet twice
+    assert [t["flushed_row_count"] for t in queue_tablets(clusters, async_)] == [len(RESHARD_KEYS) + 2, 2, 2]
+
+
+def _drop_tablet_rows(engine: EngineProcess, table_id: str, from_tablet: int) -> None:
+    """Delete a stopped engine's ``_rt_tablets`` rows of a table's tablets from ``from_tablet`` on: what
+    a reshard of an engine before the fix left in its database (it made none for the tablets it added)."""
+    if "--storage" in engine.extra_args:
+        url = postgresql_driver_url(engine.extra_args[engine.extra_args.index("--storage") + 1])
+    else:
+        url = f"sqlite:///{engine.data_dir / DATABASE}"
+    database = sa.create_engine(url)
+    try:
+        with database.begin() as conn:
+            deleted = conn.execute(tablets_table.delete().where(tablets_table.c.table_id == table_id,
+                                                                tablets_table.c.tablet_index >= from_tablet))
+            assert deleted.rowcount > 0
+    finally:
+        database.dispose()
+
+
+def test_a_meta_cluster_restores_the_queue_counts_an_older_reshard_did_not_save(clusters: ClusterSet) -> None:
+    """A database a reshard of an older engine left without the row counts of the tablets it added is
+    repaired at start-up: from the rows a queue holds, and from what the replicas acknowledged for a
+    queue trimmed empty. Writes to those tablets then go on where their queues ended, and every
+    replica gets every row once."""
+    path = clusters.replicated_table(TABLE, attributes={"min_replication_log_ttl": 0})
+    replicas = {clusters.replica(path, cluster, REPLICA): cluster for cluster in (SYNC_CLUSTER, ASYNC_CLUSTER)}
+    meta = clusters.meta
+    meta.unmount_table(path)
+    meta.reshard_table(path, pivot_keys=RESHARD_PIVOTS)
+    meta.mount_table(path)
+    start = meta.generate_timestamp()
+    written = [(25, "replicated and trimmed")]
+    meta.insert_rows(path, [{"k": k, "v": v} for k, v in written], require_sync_replica=False)
+    wait_for(lambda: queue_tablets(clusters, next(iter(replicas)))[2]["trimmed_row_count"] == 1, 30,
+             "tablet 2's queue to be trimmed empty")
+    clusters.engines[ASYNC_CLUSTER].stop()
+    queued = [(15, "queued"), (16, "queued")]
+    meta.insert_rows(path, [{"k": k, "v": v} for k, v in queued], require_sync_replica=False)
+    written += queued
+
+    table_id = meta.get(f"{path}/@id")
+    clusters.engines[META].stop()
+    _drop_tablet_rows(clusters.engines[META], table_id, 1)
+    clusters.engines[META].start()
+    clusters.engines[ASYNC_CLUSTER].start()
+    after = [(15, "after"), (25, "after")]
+    try:
+        meta.insert_rows(path, [{"k": k, "v": v} for k, v in after], require_sync_replica=False)
+    except YtError as exc:
+        pytest.fail(f"a write to the tablets without counts failed after the restart: {exc}")
+    written += after
+
+    _check_delivered_once(clusters, replicas, start, written)
+    # the queues went on where they had ended: tablet 1 after its 2 queued rows, tablet 2 after its trimmed one
+    assert [t["flushed_row_count"] for t in queue_tablets(clusters, next(iter(replicas)))] == [0, 3, 2]

@@ -30,7 +30,7 @@ from reptables.engine.errors import ErrorCode, YtError
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.replication import ReplicationHost, ReplicationManager
 from reptables.engine.replication.registry import Replica, ReplicaRegistry, SyncPhase
-from reptables.engine.replication.sink import ReplicaSink
+from reptables.engine.replication.sink import ReplicaSink, replica_freshness
 from reptables.engine.schema import TableSchema
 from reptables.engine.storage import UserTables, replica_progress_table, storage_for_data_dir
 from reptables.engine.tablets import DynamicTable, RowWrite, TabletState, WriteKind
@@ -271,6 +271,39 @@ def test_sink_refuses_batches_of_another_replica(tmp_path: Path) -> None:
         ReplicaSink(host).handle_push(_batch("r-2", 0, 1, [(host.timestamps.generate(), {"k": 1, "v": "x"})]), None)
     assert error.value.code == ErrorCode.UPSTREAM_REPLICA_MISMATCH
     assert host.rows(table) == []
+
+
+def test_a_replica_counts_the_tablets_every_push_tells_and_never_goes_back_to_an_older_layout(
+        tmp_path: Path) -> None:
+    """A replica table's stream goes up to the least timestamp recorded over the meta table's tablets,
+    so it must count every tablet a reshard added as soon as any change after the reshard arrives:
+    every push tells the count with the layout's revision, and a late push of an older layout (its
+    answer timed out, it was applied later) does not take the new tablets out of the count."""
+    host = FakeHost("remote", tmp_path)
+    host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    t1, t2, t3 = (host.timestamps.generate() for _ in range(3))
+
+    def push(tablet: int, prev: int, end: int, changes: list[tuple[int, dict[str, Any]]], count: int,
+             revision: int, receiver: ReplicaSink = sink, **more: Any) -> None:
+        receiver.handle_push({**_batch("r-1", prev, end, changes), "tablet_index": tablet, "tablet_count": count,
+                              "layout_revision": revision, **more}, None)
+
+    def freshness() -> int:
+        with host.storage.read() as conn:
+            return replica_freshness(conn, "r-1")
+
+    push(0, 0, 1, [(t1, {"k": 1, "v": "a"})], count=1, revision=0)
+    assert freshness() == t1 - 1
+    # resharded to two tablets: a push of the busy old tablet says so, and tablet 1 has told nothing yet
+    push(0, 1, 2, [(t3, {"k": 2, "v": "c"})], count=2, revision=1)
+    assert freshness() == 0
+    # a heartbeat of the old layout arriving late, to this sink or to one restarted (which reads the record)
+    for receiver in (sink, ReplicaSink(host)):
+        push(0, 2, 2, [], count=1, revision=0, receiver=receiver, barrier_timestamp=t3)
+        assert freshness() == 0
+    push(1, 0, 1, [(t2, {"k": 10, "v": "b"})], count=2, revision=1)
+    assert freshness() == t2 - 1
 
 
 # -- the replicator: in order, progress only after an acknowledgement ----------------------------------
