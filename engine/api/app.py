@@ -115,6 +115,27 @@ def error_response(error: YtError, request_id: str, headers: dict[str, str] | No
                  "X-YT-Request-Id": request_id, **(headers or {})})
 
 
+#: what the database raises that is not the engine's fault (see _storage_error)
+_STORAGE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                   sqlalchemy.exc.PendingRollbackError, sqlalchemy.exc.DataError)
+
+
+def _storage_error(what: str, exc: BaseException, **context: str) -> YtError:
+    """The answer for a database error: the database is away (a restart, a network fault) or a
+    connection it dropped is not yet replaced - retriable (105); or it refused a value the engine
+    handed it (PostgreSQL: a NUL character in text, a number out of a column's range) - the
+    caller's (400), nothing applied. The first line of the driver's message: it names host and
+    port, never a password."""
+    cause = getattr(exc, "orig", None) or exc
+    reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    if isinstance(exc, sqlalchemy.exc.DataError):
+        log.info("the database refused a value", extra={**context, "error": reason})
+        return YtError(f"{what}: the database refused a value: {reason}", code=ErrorCode.INVALID_PARAMETER,
+                       http_status=400)
+    log.warning("storage unavailable", extra={**context, "error": reason})
+    return UnavailableError(f"Storage is temporarily unavailable: {reason}")
+
+
 def _internal_error(what: str, exc: BaseException, **context: str) -> YtError:
     """An exception no layer turned into a YT error: the engine's fault. One short log line; the
     traceback at debug level only."""
@@ -247,15 +268,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
             return response
         except YtError as error:
             return error_response(error, request_id)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                sqlalchemy.exc.PendingRollbackError) as exc:
-            # the database is away (a restart, a network fault) or a connection it dropped is not
-            # yet replaced: retriable; the first line of the driver's message (it names host and
-            # port, never a password)
-            cause = getattr(exc, "orig", None) or exc
-            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-            log.warning("storage unavailable", extra={"command": name, "error": reason})
-            return error_response(UnavailableError(f"Storage is temporarily unavailable: {reason}"), request_id)
+        except _STORAGE_ERRORS as exc:
+            return error_response(_storage_error(f"Command {name!r}", exc, command=name), request_id)
         except Exception as exc:  # noqa: BLE001 - the API must answer every request with a YT error
             internal = _internal_error(f"Command {name!r}", exc, command=name, request_id=request_id)
             return error_response(internal, request_id)
@@ -411,6 +425,9 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         except YtError as error:
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
             return error_response(error, request_id)
+        except _STORAGE_ERRORS as exc:
+            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            return error_response(_storage_error(f"Internal call {method!r}", exc, method=method), request_id)
         except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
             engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
             return error_response(_internal_error(f"Internal call {method!r}", exc, method=method,

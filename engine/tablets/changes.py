@@ -52,9 +52,9 @@ from ..storage import (
     TABLET_INDEX,
     TS,
     UserTables,
+    bulk_insert,
     changes_table,
     consumers_table,
-    positional,
 )
 from .queue import QueueEntry
 
@@ -240,23 +240,13 @@ def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
         rows.append((table_id, commit_ts, seq, tablet, kind, _encode(body, doubles, row)))
         seq += 1
     if rows:
-        conn.exec_driver_sql(_insert_sql(conn), rows)
+        bulk_insert(changes_table, _COLUMNS, conn).run(conn, rows, _COLUMNS)
         table.change_seq = seq
     return len(rows)
 
 
-_INSERT_SQL: dict[str, str] = {}
-
-
-def _insert_sql(conn: sa.Connection) -> str:
-    sql = _INSERT_SQL.get(conn.dialect.name)
-    if sql is None:
-        c = changes_table.c
-        stmt = changes_table.insert().values({
-            c.table_id: sa.bindparam("a"), c.timestamp: sa.bindparam("b"), c.seq: sa.bindparam("c"),
-            c.tablet_index: sa.bindparam("d"), c.kind: sa.bindparam("e"), c.payload: sa.bindparam("f")})
-        sql = _INSERT_SQL[conn.dialect.name] = str(stmt.compile(dialect=positional(conn.dialect)))
-    return sql
+#: the columns of a change's row, in the order record() builds them
+_COLUMNS = ["table_id", "timestamp", "seq", "tablet_index", "kind", "payload"]
 
 
 def next_seq(conn: sa.Connection, table_id: str) -> int:

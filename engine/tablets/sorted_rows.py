@@ -40,7 +40,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from .. import yson_util
 from ..query import QuerySource
 from ..schema import TableSchema
-from ..storage import DELETED, LOCK_MASK, TS, UserTables, on_rollback, positional, read_locks_table
+from ..storage import DELETED, LOCK_MASK, TS, UserTables, array_parameter, on_rollback, positional, read_locks_table
 from . import changes, xdcr
 from .queue import QueueEntry
 from .writes import RowWrite, WriteKind
@@ -382,6 +382,10 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
     # compiled statements by (name, list length, dialect); filled only under Storage.write_lock
     # (every caller is a commit or a conflict check)
     cache = table.__dict__.setdefault(_KEY_STATEMENTS, {})
+    if conn.dialect.name == "postgresql":
+        if keys:
+            yield _run_with_key_arrays(table, conn, name, sql_table, build, keys, extra or {}, cache)
+        return
     nkeys = len(table.schema.key_names)
     extra = extra or {}
     per_chunk = _chunk_size(table)
@@ -414,6 +418,43 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
                     values[f"k{i}_{j}"] = value
             params = tuple(values[n] for n in order) if order is not None else values
         yield conn.exec_driver_sql(sql, params)
+
+
+#: where the key list goes in a statement compiled for PostgreSQL (replaced by its arrays)
+_KEYS_MARKER = "rt_keys_marker"
+
+
+def _run_with_key_arrays(table: KeyedTable, conn: sa.Connection, name: str, sql_table: sa.Table,
+                         build: Callable[[sa.ColumnElement[bool]], sa.ClauseElement], keys: list[tuple[Any, ...]],
+                         extra: dict[str, Any], cache: dict[Any, Any]) -> sa.CursorResult[Any]:
+    """:func:`run_with_keys` on PostgreSQL: every key in one statement, one array per key column
+    (``k = ANY(%b::BIGINT[])``, or ``(a, b) IN (SELECT * FROM unnest(...))`` for a composite key).
+    An IN list of thousands of placeholders is parsed and planned anew by the server at every
+    execution, and too long for psycopg's query cache; arrays are one parameter each, and the
+    statement is prepared once."""
+    entry = cache.get((name, "arrays", conn.dialect.name))
+    if entry is None:
+        cols = key_cols(table, sql_table)
+        placeholders = [array_parameter(c.type, conn.dialect) for c in cols]
+        assert all(placeholders), f"no array form for the key columns of {sql_table.name}"
+        marker: sa.ColumnElement[Any] = sa.literal_column(_KEYS_MARKER)
+        if len(cols) == 1:
+            key_in: sa.ColumnElement[bool] = cols[0] == sa.func.any(marker)
+            fragment = str(placeholders[0])
+        else:
+            key_in = sa.tuple_(*cols).op("IN")(marker)
+            fragment = f"(SELECT * FROM unnest({', '.join(map(str, placeholders))}))"
+        compiled = cast(SQLCompiler, build(key_in).compile(dialect=positional(conn.dialect)))
+        sql = str(compiled)
+        assert sql.count(_KEYS_MARKER) == 1, sql
+        at = sql.index(_KEYS_MARKER)
+        entry = cache[(name, "arrays", conn.dialect.name)] = (
+            sql.replace(_KEYS_MARKER, fragment), list(compiled.positiontup or []),
+            sql[:at].replace("%%", "").count("%s"))
+    sql, order, at = entry
+    params: list[Any] = [extra[n] for n in order]
+    params[at:at] = [list(column) for column in zip(*keys, strict=True)]
+    return conn.exec_driver_sql(sql, tuple(params))
 
 
 def chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:

@@ -151,6 +151,26 @@ def test_psql_reads_a_replica_through_the_view_named_after_its_path(postgres: Ru
                              "'//tmp/orders'", database) == "0"
 
 
+def test_a_value_postgresql_cannot_hold_is_refused_with_400_and_nothing_applied(
+        postgres: RunServer, tmp_path: Path) -> None:
+    engine = started("alpha", tmp_path / "a", postgres.create_database("nul"))
+    try:
+        with engine.client() as client:
+            client.create("table", "//tmp/t", attributes={"dynamic": True, "schema": SCHEMA})
+            client.mount_table("//tmp/t")
+            wait_for(lambda: client.get("//tmp/t/@tablet_state") == "mounted", 30, "mounted")
+            with pytest.raises(YtError) as refused:
+                # PostgreSQL's text holds no NUL character; the batch's other row is not applied either
+                client.insert_rows("//tmp/t", [{"k": 1, "v": "fine"}, {"k": 2, "v": "a\x00b"}])
+            assert refused.value.code == ErrorCode.INVALID_PARAMETER
+            assert "the database refused a value" in str(refused.value) and "NUL" in str(refused.value)
+            assert client.select_rows("k from [//tmp/t]") == []
+            client.insert_rows("//tmp/t", [{"k": 1, "v": "fine"}])  # the engine goes on
+            assert client.select_rows("k, v from [//tmp/t]") == [{"k": 1, "v": "fine"}]
+    finally:
+        engine.stop()
+
+
 def test_strings_order_byte_by_byte_whatever_the_database_collation(postgres: RunServer, tmp_path: Path) -> None:
     # a database whose default collation puts "B" after "a" (ICU's en-US: no OS locale needed)
     url = postgres.create_database("collated", "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' "
