@@ -29,6 +29,15 @@ if { ! command -v nft >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; } && c
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     iproute2 nftables >/dev/null
 fi
+# Patroni and etcd (Debian's patroni, etcd-server, etcd-client) make the HA PostgreSQL of tests/ha
+# (reptables.testing.patroni: a primary and a synchronous standby, failed over under the engines).
+# The tests start their own etcd and Patroni on free loopback ports; on a machine with systemd the
+# etcd-server package also enables and starts a system etcd on 127.0.0.1:2379, which they do not use
+if { ! command -v patroni >/dev/null 2>&1 || ! command -v etcd >/dev/null 2>&1; } && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    patroni etcd-server etcd-client >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
