@@ -39,15 +39,39 @@ Floors and breakdowns, so that a missed target can be attributed:
 A storage answer with code 105 ("database is locked") is retried by the benchmark (at most 3
 attempts, as a YT client would; yt.wrapper retries on its own) and counted in the table.
 
-The benchmark starts its own engine (``python -m reptables.operator.cli engine serve``) on a free
-loopback port in a temporary directory, in its own process group, and stops it by pid at the end
-- also on Ctrl-C, SIGTERM or an exception. All loops are bounded in count and in time
-(``--phase-timeout``). Only loopback traffic is sent.
+Storage: SQLite or PostgreSQL, side by side
+-------------------------------------------
+
+An engine keeps its state in SQLite (the default) or in a PostgreSQL database (``engine serve
+--storage postgresql://...``, docs/storage.md). Whether PostgreSQL costs the engine much is a
+question only one run can answer on a shared 2-core machine (loads move every figure by ~20 %), so
+``--storage sqlite,postgresql`` measures both, one after the other, with the same sizes, and
+prints them side by side with the ratio *PostgreSQL-backed insert rate / SQLite-backed insert
+rate* (issue 23, item 7: target >= 0.70) and both commit latencies. For PostgreSQL the benchmark
+starts its own server (:class:`reptables.testing.postgres.PostgresServer`: initdb, a free loopback
+port, its own process group, stopped by its pid) with PostgreSQL's default durability -
+``fsync=on``, ``synchronous_commit=on``: a commit is fsynced before it returns, as SQLite's
+``synchronous=FULL`` - never tuned away; ``--pg-server [USER@]HOST:PORT`` uses an existing server on
+loopback instead (a test run's), whose databases are dropped at the end. The raw ceilings follow
+the backend: for PostgreSQL, the same rows straight into the same server with psycopg (the
+engine's driver) - ``executemany`` (what the engine does), upserts from column arrays
+(``unnest``) and ``COPY`` (what a set-based path could reach) - and autocommit single-row INSERTs
+as the commit floor. Beside each insert and commit figure the note gives the CPU that the engine,
+the PostgreSQL server (its postmaster and every backend, from ``/proc``) and the client used per
+batch or commit: who the wall time went to. After the Client load the rows are counted through
+the engine and in its own database (the table's SQL view, read beside the engine): the rows
+arrived.
+
+The benchmark starts its own engine (``python -m reptables.engine.cli serve``) on a free loopback
+port in a temporary directory, in its own process group, and stops it by pid at the end - also
+on Ctrl-C, SIGTERM or an exception; so it does its PostgreSQL server. All loops are bounded in
+count and in time (``--phase-timeout``). Only loopback traffic is sent.
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/engine_bench.py            # full run (1,000,000 rows)
+    .venv/bin/python benchmarks/engine_bench.py            # full run (1,000,000 rows), SQLite
     .venv/bin/python benchmarks/engine_bench.py --quick    # smoke run, < 60 s
+    .venv/bin/python benchmarks/engine_bench.py --storage sqlite,postgresql   # both, side by side
     .venv/bin/python benchmarks/engine_bench.py --json out.json
 """
 
@@ -79,6 +103,7 @@ from typing import Any
 import httpx
 
 from reptables.engine.client import Client, UnavailableError
+from reptables.engine.httpconn import ConnectionPool
 from reptables.engine.process import LocalEngine
 
 BATCH_SIZE = 10_000
@@ -231,6 +256,212 @@ class RawHttp:
         self.buf += chunk
 
 
+
+# -- PostgreSQL storage ---------------------------------------------------------------------------
+
+SQLITE = "sqlite"
+POSTGRESQL = "postgresql"
+#: the storage backends an engine can run on (``engine serve --storage``), in the order they are measured
+BACKENDS = (SQLITE, POSTGRESQL)
+BACKEND_LABELS = {SQLITE: "SQLite", POSTGRESQL: "PostgreSQL"}
+#: PostgreSQL-backed insert rate / SQLite-backed insert rate (issue 23, item 7)
+TARGET_PG_INSERT_RATIO = 0.70
+#: the server settings a run reports beside its figures (durability and the WAL)
+PG_SETTINGS = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
+               "shared_buffers", "max_wal_size")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def parse_backends(text: str) -> list[str]:
+    """``sqlite,postgresql`` -> ["sqlite", "postgresql"] (each once, in the given order); ValueError
+    names an unknown one."""
+    found: list[str] = []
+    for part in (p.strip().lower() for p in text.split(",")):
+        if not part:
+            continue
+        if part not in BACKENDS:
+            raise ValueError(f"unknown storage {part!r}: one of {', '.join(BACKENDS)}")
+        if part not in found:
+            found.append(part)
+    if not found:
+        raise ValueError("no storage given")
+    return found
+
+
+def proc_cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU of process ``pid`` (``/proc/<pid>/stat``); with ``children`` also that of its
+    children it has waited for (PostgreSQL's postmaster reaps every backend that exits)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of process ``root``, its reaped children and its live children (one level: the
+    postmaster's backends, WAL writer, checkpointer ...). Reads /proc only."""
+    total = proc_cpu_seconds(root, children=True)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == root:
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+class PgStorage:
+    """Databases for PostgreSQL-backed engines (``engine serve --storage postgresql://...``, one per
+    engine) on one PostgreSQL server: either one this benchmark starts
+    (:class:`reptables.testing.postgres.PostgresServer`: initdb, a free loopback port, its own process
+    group, stopped by its pid, PostgreSQL's default durability - ``fsync=on``,
+    ``synchronous_commit=on`` - left as it is), or an existing one given as ``[USER@]HOST:PORT``
+    (``--pg-server``; a test run's, say) on loopback, which is left running; the databases made on it
+    are dropped again by :meth:`close`. A password is never on a command line: the engines and this
+    class take it from libpq's environment (``$PGPASSWORD``, a pgpass file)."""
+
+    def __init__(self, address: str | None = None, base: Path | None = None) -> None:
+        from reptables.testing.postgres import DB_USER, PostgresServer
+
+        self.server: PostgresServer | None = None
+        self.created: list[str] = []
+        self._count = 0
+        if address is None:
+            self.server = PostgresServer(base).start()
+            self.user, self.host, self.port = DB_USER, "127.0.0.1", self.server.port
+        else:
+            user, _, hostport = address.rpartition("@")
+            host, _, port = hostport.rpartition(":")
+            host = host.strip("[]")
+            if not host or not port.isdigit():
+                raise ValueError(f"--pg-server {address!r}: expected [USER@]HOST:PORT")
+            if host not in _LOOPBACK:
+                raise ValueError(f"--pg-server {address!r}: the benchmarks talk to loopback only (127.0.0.1)")
+            self.user, self.host, self.port = user or DB_USER, host, int(port)
+        try:
+            self.settings = self.show(PG_SETTINGS)
+        except BaseException:
+            self.close()
+            raise
+
+    def conninfo(self, database: str = "postgres") -> str:
+        return f"host={self.host} port={self.port} dbname={database} user={self.user}"
+
+    def url(self, database: str) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"postgresql://{self.user}@{host}:{self.port}/{database}"
+
+    def connect(self, database: str = "postgres", autocommit: bool = True) -> Any:
+        """A psycopg connection (the caller closes it)."""
+        import psycopg
+
+        return psycopg.connect(self.conninfo(database), autocommit=autocommit, connect_timeout=30)
+
+    def show(self, names: tuple[str, ...]) -> dict[str, str]:
+        with self.connect() as conn:
+            return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}
+
+    @property
+    def durable_by_default(self) -> bool:
+        """Whether a commit is fsynced before it returns (``fsync`` and ``synchronous_commit`` on)."""
+        return self.settings.get("fsync") == "on" and self.settings.get("synchronous_commit") == "on"
+
+    def describe(self) -> str:
+        s = self.settings
+        where = f"started by the benchmark, pid {self.postmaster_pid()}" if self.server is not None \
+            else f"given, {self.host}:{self.port}"
+        return (f"PostgreSQL {s.get('server_version', '?')} ({where}; fsync={s.get('fsync')}, "
+                f"synchronous_commit={s.get('synchronous_commit')}, full_page_writes={s.get('full_page_writes')}, "
+                f"wal_sync_method={s.get('wal_sync_method')}, shared_buffers={s.get('shared_buffers')})")
+
+    def create_database(self, prefix: str) -> str:
+        """A new, empty database: its URL (no password in it)."""
+        self._count += 1
+        raw = f"{prefix}_{os.getpid()}_{self._count}".lower()
+        name = "".join(ch if ch.isalnum() else "_" for ch in raw)[:60]
+        with self.connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return self.url(name)
+
+    def drop_database(self, url: str) -> None:
+        """Drop a database made by :meth:`create_database` once nothing uses it (best effort: a database
+        left behind is removed with the server, or harmless on a given one)."""
+        name = url.rsplit("/", 1)[1]
+        with contextlib.suppress(Exception), self.connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        if name in self.created:
+            self.created.remove(name)
+
+    def engine_args(self, name: str) -> list[str]:
+        """``engine serve`` arguments that put engine ``name`` on a new database of this server."""
+        return ["--storage", self.create_database(name)]
+
+    def postmaster_pid(self) -> int | None:
+        """The server's postmaster pid: of the server started here, else found from a backend's
+        parent (the server must run on this machine; None when it cannot be read)."""
+        if self.server is not None:
+            return self.server.pid
+        with contextlib.suppress(Exception), self.connect() as conn:
+            backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])
+            fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[1])
+        return None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the server's processes have used so far (None when they cannot be read)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return None
+        try:
+            return process_tree_cpu_seconds(pid)
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        """Stop the server started here (by its pid), or drop the databases made on a given one."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+            return
+        if self.created:
+            with contextlib.suppress(Exception), self.connect() as conn:
+                for name in self.created:
+                    with contextlib.suppress(Exception):
+                        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            self.created.clear()
+
+    def __enter__(self) -> PgStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class CpuClock:
+    """CPU seconds used during a phase by the engine, the PostgreSQL server (when there is one) and this
+    process (the client), beside the wall time: who the time went to."""
+
+    engine_pid: int
+    pg: PgStorage | None = None
+
+    def __post_init__(self) -> None:
+        self.start = self._now()
+        self.used: dict[str, float | None] = {}
+
+    def _now(self) -> tuple[float, float | None, float, float]:
+        return (proc_cpu_seconds(self.engine_pid), self.pg.cpu_seconds() if self.pg is not None else None,
+                time.process_time(), time.perf_counter())
+
+    def stop(self) -> dict[str, float | None]:
+        end = self._now()
+        pg = None if end[1] is None or self.start[1] is None else end[1] - self.start[1]
+        self.used = {"engine_s": end[0] - self.start[0], "postgres_s": pg, "client_s": end[2] - self.start[2],
+                     "wall_s": end[3] - self.start[3]}
+        return self.used
+
+
 # -- data -----------------------------------------------------------------------------------------
 
 
@@ -375,6 +606,86 @@ def raw_sqlite_commit_latency(db_path: Path, samples: int, deadline: float) -> l
         conn.close()
 
 
+#: the engine's SQL shape of a sorted table on PostgreSQL (engine/storage/shapes.py): strings in
+#: the "C" collation, the latest images keyed by k, older versions keyed by (k, _rt_ts) with an index on _rt_ts
+_PG_LAYOUT_DDL = (
+    'CREATE TABLE t (k bigint PRIMARY KEY, s text COLLATE "C", d double precision, _rt_ts bigint NOT NULL, '
+    "_rt_lock_mask integer NOT NULL)",
+    'CREATE TABLE t_versions (k bigint NOT NULL, s text COLLATE "C", d double precision, _rt_ts bigint NOT NULL, '
+    "_rt_deleted boolean NOT NULL, _rt_lock_mask integer NOT NULL, PRIMARY KEY (k, _rt_ts))",
+    "CREATE INDEX t_versions_ts ON t_versions (_rt_ts)",
+)
+_PG_UPSERT_SET = ("ON CONFLICT (k) DO UPDATE SET s = excluded.s, d = excluded.d, _rt_ts = excluded._rt_ts, "
+                  "_rt_lock_mask = excluded._rt_lock_mask")
+#: the raw PostgreSQL ceilings: layout -> what it is (the figure's note)
+PG_RAW_LAYOUTS = {
+    "minimal": "executemany INSERT into one table keyed by k",
+    "engine": "the engine's statements: move replaced images to versions (key IN lists of 4,000; none: new "
+              "keys) + executemany INSERT ... ON CONFLICT DO UPDATE into data",
+    "unnest": "the engine layout in 2 statements a batch: the move by k = ANY(array) + one INSERT ... SELECT "
+              "FROM unnest(column arrays) ON CONFLICT DO UPDATE",
+    "copy": "COPY FROM STDIN into one table keyed by k (no upsert): PostgreSQL's bulk-load ceiling",
+}
+
+
+def bench_raw_postgresql(pg: PgStorage, rows: int, layout: str, deadline: float) -> Throughput:
+    """The same rows straight into a new database of the engines' PostgreSQL server with psycopg (the
+    engine's driver), one transaction (one durable commit) per batch, in one of ``PG_RAW_LAYOUTS``."""
+    with pg.connect(pg.create_database(f"raw_{layout}").rsplit("/", 1)[1]) as conn:
+        if layout in ("minimal", "copy"):
+            conn.execute("CREATE TABLE t (k bigint PRIMARY KEY, s text, d double precision)")
+        else:
+            for ddl in _PG_LAYOUT_DDL:
+                conn.execute(ddl)
+        ts = 1 << 40
+
+        def make(start: int, count: int) -> list[tuple[Any, ...]]:
+            return [(k, f"value-{k:012d}", k * 0.5, ts + start, 1) for k in range(start, start + count)]
+
+        def move(keys: list[int]) -> None:
+            for i in range(0, len(keys), 4000):
+                chunk = keys[i:i + 4000]
+                conn.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, false, _rt_lock_mask FROM t "
+                             f"WHERE k IN ({','.join(['%s'] * len(chunk))}) RETURNING k", chunk)
+
+        def insert(batch: list[tuple[Any, ...]]) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                if layout == "minimal":
+                    cur.executemany("INSERT INTO t (k, s, d) VALUES (%s, %s, %s)", [r[:3] for r in batch])
+                elif layout == "copy":
+                    with cur.copy("COPY t (k, s, d) FROM STDIN") as copy:
+                        for r in batch:
+                            copy.write_row(r[:3])
+                elif layout == "engine":
+                    move([r[0] for r in batch])
+                    cur.executemany("INSERT INTO t (k, s, d, _rt_ts, _rt_lock_mask) VALUES (%s, %s, %s, %s, %s) "
+                                    + _PG_UPSERT_SET, batch)
+                else:  # unnest
+                    cur.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, false, _rt_lock_mask FROM t "
+                                "WHERE k = ANY(%s::bigint[]) RETURNING k", ([r[0] for r in batch],))
+                    columns = [list(c) for c in zip(*batch, strict=True)]
+                    cur.execute("INSERT INTO t (k, s, d, _rt_ts, _rt_lock_mask) SELECT * FROM unnest(%s::bigint[], "
+                                "%s::text[], %s::float8[], %s::bigint[], %s::integer[]) " + _PG_UPSERT_SET, columns)
+
+        return timed_batches(make, insert, rows, deadline)
+
+
+def raw_postgresql_commit_latency(pg: PgStorage, samples: int, deadline: float) -> list[float]:
+    """Durable single-row INSERTs (autocommit: each its own commit, fsynced) straight into the engines'
+    PostgreSQL server over loopback TCP, as the engine connects: the floor of a commit there."""
+    with pg.connect(pg.create_database("raw_commit").rsplit("/", 1)[1]) as conn:
+        conn.execute("CREATE TABLE t (k bigint PRIMARY KEY, s text, d double precision)")
+        times: list[float] = []
+        for k in range(-20, samples):  # 20 warm-up commits, not timed
+            if time.monotonic() > deadline:
+                break
+            t0 = time.perf_counter()
+            conn.execute("INSERT INTO t (k, s, d) VALUES (%s, %s, %s)", (k, f"value-{k:012d}", k * 0.5))
+            if k >= 0:
+                times.append((time.perf_counter() - t0) * 1000.0)
+        return times
+
+
 @dataclass
 class Latency:
     samples: int
@@ -446,7 +757,7 @@ class StreamFollower:
         else:
             self._gone.set()
 
-    def follow(self, on_event: Callable[[dict[str, Any], float], None]) -> bool:
+    def follow(self, on_event: Callable[[Any, float], None]) -> bool:
         threading.Thread(target=self._read_stop, name="stop-reader", daemon=True).start()
         deadline = time.monotonic() + self.max_s
         token = self.token
@@ -631,12 +942,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rows of the raw SQLite ceiling; default = --rows")
     p.add_argument("--latency-samples", type=int, default=None,
                    help="commits and lookups timed for the latency figures; default 2,000 (300 with --quick)")
+    p.add_argument("--storage", default=SQLITE, metavar="LIST",
+                   help="the engine's storage, one or both, measured one after the other: sqlite (default), "
+                        "postgresql (a database of a PostgreSQL server the benchmark starts, or --pg-server's), "
+                        "sqlite,postgresql (side by side, with the ratios)")
+    p.add_argument("--pg-server", default=None, metavar="[USER@]HOST:PORT",
+                   help="with --storage postgresql: an existing PostgreSQL server on loopback to make the "
+                        "databases on (user 'reptables' unless given; a password from $PGPASSWORD or a pgpass "
+                        "file), instead of starting one; the databases are dropped at the end")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run (< 60 s)")
     p.add_argument("--phase-timeout", type=float, default=900.0,
                    help="seconds after which a phase stops early and reports what it did (default 900)")
     p.add_argument("--data-dir", type=Path, default=None,
-                   help="parent directory for the engine's and raw SQLite's files (default: a temp dir); "
-                        "must be on the disk you want to measure, not tmpfs")
+                   help="parent directory for the engine's, raw SQLite's and the PostgreSQL server's files "
+                        "(default: a temp dir); must be on the disk you want to measure, not tmpfs")
     p.add_argument("--keep-data", action="store_true", help="do not delete the data directory at the end")
     p.add_argument("--json", type=Path, default=None, help="also write all figures to this JSON file")
     p.add_argument("--seed", type=int, default=1, help="seed of the random lookup keys")
@@ -649,6 +968,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         300 if args.quick else 2_000)
     if args.rows < 1 or args.latency_samples < 1 or args.raw_rows < 1 or args.wrapper_rows < 0:
         p.error("--rows, --raw-rows and --latency-samples must be positive, --wrapper-rows >= 0")
+    try:
+        args.storage = parse_backends(args.storage)
+    except ValueError as exc:
+        p.error(f"--storage: {exc}")
+    if args.pg_server is not None and POSTGRESQL not in args.storage:
+        p.error("--pg-server needs --storage postgresql (or sqlite,postgresql)")
     return args
 
 
@@ -679,15 +1004,74 @@ def load_average() -> str:
         return "?"
 
 
-def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+@dataclass
+class EngineRun:
+    """What one engine on one storage backend measured (phases 1-6)."""
+
+    backend: str
+    ours: Throughput
+    ours_clock: ServerClock
+    wrapper: Throughput | None
+    wrapper_clock: ServerClock | None
+    floor: Latency
+    raw_floor: Latency
+    commit: Latency
+    raw_commit: Latency
+    lookup: Latency
+    raw_lookup: Latency
+    details: dict[str, Any]
+
+
+@dataclass
+class RawCeilings:
+    """The same rows straight into the backend with no engine: the ceilings and the commit floor."""
+
+    backend: str
+    minimal: Throughput
+    layout: Throughput
+    commits_ms: list[float]
+    #: PostgreSQL only: the bulk paths the engine does not take ("unnest", "copy")
+    extra: dict[str, Throughput]
+
+
+def count_in_database(backend: str, engine: Engine, pg: PgStorage | None, storage_url: str | None,
+                      path: str) -> int | None:
+    """The rows of table ``path`` as its SQL view in the engine's own database shows them (docs/storage.md):
+    proof that the rows are in that database, read beside the engine, not through it."""
+    with contextlib.suppress(Exception):
+        if backend == POSTGRESQL and pg is not None and storage_url is not None:
+            with pg.connect(storage_url.rsplit("/", 1)[1]) as conn:
+                return int(conn.execute(f'SELECT count(*) FROM "{path}"').fetchone()[0])
+        db = engine.data_dir / "engine.sqlite"
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as lite:
+            return int(lite.execute(f'SELECT count(*) FROM "{path}"').fetchone()[0])
+    return None
+
+
+def run_engine(args: argparse.Namespace, workdir: Path, backend: str, pg: PgStorage | None) -> EngineRun:
+    """Phases 1-6 with a fresh engine on ``backend`` (PostgreSQL: a new database of ``pg``'s server)."""
+    label = BACKEND_LABELS[backend]
     details: dict[str, Any] = {"load_average_start": load_average()}
+    RETRIES.count.clear()
+    RETRIES.messages.clear()
 
     def deadline() -> float:
         return time.monotonic() + args.phase_timeout
 
-    engine = Engine("bench", workdir / "engine", token=TOKEN, log_level="warning")
-    print(f"data dir {workdir} ({fs_type(workdir)}); starting engine ...", flush=True)
-    engine.start()
+    def step(n: int, text: str) -> None:
+        print(f"[{label} {n}/6] {text}", flush=True)
+
+    storage_url: str | None = None
+    extra_args: list[str] = []
+    if backend == POSTGRESQL:
+        assert pg is not None
+        extra_args = pg.engine_args("bench_engine")
+        storage_url = extra_args[1]
+        details["storage_url"] = storage_url  # never holds a password (PgStorage.url)
+    engine = Engine("bench", workdir / "engine", token=TOKEN, log_level="warning", extra_args=extra_args)
+    print(f"data dir {workdir} ({fs_type(workdir.parent)}); starting an engine on {label} "
+          f"({storage_url or 'engine.sqlite in its data dir'}) ...", flush=True)
+    engine.start(timeout=60.0)
     details["engine_pid"] = engine.pid
     print(f"engine pid {engine.pid} at {engine.url}", flush=True)
     try:
@@ -697,15 +1081,22 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             create_table(client, main_path)
 
             # 1a. insert throughput, our Client (JSON lines)
-            print(f"[1/8] inserting {args.rows:,} rows with reptables Client (batches of {BATCH_SIZE:,}) ...",
-                  flush=True)
+            step(1, f"inserting {args.rows:,} rows with reptables Client (batches of {BATCH_SIZE:,}) ...")
+            cpu = CpuClock(engine.pid, pg)
             ours, ours_clock = bench_client_insert(engine, client, main_path, args.rows, deadline())
+            details["cpu_insert_client"] = cpu.stop()
             details["insert_client"] = {**asdict(ours), "rows_per_s": ours.rows_per_s,
                                         "server_mean_ms_per_batch": ours_clock.mean_ms(),
                                         "server_errors": ours_clock.errors}
             # 5. RSS right after the load
             details["rss_mib_after_load"] = engine.memory_mib()
-            print(f"      {ours.rows_per_s:,.0f} rows/s; engine RSS "
+            # the rows arrived: through the engine, and in its own database beside it
+            found = client.select_rows(f"sum(1) AS c FROM [{main_path}] GROUP BY 1")
+            details["rows_in_table"] = int(found[0]["c"]) if found else 0
+            details["rows_in_database"] = count_in_database(backend, engine, pg, storage_url, main_path)
+            in_db = details["rows_in_database"]
+            print(f"      {ours.rows_per_s:,.0f} rows/s; {details['rows_in_table']:,} rows in the table "
+                  f"({'?' if in_db is None else format(in_db, ',')} in its database); engine RSS "
                   f"{details['rss_mib_after_load'].get('VmRSS', 0):.1f} MiB", flush=True)
 
             # 1b. insert throughput, yt.wrapper (YSON)
@@ -714,24 +1105,30 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             if args.wrapper_rows:
                 wrapper_path = "//tmp/bench_wrapper"
                 create_table(client, wrapper_path)
-                print(f"[2/8] inserting {args.wrapper_rows:,} rows with yt.wrapper (YSON) ...", flush=True)
+                step(2, f"inserting {args.wrapper_rows:,} rows with yt.wrapper (YSON) ...")
+                cpu = CpuClock(engine.pid, pg)
                 wrapper, wrapper_clock = bench_wrapper_insert(engine, wrapper_path, args.wrapper_rows, deadline())
+                details["cpu_insert_wrapper"] = cpu.stop()
                 details["insert_wrapper"] = {**asdict(wrapper), "rows_per_s": wrapper.rows_per_s,
                                              "server_mean_ms_per_batch": wrapper_clock.mean_ms(),
                                              "server_errors": wrapper_clock.errors}
                 print(f"      {wrapper.rows_per_s:,.0f} rows/s", flush=True)
 
             # the HTTP floor: a round trip that does no work in the engine (GET /healthz)
-            print(f"[3/8] {args.latency_samples:,} GET /healthz round trips (HTTP floor) ...", flush=True)
-            pool = client._pool  # the Client's own connections, so the floor matches its requests
-            assert pool is not None
+            step(3, f"{args.latency_samples:,} GET /healthz round trips (HTTP floor) ...")
+            # the HTTP stack the Client sends its requests with (reptables.engine.httpconn), so the
+            # floor matches them
+            pool = ConnectionPool(engine.url, {"Authorization": f"OAuth {engine.token or engine.read_token()}"})
 
             def ping(_: int) -> None:
                 answer = pool.request("GET", "/healthz")
                 if not answer.is_success:
                     raise RuntimeError(f"GET /healthz answered HTTP {answer.status_code}")
 
-            floor = measure_latency(engine, "-", ping, args.latency_samples, 20, deadline())
+            try:
+                floor = measure_latency(engine, "-", ping, args.latency_samples, 20, deadline())
+            finally:
+                pool.close()
             details["http_floor_latency"] = asdict(floor)
             with RawHttp(engine.port) as raw:
                 raw_floor = measure_latency(engine, "-", lambda _: raw.get("/healthz"), args.latency_samples, 20,
@@ -739,7 +1136,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             details["http_floor_raw_socket_latency"] = asdict(raw_floor)
 
             # 3. single-row commit latency (new keys above the loaded ones)
-            print(f"[4/8] {args.latency_samples:,} single-row commits ...", flush=True)
+            step(4, f"{args.latency_samples:,} single-row commits ...")
             base = args.rows + 10_000_000
 
             def commit_one(i: int) -> None:
@@ -747,12 +1144,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 row = {"k": k, "s": f"value-{k:012d}", "d": k * 0.5}
                 RETRIES.call("commit", lambda: client.insert_rows(main_path, [row]))
 
+            cpu = CpuClock(engine.pid, pg)
             commit = measure_latency(engine, "insert_rows", commit_one, args.latency_samples, 20, deadline())
+            details["cpu_commit"] = cpu.stop()
             details["commit_latency"] = asdict(commit)
             print(f"      p50 {commit.p50_ms:.2f} ms, p99 {commit.p99_ms:.2f} ms", flush=True)
 
             # 4. lookup latency (random loaded keys)
-            print(f"[5/8] {args.latency_samples:,} single-key lookups ...", flush=True)
+            step(5, f"{args.latency_samples:,} single-key lookups ...")
             rng = random.Random(args.seed)
             keys = [rng.randrange(max(ours.rows, 1)) for _ in range(args.latency_samples + 20)]
 
@@ -767,7 +1166,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             print(f"      p50 {lookup.p50_ms:.2f} ms, p99 {lookup.p99_ms:.2f} ms", flush=True)
 
             # the same commits and lookups over a raw socket: what is left without the client library
-            print("[6/8] the same commits and lookups over a raw socket ...", flush=True)
+            step(6, "the same commits and lookups over a raw socket ...")
             with RawHttp(engine.port) as raw:
                 def raw_commit(i: int) -> None:
                     k = base + 5_000_000 + i + 1_000
@@ -787,73 +1186,218 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         details["rss_mib_end"] = engine.memory_mib()
     finally:
         engine.stop()
-
-    # 2. raw SQLite ceilings, after the engine stopped so that they do not share the CPUs with it
-    print(f"[7/8] raw SQLite executemany, {args.raw_rows:,} rows, minimal table ...", flush=True)
-    raw_min = bench_raw_sqlite(workdir / "raw_minimal.sqlite", args.raw_rows, "minimal", deadline())
-    print(f"      {raw_min.rows_per_s:,.0f} rows/s", flush=True)
-    print(f"[8/8] raw SQLite executemany, {args.raw_rows:,} rows, engine layout (data + versions) ...", flush=True)
-    raw_layout = bench_raw_sqlite(workdir / "raw_layout.sqlite", args.raw_rows, "engine", deadline())
-    print(f"      {raw_layout.rows_per_s:,.0f} rows/s", flush=True)
-    raw_commits = raw_sqlite_commit_latency(workdir / "raw_commit.sqlite", args.latency_samples, deadline())
-    details["raw_sqlite_commit_ms"] = {"samples": len(raw_commits), "p50": percentile(raw_commits, 50),
-                                       "p99": percentile(raw_commits, 99)}
-    details["raw_sqlite_minimal"] = {**asdict(raw_min), "rows_per_s": raw_min.rows_per_s}
-    details["raw_sqlite_engine_layout"] = {**asdict(raw_layout), "rows_per_s": raw_layout.rows_per_s}
     details["load_average_end"] = load_average()
     details["client_retries"] = dict(RETRIES.count)
     details["client_retry_messages"] = list(RETRIES.messages)
+    return EngineRun(backend, ours, ours_clock, wrapper, wrapper_clock, floor, raw_floor, commit, raw_commit_lat,
+                     lookup, raw_lookup_lat, details)
 
-    figures: list[Figure] = []
+
+def raw_sqlite_ceilings(args: argparse.Namespace, workdir: Path) -> RawCeilings:
+    """The raw SQLite ceilings and commit floor, after the engine stopped (they do not share the CPUs with it)."""
+    deadline = time.monotonic() + args.phase_timeout
+    print(f"[SQLite raw 1/3] executemany, {args.raw_rows:,} rows, minimal table ...", flush=True)
+    minimal = bench_raw_sqlite(workdir / "raw_minimal.sqlite", args.raw_rows, "minimal", deadline)
+    print(f"      {minimal.rows_per_s:,.0f} rows/s", flush=True)
+    print(f"[SQLite raw 2/3] executemany, {args.raw_rows:,} rows, engine layout (data + versions) ...", flush=True)
+    layout = bench_raw_sqlite(workdir / "raw_layout.sqlite", args.raw_rows, "engine",
+                              time.monotonic() + args.phase_timeout)
+    print(f"      {layout.rows_per_s:,.0f} rows/s", flush=True)
+    print(f"[SQLite raw 3/3] {args.latency_samples:,} durable single-row commits ...", flush=True)
+    commits = raw_sqlite_commit_latency(workdir / "raw_commit.sqlite", args.latency_samples,
+                                        time.monotonic() + args.phase_timeout)
+    return RawCeilings(SQLITE, minimal, layout, commits, {})
+
+
+def raw_postgresql_ceilings(args: argparse.Namespace, pg: PgStorage) -> RawCeilings:
+    """The raw PostgreSQL ceilings and commit floor on the engine's server, after the engine stopped."""
+    results: dict[str, Throughput] = {}
+    for i, layout in enumerate(PG_RAW_LAYOUTS, start=1):
+        print(f"[PostgreSQL raw {i}/5] {args.raw_rows:,} rows: {PG_RAW_LAYOUTS[layout]} ...", flush=True)
+        results[layout] = bench_raw_postgresql(pg, args.raw_rows, layout, time.monotonic() + args.phase_timeout)
+        print(f"      {results[layout].rows_per_s:,.0f} rows/s", flush=True)
+    print(f"[PostgreSQL raw 5/5] {args.latency_samples:,} durable single-row commits ...", flush=True)
+    commits = raw_postgresql_commit_latency(pg, args.latency_samples, time.monotonic() + args.phase_timeout)
+    return RawCeilings(POSTGRESQL, results.pop("minimal"), results.pop("engine"), commits, results)
+
+
+def _cpu_note(used: dict[str, Any] | None, count: int, what: str) -> str:
+    """``; CPU per batch: engine 40.1 ms, PostgreSQL 25.0 ms, client 10.2 ms (wall 70.3 ms)``."""
+    if not used or count <= 0:
+        return ""
+    parts = [f"engine {used['engine_s'] / count * 1000.0:.2f} ms"]
+    if used.get("postgres_s") is not None:
+        parts.append(f"PostgreSQL {used['postgres_s'] / count * 1000.0:.2f} ms")
+    parts.append(f"client {used['client_s'] / count * 1000.0:.2f} ms")
+    return f"; CPU per {what}: {', '.join(parts)} (wall {used['wall_s'] / count * 1000.0:.2f} ms)"
+
+
+def backend_figures(run: EngineRun, raw: RawCeilings) -> list[tuple[str, Figure]]:
+    """The figures of one backend, each with a key that is the same on every backend (the side-by-side rows)."""
+    label = BACKEND_LABELS[run.backend]
+    details = run.details
+    ours, ours_clock, wrapper, wrapper_clock = run.ours, run.ours_clock, run.wrapper, run.wrapper_clock
+    commit, lookup = run.commit, run.lookup
+    out: list[tuple[str, Figure]] = []
     partial = "; stopped early at --phase-timeout"
-    figures.append(Figure("insert, reptables Client (JSON)", ours.rows_per_s, "rows/s", ">= 100,000",
-                          ours.rows_per_s >= TARGET_INSERT_ROWS_PER_S,
-                          f"{ours.rows:,} rows, batch p50 {ours.batch_ms_p50:.0f} ms, engine "
-                          f"{ours_clock.mean_ms() or 0:.0f} ms/batch" + ("" if ours.complete else partial)
-                          + _errors_note(ours_clock.errors)))
+    batches_done = max(1, math.ceil(ours.rows / BATCH_SIZE))
+    in_db = details.get("rows_in_database")
+    arrived = f"; {details.get('rows_in_table', 0):,} rows in the table, " \
+              f"{'?' if in_db is None else format(in_db, ',')} in its database"
+    out.append(("insert_client", Figure(
+        "insert, reptables Client (JSON)", ours.rows_per_s, "rows/s", ">= 100,000",
+        ours.rows_per_s >= TARGET_INSERT_ROWS_PER_S,
+        f"{ours.rows:,} rows, batch p50 {ours.batch_ms_p50:.0f} ms, engine {ours_clock.mean_ms() or 0:.0f} ms/batch"
+        + ("" if ours.complete else partial) + _errors_note(ours_clock.errors) + arrived
+        + _cpu_note(details.get("cpu_insert_client"), batches_done, "batch"))))
     if wrapper is not None and wrapper_clock is not None:
-        figures.append(Figure("insert, yt.wrapper (YSON)", wrapper.rows_per_s, "rows/s", ">= 100,000",
-                              wrapper.rows_per_s >= TARGET_INSERT_ROWS_PER_S,
-                              f"{wrapper.rows:,} rows, batch p50 {wrapper.batch_ms_p50:.0f} ms, engine "
-                              f"{wrapper_clock.mean_ms() or 0:.0f} ms/batch" + ("" if wrapper.complete else partial)
-                              + _errors_note(wrapper_clock.errors)))
-    figures.append(Figure("raw SQLite executemany, minimal table", raw_min.rows_per_s, "rows/s", "ceiling",
-                          note=f"{raw_min.rows:,} rows, one table keyed by k" + ("" if raw_min.complete else partial)))
-    figures.append(Figure("raw SQLite executemany, engine layout", raw_layout.rows_per_s, "rows/s", "ceiling",
-                          note="move replaced images to versions (none: new keys) + upsert into data"))
-    for label, t in (("Client", ours), ("yt.wrapper", wrapper)):
+        out.append(("insert_wrapper", Figure(
+            "insert, yt.wrapper (YSON)", wrapper.rows_per_s, "rows/s", ">= 100,000",
+            wrapper.rows_per_s >= TARGET_INSERT_ROWS_PER_S,
+            f"{wrapper.rows:,} rows, batch p50 {wrapper.batch_ms_p50:.0f} ms, engine "
+            f"{wrapper_clock.mean_ms() or 0:.0f} ms/batch" + ("" if wrapper.complete else partial)
+            + _errors_note(wrapper_clock.errors)
+            + _cpu_note(details.get("cpu_insert_wrapper"), max(1, math.ceil(wrapper.rows / BATCH_SIZE)), "batch"))))
+    out.append(("raw_minimal", Figure(
+        f"raw {label} executemany, minimal table", raw.minimal.rows_per_s, "rows/s", "ceiling",
+        note=f"{raw.minimal.rows:,} rows, one table keyed by k" + ("" if raw.minimal.complete else partial))))
+    out.append(("raw_layout", Figure(
+        f"raw {label} executemany, engine layout", raw.layout.rows_per_s, "rows/s", "ceiling",
+        note="move replaced images to versions (none: new keys) + upsert into data"
+             + ("" if raw.layout.complete else partial))))
+    for key, extra in raw.extra.items():
+        name = {"unnest": f"raw {label} upsert from arrays (unnest), engine layout",
+                "copy": f"raw {label} COPY, minimal table"}.get(key, f"raw {label} {key}")
+        out.append((f"raw_{key}", Figure(name, extra.rows_per_s, "rows/s", "ceiling",
+                                         note=PG_RAW_LAYOUTS.get(key, "") + ("" if extra.complete else partial))))
+    for name, t in (("Client", ours), ("yt.wrapper", wrapper)):
         if t is not None:
-            figures.append(Figure(f"ratio {label} / raw minimal", t.rows_per_s / raw_min.rows_per_s * 100.0, "%"))
-            figures.append(Figure(f"ratio {label} / raw engine layout",
-                                  t.rows_per_s / raw_layout.rows_per_s * 100.0, "%"))
-    figures.append(Figure("single-row commit p50", commit.p50_ms, "ms", "<= 2", commit.p50_ms <= TARGET_COMMIT_P50_MS,
-                          f"{commit.samples:,} commits, engine mean {commit.server_mean_ms or 0:.2f} ms"
-                          + _errors_note(commit.server_errors)))
-    figures.append(Figure("single-row commit p99", commit.p99_ms, "ms", "<= 10",
-                          commit.p99_ms <= TARGET_COMMIT_P99_MS, f"max {commit.max_ms:.2f} ms"))
-    figures.append(Figure("single-row commit p50, raw socket", raw_commit_lat.p50_ms, "ms",
-                          note=f"p99 {raw_commit_lat.p99_ms:.2f} ms; no client library"
-                          + _errors_note(raw_commit_lat.server_errors)))
-    rc = details["raw_sqlite_commit_ms"]
-    figures.append(Figure("raw SQLite single-row commit p50", rc["p50"], "ms", "floor",
-                          note=f"p99 {rc['p99']:.2f} ms; BEGIN/INSERT/COMMIT with fsync, no engine"))
-    figures.append(Figure("lookup one key p50", lookup.p50_ms, "ms", "<= 1", lookup.p50_ms <= TARGET_LOOKUP_P50_MS,
-                          f"{lookup.samples:,} lookups, engine mean {lookup.server_mean_ms or 0:.2f} ms"))
-    figures.append(Figure("lookup one key p99", lookup.p99_ms, "ms", note=f"max {lookup.max_ms:.2f} ms"))
-    figures.append(Figure("lookup one key p50, raw socket", raw_lookup_lat.p50_ms, "ms",
-                          note=f"p99 {raw_lookup_lat.p99_ms:.2f} ms; no client library"))
-    figures.append(Figure("HTTP floor p50, Client (GET /healthz)", floor.p50_ms, "ms",
-                          note=f"p99 {floor.p99_ms:.2f} ms; the Client's connections, no engine work"))
-    figures.append(Figure("HTTP floor p50, raw socket (GET /healthz)", raw_floor.p50_ms, "ms",
-                          note=f"p99 {raw_floor.p99_ms:.2f} ms; keep-alive socket: server-side HTTP cost"))
+            out.append((f"ratio_{name}_minimal", Figure(f"ratio {name} / raw minimal",
+                                                        t.rows_per_s / raw.minimal.rows_per_s * 100.0, "%")))
+            out.append((f"ratio_{name}_layout", Figure(f"ratio {name} / raw engine layout",
+                                                       t.rows_per_s / raw.layout.rows_per_s * 100.0, "%")))
+    out.append(("commit_p50", Figure(
+        "single-row commit p50", commit.p50_ms, "ms", "<= 2", commit.p50_ms <= TARGET_COMMIT_P50_MS,
+        f"{commit.samples:,} commits, engine mean {commit.server_mean_ms or 0:.2f} ms"
+        + _errors_note(commit.server_errors) + _cpu_note(details.get("cpu_commit"), commit.samples, "commit"))))
+    out.append(("commit_p99", Figure("single-row commit p99", commit.p99_ms, "ms", "<= 10",
+                                     commit.p99_ms <= TARGET_COMMIT_P99_MS, f"max {commit.max_ms:.2f} ms")))
+    out.append(("commit_raw_socket_p50", Figure(
+        "single-row commit p50, raw socket", run.raw_commit.p50_ms, "ms",
+        note=f"p99 {run.raw_commit.p99_ms:.2f} ms; no client library" + _errors_note(run.raw_commit.server_errors))))
+    rc = raw.commits_ms
+    how = "BEGIN/INSERT/COMMIT with fsync" if run.backend == SQLITE else \
+        "autocommit INSERT over loopback TCP, synchronous_commit=on"
+    out.append(("raw_commit_p50", Figure(f"raw {label} single-row commit p50", percentile(rc, 50), "ms", "floor",
+                                         note=f"p99 {percentile(rc, 99):.2f} ms; {how}, no engine")))
+    out.append(("lookup_p50", Figure(
+        "lookup one key p50", lookup.p50_ms, "ms", "<= 1", lookup.p50_ms <= TARGET_LOOKUP_P50_MS,
+        f"{lookup.samples:,} lookups, engine mean {lookup.server_mean_ms or 0:.2f} ms")))
+    out.append(("lookup_p99", Figure("lookup one key p99", lookup.p99_ms, "ms", note=f"max {lookup.max_ms:.2f} ms")))
+    out.append(("lookup_raw_socket_p50", Figure("lookup one key p50, raw socket", run.raw_lookup.p50_ms, "ms",
+                                                note=f"p99 {run.raw_lookup.p99_ms:.2f} ms; no client library")))
+    out.append(("http_floor_client_p50", Figure(
+        "HTTP floor p50, Client (GET /healthz)", run.floor.p50_ms, "ms",
+        note=f"p99 {run.floor.p99_ms:.2f} ms; the Client's connections, no engine work")))
+    out.append(("http_floor_raw_p50", Figure(
+        "HTTP floor p50, raw socket (GET /healthz)", run.raw_floor.p50_ms, "ms",
+        note=f"p99 {run.raw_floor.p99_ms:.2f} ms; keep-alive socket: server-side HTTP cost")))
     rss = details["rss_mib_after_load"].get("VmRSS")
-    figures.append(Figure(f"engine RSS after {ours.rows:,} rows", rss, "MiB", "<= 300",
-                          None if rss is None else rss <= TARGET_RSS_MIB,
-                          f"peak {details['rss_mib_after_load'].get('VmHWM', 0):.1f} MiB, idle "
-                          f"{details['rss_mib_idle'].get('VmRSS', 0):.1f} MiB, at end "
-                          f"{details['rss_mib_end'].get('VmRSS', 0):.1f} MiB"
-                          + ("" if ours.rows >= 1_000_000 else "; the target is for 1,000,000 rows")))
-    return {"figures": figures, "details": details}
+    out.append(("rss", Figure(
+        f"engine RSS after {ours.rows:,} rows", rss, "MiB", "<= 300", None if rss is None else rss <= TARGET_RSS_MIB,
+        f"peak {details['rss_mib_after_load'].get('VmHWM', 0):.1f} MiB, idle "
+        f"{details['rss_mib_idle'].get('VmRSS', 0):.1f} MiB, at end {details['rss_mib_end'].get('VmRSS', 0):.1f} MiB"
+        + ("" if ours.rows >= 1_000_000 else "; the target is for 1,000,000 rows")
+        + ("; the engine process only, not the PostgreSQL server" if run.backend == POSTGRESQL else ""))))
+    return out
+
+
+#: the side-by-side names of the figures whose per-backend name says the backend
+SIDE_NAMES = {
+    "raw_minimal": "raw executemany, minimal table",
+    "raw_layout": "raw executemany, engine layout",
+    "raw_unnest": "raw upsert from arrays (unnest), engine layout",
+    "raw_copy": "raw COPY, minimal table",
+    "raw_commit_p50": "raw single-row commit p50 (no engine)",
+}
+
+
+def comparison_figures(runs: dict[str, EngineRun]) -> list[Figure]:
+    """PostgreSQL-backed against SQLite-backed, from the same run (issue 23, item 7)."""
+    if SQLITE not in runs or POSTGRESQL not in runs:
+        return []
+    lite, pg = runs[SQLITE], runs[POSTGRESQL]
+    out: list[Figure] = []
+    for name, a, b in (("Client", lite.ours, pg.ours), ("yt.wrapper", lite.wrapper, pg.wrapper)):
+        if a is None or b is None or a.rows_per_s <= 0:
+            continue
+        ratio = b.rows_per_s / a.rows_per_s
+        out.append(Figure(f"insert rate PostgreSQL-backed / SQLite-backed, {name}", ratio, "x",
+                          f">= {TARGET_PG_INSERT_RATIO:.2f}", ratio >= TARGET_PG_INSERT_RATIO,
+                          f"{b.rows_per_s:,.0f} / {a.rows_per_s:,.0f} rows/s"))
+    for what, a_lat, b_lat in (("single-row commit", lite.commit, pg.commit), ("lookup one key", lite.lookup,
+                                                                                  pg.lookup)):
+        out.append(Figure(f"{what} p50 PostgreSQL-backed / SQLite-backed", b_lat.p50_ms / a_lat.p50_ms, "x",
+                          note=f"p50 {b_lat.p50_ms:.2f} / {a_lat.p50_ms:.2f} ms, p99 {b_lat.p99_ms:.2f} / "
+                               f"{a_lat.p99_ms:.2f} ms"))
+    return out
+
+
+def print_side_by_side(per_backend: dict[str, list[tuple[str, Figure]]]) -> None:
+    """One row per figure, one value column per backend, and PostgreSQL / SQLite where both have it."""
+    backends = list(per_backend)
+    keyed = {b: dict(figs) for b, figs in per_backend.items()}
+    keys: list[str] = []
+    for listed in per_backend.values():  # a key one backend lacks goes after the key before it
+        for i, (key, _) in enumerate(listed):
+            if key not in keys:
+                keys.insert(keys.index(listed[i - 1][0]) + 1 if i else 0, key)
+    head = ("figure", *(BACKEND_LABELS[b] for b in backends), "PG / SQLite", "unit", "target", "")
+    rows: list[tuple[str, ...]] = []
+    for key in keys:
+        figs: list[Figure | None] = [keyed[b].get(key) for b in backends]
+        first = next(f for f in figs if f is not None)
+        lite, pg = keyed.get(SQLITE, {}).get(key), keyed.get(POSTGRESQL, {}).get(key)
+        ratio = "-"
+        if lite is not None and pg is not None and lite.value and pg.value is not None and first.unit != "%":
+            ratio = f"{pg.value / lite.value:.2f}x"
+        marks = " / ".join(f.mark or "-" for f in figs if f is not None) if any(f and f.mark for f in figs) else ""
+        rows.append((SIDE_NAMES.get(key, first.name), *(fmt(f.value, f.unit) if f else "-" for f in figs), ratio,
+                     first.unit, first.target, marks))
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = "  ".join("-" * w for w in widths)
+    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip())
+    print(line)
+    for r in rows:
+        print("  ".join(v.ljust(w) if i == 0 or i >= len(head) - 3 else v.rjust(w)
+                        for i, (v, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+    print(line)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Every backend of ``args.storage``, one after the other: its engine (phases 1-6), then its raw ceilings."""
+    details: dict[str, Any] = {"load_average_start": load_average(), "storage": list(args.storage)}
+    runs: dict[str, EngineRun] = {}
+    raws: dict[str, RawCeilings] = {}
+    for backend in args.storage:
+        if backend == SQLITE:
+            runs[backend] = run_engine(args, workdir / backend, backend, None)
+            raws[backend] = raw_sqlite_ceilings(args, workdir / backend)
+            continue
+        print(f"{'using the PostgreSQL server at ' + args.pg_server if args.pg_server else 'starting PostgreSQL'}"
+              " ...", flush=True)
+        with PgStorage(args.pg_server, args.data_dir) as pg:
+            details["postgresql"] = {"settings": pg.settings, "server": pg.describe(),
+                                     "given": args.pg_server is not None,
+                                     "data_dir_fs": fs_type(pg.server.dir) if pg.server is not None else None}
+            print(pg.describe(), flush=True)
+            runs[backend] = run_engine(args, workdir / backend, backend, pg)
+            raws[backend] = raw_postgresql_ceilings(args, pg)
+    details["load_average_end"] = load_average()
+    per_backend = {b: backend_figures(runs[b], raws[b]) for b in runs}
+    return {"runs": runs, "raws": raws, "per_backend": per_backend, "comparison": comparison_figures(runs),
+            "details": details}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -872,34 +1416,62 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args, workdir)
     except KeyboardInterrupt:
-        print("interrupted; the engine was stopped", file=sys.stderr)
+        print("interrupted; the engine and the PostgreSQL server were stopped", file=sys.stderr)
         return 130
     finally:
         if args.keep_data:
             print(f"data kept in {workdir}")
         else:
             tmp.cleanup()
-    figures: list[Figure] = result["figures"]
     total = time.perf_counter() - started
-    print()
     details = result["details"]
+    per_backend: dict[str, list[tuple[str, Figure]]] = result["per_backend"]
+    comparison: list[Figure] = result["comparison"]
+    runs: dict[str, EngineRun] = result["runs"]
+    print()
     print(f"reptables engine benchmark ({'quick' if args.quick else 'full'}; {total:.0f} s; "
-          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}; load average "
+          f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}; storage {', '.join(args.storage)}; load average "
           f"{details['load_average_start']} at start, {details['load_average_end']} at end)")
-    print_table(figures)
-    missed = [f.name for f in figures if f.ok is False]
+    for backend, figs in per_backend.items():
+        d = runs[backend].details
+        where = details["postgresql"]["server"] if backend == POSTGRESQL else "engine.sqlite: WAL, synchronous=FULL"
+        print(f"\nengine on {BACKEND_LABELS[backend]}: {where}; load average {d['load_average_start']} -> "
+              f"{d['load_average_end']}")
+        print_table([f for _, f in figs])
+    if len(per_backend) > 1:
+        print("\nside by side")
+        print_side_by_side(per_backend)
+    if comparison:
+        print()
+        print_table(comparison)
+    if POSTGRESQL in per_backend and not _pg_durable(details):
+        print("WARNING: the PostgreSQL server does not fsync every commit (fsync or synchronous_commit off): "
+              "its figures are not comparable with SQLite's synchronous=FULL")
+    missed = [f"{f.name} [{b}]" for b, figs in per_backend.items() for _, f in figs if f.ok is False] + [
+        f.name for f in comparison if f.ok is False]
     print("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
     if args.json is not None:
         payload = {
             "config": {"rows": args.rows, "wrapper_rows": args.wrapper_rows, "raw_rows": args.raw_rows,
                        "latency_samples": args.latency_samples, "batch_size": BATCH_SIZE, "quick": args.quick,
+                       "storage": list(args.storage), "pg_server": args.pg_server,
                        "cpus": os.cpu_count(), "python": sys.version.split()[0], "seconds": total},
-            "figures": [{**asdict(f), "status": f.mark or None} for f in figures],
-            "details": result["details"],
+            "figures": [{**asdict(f), "status": f.mark or None, "storage": b} for b, figs in per_backend.items()
+                        for _, f in figs] + [{**asdict(f), "status": f.mark or None, "storage": "comparison"}
+                                             for f in comparison],
+            "comparison": [{**asdict(f), "status": f.mark or None} for f in comparison],
+            "backends": {b: {"figures": {k: {**asdict(f), "status": f.mark or None} for k, f in figs},
+                             "details": runs[b].details} for b, figs in per_backend.items()},
+            "details": details,
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"figures written to {args.json}")
     return 0
+
+
+def _pg_durable(details: dict[str, Any]) -> bool:
+    settings = details.get("postgresql", {}).get("settings", {})
+    return bool(settings.get("fsync") == "on" and settings.get("synchronous_commit") == "on")
 
 
 if __name__ == "__main__":

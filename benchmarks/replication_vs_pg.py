@@ -59,6 +59,21 @@ and is counted by code in the table.
 Ratios are reptables' end-to-end rows/s over PostgreSQL's (the same PostgreSQL figure for both
 reptables scenarios: PostgreSQL has no sync-plus-async mode for logical subscribers).
 
+Engines on SQLite or on PostgreSQL
+----------------------------------
+
+An engine keeps its state in SQLite (the default) or in a PostgreSQL database of its own
+(``--storage postgresql://...``, docs/storage.md). ``--storage postgresql`` runs every scenario
+with the meta-cluster and both replica clusters each on a new database of one PostgreSQL server
+(the same server version as the logical replication peer; started by the benchmark with
+``reptables.testing.postgres.PostgresServer`` and its default durability - ``fsync=on``,
+``synchronous_commit=on`` - or given by ``--pg-server [USER@]HOST:PORT`` on loopback); the
+databases are dropped when the scenario's engines stop. ``--storage sqlite,postgresql`` measures
+both in one run, so that the two are compared under the same load, and adds the PostgreSQL-backed
+/ SQLite-backed ratios. Each table line has its storage; each end-to-end line notes the CPU
+seconds every engine and the PostgreSQL server used until the replicas were complete (who the
+time went to).
+
 How it runs
 -----------
 
@@ -75,11 +90,13 @@ Run from the repository root::
     .venv/bin/python benchmarks/replication_vs_pg.py                 # full run, 1,000,000 rows
     .venv/bin/python benchmarks/replication_vs_pg.py --rows 50000 --latency-samples 200
     .venv/bin/python benchmarks/replication_vs_pg.py --json out.json --skip-pg
+    .venv/bin/python benchmarks/replication_vs_pg.py --storage sqlite,postgresql --rows 300000
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -89,7 +106,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -99,13 +116,15 @@ import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.errors import ErrorCode, YtError
-from reptables.testing import EngineSet, wait_for
+from reptables.testing import EngineProcess, EngineSet, wait_for
 
 try:
-    from benchmarks import pg_logical
+    from benchmarks import engine_bench, pg_logical
 except ImportError:  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from benchmarks import pg_logical
+    from benchmarks import engine_bench, pg_logical
+
+from benchmarks.engine_bench import BACKEND_LABELS, POSTGRESQL, SQLITE, PgStorage, parse_backends  # noqa: E402
 
 SCHEMA: list[dict[str, Any]] = [
     {"name": "k", "type": "int64", "sort_order": "ascending"},
@@ -247,6 +266,10 @@ class ReplicationRun:
     replicas: list[ReplicaCheck] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
     load_average: str = ""
+    storage: str = SQLITE
+    #: CPU seconds from the first insert until every replica was complete: per engine, and "postgresql"
+    #: (the server of the engines' databases, when they are on PostgreSQL)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def insert_rows_per_s(self) -> float:
@@ -279,6 +302,9 @@ class LatencyRun:
     replica_count: int  # rows on the sync replica afterwards (samples + warm-up)
     expected_count: int
     pids: dict[str, int] = field(default_factory=dict)
+    storage: str = SQLITE
+    #: CPU seconds per commit during the samples: per engine, and "postgresql" (see ReplicationRun)
+    cpu_ms_per_commit: dict[str, float] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -288,9 +314,56 @@ class LatencyRun:
 # -- reptables: throughput -------------------------------------------------------------------------
 
 
-def engine_set(base: Path, names: tuple[str, ...] = ("meta", "replica_0", "replica_1")) -> EngineSet:
-    """Fresh engines ``names`` under ``base`` (the first the meta-cluster); a ``with`` block starts and stops them."""
-    return EngineSet(base, names, log_level="warning", client_timeout=300.0, start_timeout=60.0)
+@dataclass
+class StorageEngineSet(EngineSet):
+    """An :class:`EngineSet` whose engines keep their state on the benchmark's storage: SQLite in their
+    data directories (``pg`` None), or each a new database of ``pg``'s PostgreSQL server, dropped again
+    when the set stops (every scenario starts on empty databases, as it starts on empty directories)."""
+
+    pg: PgStorage | None = None
+    databases: list[str] = field(default_factory=list)
+
+    def _engine(self, name: str, index: int, env: Mapping[str, str] | None, extra_args: Sequence[str] | None,
+                own_tokens: bool) -> EngineProcess:
+        # SQLite: no database URL from the environment ($REPTABLES_STORAGE empty means SQLite)
+        storage = ["--storage", self._database(name)] if self.pg is not None else []
+        return super()._engine(name, index, {**(env or {}), "REPTABLES_STORAGE": ""},
+                               [*(extra_args or []), *storage], own_tokens)
+
+    def _database(self, name: str) -> str:
+        assert self.pg is not None
+        url = self.pg.create_database(f"repl_{name}")
+        self.databases.append(url)
+        return url
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if self.pg is not None:
+                for url in self.databases:
+                    self.pg.drop_database(url)
+            self.databases.clear()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds so far of every engine, and of the PostgreSQL server ("postgresql") if any."""
+        out = {name: engine_bench.proc_cpu_seconds(pid) for name, pid in self.pids().items()}
+        if self.pg is not None:
+            server = self.pg.cpu_seconds()
+            if server is not None:
+                out[POSTGRESQL] = server
+        return out
+
+
+def engine_set(base: Path, names: tuple[str, ...] = ("meta", "replica_0", "replica_1"),
+               pg: PgStorage | None = None) -> StorageEngineSet:
+    """Fresh engines ``names`` under ``base`` (the first the meta-cluster), on SQLite or, with ``pg``, each
+    on a new database of that PostgreSQL server; a ``with`` block starts and stops them."""
+    return StorageEngineSet(base, names, log_level="warning", client_timeout=300.0, start_timeout=60.0, pg=pg)
+
+
+def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(after[name] - before[name], 3) for name in after if name in before}
 
 
 def _insert_all(es: EngineSet, batches: list[list[Row]], threads: int, retries: Retries,
@@ -313,7 +386,7 @@ def _insert_all(es: EngineSet, batches: list[list[Row]], threads: int, retries: 
                 if errors or time.monotonic() > deadline[0]:
                     return
                 t = time.perf_counter()
-                retries.call(lambda b=batch: client.insert_rows(TABLE, b, require_sync_replica=False))
+                retries.call(functools.partial(client.insert_rows, TABLE, batch, require_sync_replica=False))
                 times[i].append(time.perf_counter() - t)
         except BaseException as exc:  # reported by the caller
             errors.append(exc)
@@ -352,10 +425,10 @@ def _verify_replica(client: Client, path: str, rows: int, check: ReplicaCheck) -
         got = client.select_rows(f"k, v, d FROM [{path}] WHERE k >= {start} AND k < {end}",
                                  output_row_limit=VERIFY_CHUNK + 1)
         got.sort(key=lambda r: r["k"])
-        expected = [{"k": k, "v": v, "d": d} for k, v, d in pg_logical.make_rows(start, end - start)]
+        expected: list[Row] = [{"k": k, "v": v, "d": d} for k, v, d in pg_logical.make_rows(start, end - start)]
         check.rows_compared += len(got)
         if got != expected:
-            want = {r["k"]: r for r in expected}
+            want: dict[int, Row] = {r["k"]: r for r in expected}
             bad = [r for r in got if want.get(r["k"]) != r]
             check.mismatches += len(bad) + abs(len(expected) - len(got))
             if not check.first_mismatch:
@@ -365,11 +438,13 @@ def _verify_replica(client: Client, path: str, rows: int, check: ReplicaCheck) -
 
 
 def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: int, sync_replica: bool, threads: int,
-                             base: Path, timeout: float = 1800.0) -> ReplicationRun:
-    """One scenario on fresh engines: meta + 2 replicas (``replica_0`` sync if ``sync_replica``)."""
+                             base: Path, timeout: float = 1800.0, pg: PgStorage | None = None) -> ReplicationRun:
+    """One scenario on fresh engines: meta + 2 replicas (``replica_0`` sync if ``sync_replica``); with
+    ``pg`` every engine on a new database of that PostgreSQL server."""
     scenario = "1 sync + 1 async" if sync_replica else "2 async"
     base.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="reptables-repl-", dir=base) as tmp, engine_set(Path(tmp)) as es:
+    with tempfile.TemporaryDirectory(prefix="reptables-repl-", dir=base) as tmp, \
+            engine_set(Path(tmp), pg=pg) as es:
         log(f"      engines {es.pids()}")
         es.replicated_table(TABLE, SCHEMA)
         modes = {"replica_0": "sync" if sync_replica else "async", "replica_1": "async"}
@@ -381,6 +456,7 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
         before = engine_command_stats(meta_url, "insert_rows", meta_token)
         retries = Retries()
         load = load_average()
+        cpu_before = es.cpu_seconds()
 
         t0, insert_seconds, batch_times = _insert_all(es, batches, threads, retries, timeout)
         after = engine_command_stats(meta_url, "insert_rows", meta_token)
@@ -408,6 +484,7 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
             return len(confirmed) == len(ids)
 
         wait_for(replicated, timeout, f"both replicas to have {rows:,} rows", interval=POLL_INTERVAL_S)
+        cpu_used = _cpu_used(cpu_before, es.cpu_seconds())
         checks = [ReplicaCheck(cluster, modes[cluster], ids[cluster], done_at[cluster] - t0) for cluster in ids]
         replicated_seconds = max(c.replicated_seconds for c in checks)
         for check in checks:
@@ -419,18 +496,21 @@ def run_reptables_throughput(batches: list[list[Row]], rows: int, batch_size: in
             batch_ms_max=max(batch_times) * 1000.0, queue_rows=queue_rows[0], retries=retries.count,
             retry_codes=retries.summary(), retry_messages=retries.messages,
             meta_ms_per_batch=(after[0] - before[0]) / n * 1000.0 if n else None,
-            replicas=checks, pids=es.pids(), load_average=f"{load} -> {load_average()}")
+            replicas=checks, pids=es.pids(), load_average=f"{load} -> {load_average()}",
+            storage=POSTGRESQL if pg is not None else SQLITE, cpu_seconds=cpu_used)
     return run
 
 
 # -- reptables: single-row commit latency ----------------------------------------------------------
 
 
-def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> LatencyRun:
-    """Sequential single-row commits on a meta with one sync replica (two fresh engines)."""
+def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0,
+                          pg: PgStorage | None = None) -> LatencyRun:
+    """Sequential single-row commits on a meta with one sync replica (two fresh engines; with ``pg`` each on
+    a new database of that PostgreSQL server)."""
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="reptables-lat-", dir=base) as tmp, \
-            engine_set(Path(tmp), ("meta", "replica_0")) as es:
+            engine_set(Path(tmp), ("meta", "replica_0"), pg=pg) as es:
         log(f"      engines {es.pids()}")
         es.replicated_table(TABLE, SCHEMA)
         replica_id = es.replica(TABLE, "replica_0", REPLICA_TABLE, mode="sync", schema=SCHEMA)
@@ -446,6 +526,7 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
         for i in range(LATENCY_WARMUP):
             commit(-1 - i)
         before = engine_command_stats(meta_url, "insert_rows", meta_token)
+        cpu_before = es.cpu_seconds()
         deadline = time.monotonic() + timeout
         times: list[float] = []
         for k in range(samples):
@@ -455,6 +536,7 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(times)} of {samples} commits took over {timeout:.0f} s")
         after = engine_command_stats(meta_url, "insert_rows", meta_token)
+        cpu_used = _cpu_used(cpu_before, es.cpu_seconds())
         # a sync replica has the row when insert_rows returns; its count proves it
         replica_count = _replica_count(es.client("replica_0"), REPLICA_TABLE)
         n = after[1] - before[1]
@@ -462,27 +544,31 @@ def run_reptables_latency(samples: int, base: Path, timeout: float = 1800.0) -> 
                           mean_ms=sum(times) / len(times), min_ms=min(times), max_ms=max(times),
                           retries=retries.count, retry_codes=retries.summary(),
                           meta_mean_ms=(after[0] - before[0]) / n * 1000.0 if n else None,
-                          replica_count=replica_count, expected_count=samples + LATENCY_WARMUP, pids=es.pids())
+                          replica_count=replica_count, expected_count=samples + LATENCY_WARMUP, pids=es.pids(),
+                          storage=POSTGRESQL if pg is not None else SQLITE,
+                          cpu_ms_per_commit={k: round(v / len(times) * 1000.0, 3) for k, v in cpu_used.items()})
 
 
 def run_reptables(rows: int, batch_size: int, thread_counts: Sequence[int], latency_samples: int, base: Path,
-                  timeout: float = 1800.0) -> dict[str, Any]:
-    """Every reptables measurement: {"2 async": [runs], "1 sync + 1 async": [runs], "latency": LatencyRun}."""
+                  timeout: float = 1800.0, pg: PgStorage | None = None) -> dict[str, Any]:
+    """Every reptables measurement on one storage (SQLite, or with ``pg`` databases of that PostgreSQL
+    server): {"2 async": [runs], "1 sync + 1 async": [runs], "latency": LatencyRun}."""
     batches = make_batches(rows, batch_size)
     out: dict[str, Any] = {}
+    on = f"reptables on {BACKEND_LABELS[POSTGRESQL if pg is not None else SQLITE]}"
     for sync_replica in (False, True):
         runs: list[ReplicationRun] = []
         for threads in thread_counts:
             name = "meta + 1 sync + 1 async" if sync_replica else "meta + 2 async"
-            log(f"[reptables] {name}: {rows:,} rows in batches of {batch_size:,}, {threads} client thread(s) ...")
-            run = run_reptables_throughput(batches, rows, batch_size, sync_replica, threads, base, timeout)
+            log(f"[{on}] {name}: {rows:,} rows in batches of {batch_size:,}, {threads} client thread(s) ...")
+            run = run_reptables_throughput(batches, rows, batch_size, sync_replica, threads, base, timeout, pg)
             log(f"      insert {run.insert_rows_per_s:,.0f} rows/s, end to end {run.end_to_end_rows_per_s:,.0f} "
-                f"rows/s, verified {run.verified}, retries {run.retry_codes}")
+                f"rows/s, verified {run.verified}, retries {run.retry_codes}, CPU s {run.cpu_seconds}")
             runs.append(run)
         out["1 sync + 1 async" if sync_replica else "2 async"] = runs
     if latency_samples > 0:
-        log(f"[reptables] {latency_samples:,} single-row commits with one sync replica ...")
-        lat = run_reptables_latency(latency_samples, base, timeout)
+        log(f"[{on}] {latency_samples:,} single-row commits with one sync replica ...")
+        lat = run_reptables_latency(latency_samples, base, timeout, pg)
         log(f"      p50 {lat.p50_ms:.2f} ms, p99 {lat.p99_ms:.2f} ms")
         out["latency"] = lat
     return out
@@ -506,6 +592,8 @@ class Line:
     target: str = ""
     status: str = ""
     note: str = ""
+    #: the storage of the reptables engines the line measured ("" for a line about both)
+    storage: str = SQLITE
 
 
 def _rate(value: float | None) -> str:
@@ -516,9 +604,18 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _cpu_note(cpu: dict[str, float], per: str, scale: float = 1.0) -> str:
+    """``; CPU s: meta 12.1, replica_0 4.0, replica_1 3.9, PostgreSQL 9.5`` (who the time went to)."""
+    if not cpu:
+        return ""
+    parts = [f"{'PostgreSQL' if k == POSTGRESQL else k} {v * scale:.2f}" for k, v in cpu.items()]
+    return f"; CPU {per}: {', '.join(parts)}"
+
+
 def build_lines(rep: dict[str, Any], pg_tp: pg_logical.PgThroughputResult | None,
-                pg_lat: pg_logical.PgLatencyResult | None) -> tuple[list[Line], bool]:
-    """The side-by-side table; the bool is whether every target with a figure was met."""
+                pg_lat: pg_logical.PgLatencyResult | None, storage: str = SQLITE) -> tuple[list[Line], bool]:
+    """The side-by-side table of reptables on ``storage`` and PostgreSQL logical replication; the bool
+    is whether every target with a figure was met."""
     lines: list[Line] = []
     all_ok = True
     pg_e2e = pg_tp.end_to_end_rows_per_s if pg_tp is not None else None
@@ -530,23 +627,28 @@ def build_lines(rep: dict[str, Any], pg_tp: pg_logical.PgThroughputResult | None
         for run in runs:
             lines.append(Line(f"  insert on meta, {key}, {run.threads} thread(s)", _rate(run.insert_rows_per_s),
                               note=f"batch p50 {run.batch_ms_p50:.0f} ms, meta engine "
-                                   f"{_ms(run.meta_ms_per_batch)} ms/batch, retries {run.retry_codes}"))
+                                   f"{_ms(run.meta_ms_per_batch)} ms/batch, retries {run.retry_codes}",
+                              storage=storage))
             lines.append(Line(f"  end to end, {key}, {run.threads} thread(s)", _rate(run.end_to_end_rows_per_s),
                               note=f"{run.replicated_seconds:.1f} s; replicas done at "
                                    + ", ".join(f"{c.cluster} ({c.mode}) {c.replicated_seconds:.1f} s"
                                                for c in run.replicas)
-                                   + ("" if run.verified else "; NOT VERIFIED")))
+                                   + ("" if run.verified else "; NOT VERIFIED")
+                                   + _cpu_note(run.cpu_seconds, "s until complete"),
+                              storage=storage))
         ratio = best.end_to_end_rows_per_s / pg_e2e if pg_e2e else None
         ok = ratio is not None and ratio >= TARGET_RATIO and best.verified
         all_ok &= ok or ratio is None
         lines.append(Line(f"insert rows/s, {key}", _rate(best.insert_rows_per_s),
                           _rate(pg_tp.insert_rows_per_s) if pg_tp else "-",
-                          note=f"best: {best.threads} client thread(s); PostgreSQL: COPY into the publisher"))
+                          note=f"best: {best.threads} client thread(s); PostgreSQL: COPY into the publisher",
+                          storage=storage))
         lines.append(Line(f"end-to-end rows/s, {key}", _rate(best.end_to_end_rows_per_s), _rate(pg_e2e),
                           "-" if ratio is None else f"{ratio:.2f}x", f">= {TARGET_RATIO}x",
                           "" if ratio is None else ("PASS" if ok else "MISS"),
                           f"best: {best.threads} client thread(s); verified {best.verified}; PostgreSQL: 2 "
-                          "subscribers" + ("" if pg_tp is None else f", verified {pg_tp.verified}")))
+                          "subscribers" + ("" if pg_tp is None else f", verified {pg_tp.verified}"),
+                          storage=storage))
     lat: LatencyRun | None = rep.get("latency")
     if lat is not None:
         ok = lat.p50_ms <= TARGET_COMMIT_P50_MS and lat.verified
@@ -556,23 +658,47 @@ def build_lines(rep: dict[str, Any], pg_tp: pg_logical.PgThroughputResult | None
                           "PASS" if ok else "MISS",
                           f"{lat.samples:,} commits; meta engine mean {_ms(lat.meta_mean_ms)} ms; retries "
                           f"{lat.retry_codes}; PostgreSQL: subscriber as synchronous standby"
-                          + (f" ({pg_lat.sync_state})" if pg_lat else "")))
+                          + (f" ({pg_lat.sync_state})" if pg_lat else "")
+                          + _cpu_note(lat.cpu_ms_per_commit, "ms per commit"),
+                          storage=storage))
         lines.append(Line("single-row commit p99 ms, 1 sync replica", _ms(lat.p99_ms),
                           _ms(pg_lat.p99_ms) if pg_lat else "-",
                           note=f"mean {lat.mean_ms:.2f}, max {lat.max_ms:.2f}" + (
-                              f"; PostgreSQL mean {pg_lat.mean_ms:.2f}, max {pg_lat.max_ms:.2f}" if pg_lat else "")))
+                              f"; PostgreSQL mean {pg_lat.mean_ms:.2f}, max {pg_lat.max_ms:.2f}" if pg_lat else ""),
+                          storage=storage))
     return lines, all_ok
 
 
+def storage_lines(reps: dict[str, dict[str, Any]]) -> list[Line]:
+    """reptables on PostgreSQL against reptables on SQLite, when the run measured both."""
+    if SQLITE not in reps or POSTGRESQL not in reps:
+        return []
+    lite, pg = reps[SQLITE], reps[POSTGRESQL]
+    lines: list[Line] = []
+    for key in ("2 async", "1 sync + 1 async"):
+        if lite.get(key) and pg.get(key):
+            a, b = best_run(lite[key]), best_run(pg[key])
+            ratio = b.end_to_end_rows_per_s / a.end_to_end_rows_per_s
+            lines.append(Line(f"end-to-end rows/s, {key}: PostgreSQL-backed / SQLite-backed",
+                              _rate(b.end_to_end_rows_per_s), ratio=f"{ratio:.2f}x",
+                              note=f"SQLite-backed {_rate(a.end_to_end_rows_per_s)} rows/s", storage="both"))
+    if lite.get("latency") is not None and pg.get("latency") is not None:
+        a_lat, b_lat = lite["latency"], pg["latency"]
+        lines.append(Line("single-row commit p50 ms, 1 sync replica: PostgreSQL-backed / SQLite-backed",
+                          _ms(b_lat.p50_ms), ratio=f"{b_lat.p50_ms / a_lat.p50_ms:.2f}x",
+                          note=f"SQLite-backed {_ms(a_lat.p50_ms)} ms", storage="both"))
+    return lines
+
+
 def print_lines(lines: list[Line], out: Any = sys.stdout) -> None:
-    head = Line("figure", "reptables", "PostgreSQL 15", "ratio", "target", "")
-    cols = ("figure", "reptables", "postgres", "ratio", "target", "status")
+    head = Line("figure", "reptables", "PostgreSQL 15", "ratio", "target", "", storage="storage")
+    cols = ("figure", "storage", "reptables", "postgres", "ratio", "target", "status")
     widths = [max(len(getattr(x, c)) for x in [head, *lines]) for c in cols]
     rule = "  ".join("-" * w for w in widths)
 
     def render(x: Line) -> str:
         cells = [getattr(x, c) for c in cols]
-        text = "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w)
+        text = "  ".join(v.ljust(w) if i in (0, 1, 5, 6) else v.rjust(w)
                          for i, (v, w) in enumerate(zip(cells, widths, strict=True)))
         return (text + (f"  ({x.note})" if x.note else "")).rstrip()
 
@@ -598,6 +724,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=10_000, help="rows per insert_rows / COPY transaction")
     p.add_argument("--threads", default="1,2", help="client thread counts tried for reptables (default 1,2)")
     p.add_argument("--latency-samples", type=int, default=1000, help="single-row commits timed (0 skips it)")
+    p.add_argument("--storage", default=SQLITE, metavar="LIST",
+                   help="the storage of the reptables engines, one or both, one after the other: sqlite "
+                        "(default), postgresql (each engine a database of one PostgreSQL server the benchmark "
+                        "starts, or --pg-server's), sqlite,postgresql")
+    p.add_argument("--pg-server", default=None, metavar="[USER@]HOST:PORT",
+                   help="with --storage postgresql: an existing PostgreSQL server on loopback for the engines' "
+                        "databases (user 'reptables' unless given; a password from $PGPASSWORD or a pgpass file), "
+                        "instead of starting one; the databases are dropped after each scenario")
     p.add_argument("--skip-pg", action="store_true", help="measure reptables only")
     p.add_argument("--skip-reptables", action="store_true", help="measure PostgreSQL only")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound of each insert phase and each wait (s)")
@@ -609,6 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
     except ValueError:
         p.error("--threads must be a comma-separated list of integers")
+    try:
+        storages = parse_backends(args.storage)
+    except ValueError as exc:
+        p.error(f"--storage: {exc}")
+    if args.pg_server is not None and POSTGRESQL not in storages:
+        p.error("--pg-server needs --storage postgresql (or sqlite,postgresql)")
     if args.rows < 1 or args.batch_size < 1 or args.latency_samples < 0 or not thread_counts \
             or min(thread_counts) < 1:
         p.error("--rows, --batch-size and --threads must be positive, --latency-samples >= 0")
@@ -617,9 +757,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     load_start = load_average()
 
-    rep: dict[str, Any] = {}
+    reps: dict[str, dict[str, Any]] = {}
+    pg_servers: dict[str, Any] = {}
     if not args.skip_reptables:
-        rep = run_reptables(args.rows, args.batch_size, thread_counts, args.latency_samples, base, args.timeout)
+        for storage in storages:
+            if storage == SQLITE:
+                reps[storage] = run_reptables(args.rows, args.batch_size, thread_counts, args.latency_samples, base,
+                                              args.timeout)
+                continue
+            log(f"[reptables on PostgreSQL] {'using ' + args.pg_server if args.pg_server else 'starting'} the "
+                "PostgreSQL server of the engines' databases ...")
+            with PgStorage(args.pg_server, args.workdir) as pg:
+                pg_servers[storage] = {"server": pg.describe(), "settings": pg.settings,
+                                       "given": args.pg_server is not None}
+                log(f"      {pg.describe()}")
+                reps[storage] = run_reptables(args.rows, args.batch_size, thread_counts, args.latency_samples, base,
+                                              args.timeout, pg)
     pg_tp: pg_logical.PgThroughputResult | None = None
     pg_lat: pg_logical.PgLatencyResult | None = None
     if not args.skip_pg:
@@ -633,26 +786,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             pg_lat = pg_logical.run_sync_commit_latency(args.latency_samples, args.workdir)
             log(f"      p50 {pg_lat.p50_ms:.2f} ms, p99 {pg_lat.p99_ms:.2f} ms")
 
-    lines, all_ok = build_lines(rep, pg_tp, pg_lat)
+    lines: list[Line] = []
+    all_ok = True
+    for storage, rep in reps.items():
+        more, ok = build_lines(rep, pg_tp, pg_lat, storage)
+        lines += more
+        all_ok &= ok
+    lines += storage_lines(reps)
     total = time.perf_counter() - started
     print()
     print(f"replicated tables: reptables vs PostgreSQL 15 logical replication ({args.rows:,} rows, batches of "
           f"{args.batch_size:,}; {total:.0f} s; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}; "
           f"load average {load_start} at start, {load_average()} at end)")
+    for storage in reps:
+        where = pg_servers[storage]["server"] if storage == POSTGRESQL else "SQLite in each engine's data directory " \
+            "(WAL, synchronous=FULL)"
+        print(f"reptables engines on {BACKEND_LABELS[storage]}: {where}")
+    if pg_tp is not None:
+        print(f"PostgreSQL logical replication: {pg_tp.server_version}, 3 servers (publisher + 2 subscribers), "
+              "default durability")
     print_lines(lines)
     print("all targets met" if all_ok else "targets missed: "
-          + ", ".join(x.figure for x in lines if x.status == "MISS"))
-    verified = all(r.verified for runs in (rep.get("2 async", []), rep.get("1 sync + 1 async", [])) for r in runs) \
-        and (rep.get("latency") is None or rep["latency"].verified) and (pg_tp is None or pg_tp.verified)
+          + ", ".join(f"{x.figure} [{x.storage}]" for x in lines if x.status == "MISS"))
+    verified = all(r.verified for rep in reps.values()
+                   for runs in (rep.get("2 async", []), rep.get("1 sync + 1 async", [])) for r in runs) \
+        and all(rep.get("latency") is None or rep["latency"].verified for rep in reps.values()) \
+        and (pg_tp is None or pg_tp.verified)
     if not verified:
         print("WARNING: some end state did not verify; see the notes and the JSON")
     if args.json is not None:
+        def as_json(rep: dict[str, Any]) -> dict[str, Any]:
+            return {key: ([r.to_json() for r in value] if isinstance(value, list)
+                          else {**asdict(value), "verified": value.verified}) for key, value in rep.items()}
+
         payload = {
             "config": {"rows": args.rows, "batch_size": args.batch_size, "threads": thread_counts,
-                       "latency_samples": args.latency_samples, "cpus": os.cpu_count(), "seconds": total},
-            "reptables": {key: ([r.to_json() for r in value] if isinstance(value, list)
-                                else {**asdict(value), "verified": value.verified})
-                          for key, value in rep.items()},
+                       "latency_samples": args.latency_samples, "storage": storages, "pg_server": args.pg_server,
+                       "cpus": os.cpu_count(), "seconds": total},
+            "reptables": {storage: as_json(rep) for storage, rep in reps.items()},
+            "reptables_postgresql_server": pg_servers.get(POSTGRESQL),
             "postgresql": {"throughput": None if pg_tp is None else {**asdict(pg_tp), "verified": pg_tp.verified},
                            "sync_commit_latency": None if pg_lat is None else asdict(pg_lat)},
             "figures": [asdict(x) for x in lines],

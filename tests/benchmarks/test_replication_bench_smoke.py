@@ -3,18 +3,27 @@
 It starts real engines (meta + 2 replicas, then meta + 1 sync replica), writes 20,000 rows through
 the benchmark's own code paths and asserts that every replica ends with exactly the rows written
 (read back and compared row by row), that the figures are sane, and that the table renders. The
-PostgreSQL half is covered by ``test_pg_logical_smoke.py``.
+PostgreSQL half is covered by ``test_pg_logical_smoke.py``. One more test runs the whole benchmark
+with ``--storage postgresql`` (every engine on a database of the test run's PostgreSQL server) beside
+PostgreSQL logical replication, at tiny sizes, and checks that the figures and the ratio are reported.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import math
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from benchmarks import replication_vs_pg as bench
+from reptables.testing import backends
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,3 +61,58 @@ def test_sync_commit_latency_and_report(tmp_path: Path) -> None:
     text = out.getvalue()
     assert "end-to-end rows/s, 2 async" in text and "single-row commit p50 ms" in text
     assert ("PASS" in text) == (lat.p50_ms <= bench.TARGET_COMMIT_P50_MS)
+
+
+@pytest.fixture
+def pg_workdir() -> Iterator[Path]:
+    """A parent the ``postgres`` OS user can traverse (PostgreSQL logical replication's servers run as it
+    when the tests run as root; pytest's tmp_path is root's 0700); it must end empty."""
+    path = Path(tempfile.mkdtemp(prefix="repl-smoke-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+        assert not list(path.iterdir()), "every temporary directory must be removed"
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.timeout(240)
+def test_postgresql_backed_engines_beside_pg_logical(pg_workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--storage postgresql`` end to end at tiny sizes: every engine on a database of the test run's
+    PostgreSQL server (``--pg-server``), PostgreSQL logical replication in the same run, the ratio and
+    the sync commit latency reported. No timing is asserted."""
+    server = backends.run_server()
+    out = pg_workdir / "figures.json"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        code = bench.main(["--storage", "postgresql", "--pg-server", f"{server.host}:{server.port}",
+                           "--rows", "2000", "--batch-size", "500", "--threads", "1", "--latency-samples", "5",
+                           "--timeout", "90", "--workdir", str(pg_workdir), "--json", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert code == 0, "an end state did not verify"
+    data = json.loads(out.read_text())
+    out.unlink()
+    assert data["config"]["storage"] == ["postgresql"] and list(data["reptables"]) == ["postgresql"]
+    rep = data["reptables"]["postgresql"]
+    for scenario in ("2 async", "1 sync + 1 async"):
+        (run,) = rep[scenario]
+        assert run["verified"] and run["storage"] == "postgresql"
+        assert [c["count"] for c in run["replicas"]] == [2000, 2000]
+        assert run["end_to_end_rows_per_s"] > 0 and math.isfinite(run["end_to_end_rows_per_s"])
+        assert run["cpu_seconds"]["postgresql"] >= 0 and set(run["cpu_seconds"]) >= {"meta", "replica_0"}
+    lat = rep["latency"]
+    assert lat["verified"] and lat["storage"] == "postgresql" and 0 < lat["p50_ms"] <= lat["p99_ms"]
+    assert data["reptables_postgresql_server"]["settings"]["synchronous_commit"] == "on"
+    assert data["postgresql"]["throughput"]["verified"]
+
+    lines = {(x["figure"], x["storage"]): x for x in data["figures"]}
+    for scenario in ("2 async", "1 sync + 1 async"):
+        line = lines[(f"end-to-end rows/s, {scenario}", "postgresql")]
+        ratio = float(line["ratio"].rstrip("x"))
+        assert ratio > 0 and math.isfinite(ratio) and line["status"] in ("PASS", "MISS")
+    assert float(lines[("single-row commit p50 ms, 1 sync replica", "postgresql")]["reptables"]) > 0
+    text = capsys.readouterr().out
+    assert "reptables engines on PostgreSQL: PostgreSQL 15" in text and "end-to-end rows/s, 2 async" in text
+    # the scenarios' databases were dropped when their engines stopped
+    assert server.psql(f"SELECT count(*) FROM pg_database WHERE datname LIKE 'repl\\_%\\_{os.getpid()}\\_%'") == "0"

@@ -1,0 +1,87 @@
+"""Smoke test of benchmarks/engine_bench.py: one tiny run on SQLite and on PostgreSQL, side by side.
+
+The benchmark is only worth its figures if its PostgreSQL half really puts the engine on PostgreSQL
+and the side-by-side ratios come out of the same run, so this runs ``main`` end to end at tiny
+sizes (seconds) with ``--storage sqlite,postgresql`` on the test run's PostgreSQL server
+(``--pg-server``: no second server is started), and checks what it reports: the rows arrived (through
+the engine and in the engine's own database), every figure is a positive finite number, the
+PostgreSQL-backed / SQLite-backed ratios are there, the server's durability is PostgreSQL's default,
+and the databases it made are dropped again. Timings are never asserted: this machine's load decides
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks import engine_bench
+from reptables.testing import backends
+
+pytestmark = pytest.mark.timeout(180)
+
+ROWS = 3_000
+
+
+@pytest.fixture
+def sigterm_restored() -> Iterator[None]:
+    """``main`` turns SIGTERM into KeyboardInterrupt for its own run: give pytest its handler back."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_sqlite_and_postgresql_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            sigterm_restored: None) -> None:
+    server = backends.run_server()
+    out = tmp_path / "figures.json"
+    code = engine_bench.main([
+        "--storage", "sqlite,postgresql", "--pg-server", f"{server.host}:{server.port}",
+        "--rows", str(ROWS), "--wrapper-rows", "1000", "--raw-rows", str(ROWS), "--latency-samples", "10",
+        "--phase-timeout", "60", "--data-dir", str(tmp_path / "data"), "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "side by side" in text and "insert rate PostgreSQL-backed / SQLite-backed, Client" in text
+
+    data = json.loads(out.read_text())
+    assert data["config"]["storage"] == ["sqlite", "postgresql"]
+    for backend in ("sqlite", "postgresql"):
+        run = data["backends"][backend]
+        details, figures = run["details"], run["figures"]
+        # the rows arrived: counted through the engine and in the engine's own database beside it
+        assert details["rows_in_table"] == ROWS and details["rows_in_database"] == ROWS, details
+        for key in ("insert_client", "insert_wrapper", "raw_minimal", "raw_layout", "commit_p50", "commit_p99",
+                    "raw_commit_p50", "lookup_p50"):
+            assert _positive(figures[key]["value"]), (backend, key, figures[key])
+        assert figures["commit_p50"]["value"] <= figures["commit_p99"]["value"]
+        assert details["cpu_insert_client"]["engine_s"] >= 0 and details["cpu_insert_client"]["wall_s"] > 0
+    pg_run = data["backends"]["postgresql"]
+    assert pg_run["details"]["storage_url"].startswith(f"postgresql://reptables@{server.host}:{server.port}/")
+    assert _positive(pg_run["figures"]["raw_unnest"]["value"]) and _positive(pg_run["figures"]["raw_copy"]["value"])
+    assert pg_run["details"]["cpu_insert_client"]["postgres_s"] is not None
+    settings = data["details"]["postgresql"]["settings"]
+    assert settings["fsync"] == "on" and settings["synchronous_commit"] == "on", settings
+
+    ratios = {f["name"]: f for f in data["comparison"]}
+    client = ratios["insert rate PostgreSQL-backed / SQLite-backed, Client"]
+    assert _positive(client["value"]) and client["target"] == ">= 0.70" and client["status"] in ("PASS", "MISS")
+    assert _positive(ratios["insert rate PostgreSQL-backed / SQLite-backed, yt.wrapper"]["value"])
+    assert _positive(ratios["single-row commit p50 PostgreSQL-backed / SQLite-backed"]["value"])
+
+    # the databases the run made on the given server are gone, and the data directory with them
+    left = server.psql(f"SELECT count(*) FROM pg_database WHERE datname LIKE '%\\_{os.getpid()}\\_%' "
+                       "AND (datname LIKE 'bench\\_engine%' OR datname LIKE 'raw\\_%')")
+    assert left == "0"
+    assert not list((tmp_path / "data").iterdir())
