@@ -6,7 +6,8 @@ that exists - a new column, a new index, data rewritten - is a numbered step in 
 run once, in the writer's transaction with the new version recorded in ``_rt_meta``
 (``schema_version``), in order, at the engine's start. A database whose version is newer than this
 engine's is refused (an older engine does not know what the steps it lacks changed). Both backends
-run the same steps: each is written with SQLAlchemy Core, dialect-neutral.
+run the same steps: each is written with SQLAlchemy Core, dialect-neutral, but for a column's type,
+which Core cannot alter: such a step says which backend it changes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ _VERSION = "schema_version"
 
 #: (version, what it changes, the step): in version order. Version 1 is the schema as
 #: ``create_schema`` makes it; add a step with the next version to change an existing table.
-STEPS: list[tuple[int, str, Callable[[sa.Connection], None]]] = []
+def _sink_chunks_in_64_bits(conn: sa.Connection) -> None:
+    """A bootstrap copy records its chunks (partition << 32 | chunk) in ``_rt_replica_sink``'s
+    ``tablet_index``, made ``integer`` by the first PostgreSQL-backed engines: ``bigint`` now.
+    SQLite's integers have 64 bits whatever the declared type: nothing to change there."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("ALTER TABLE _rt_replica_sink ALTER COLUMN tablet_index TYPE bigint")
+
+
+STEPS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
+    (2, "bootstrap chunk numbers in 64 bits on PostgreSQL", _sink_chunks_in_64_bits),
+]
 #: the version this engine brings a database to
 SCHEMA_VERSION = max([1, *(v for v, _, _ in STEPS)])
 

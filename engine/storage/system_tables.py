@@ -89,7 +89,8 @@ replica_progress_table = sa.Table(
 replica_sink_table = sa.Table(
     "_rt_replica_sink", SYSTEM_METADATA,
     sa.Column("upstream_replica_id", sa.String(64), primary_key=True),
-    sa.Column("tablet_index", sa.Integer, primary_key=True),
+    #: a tablet, or a bootstrap copy's chunk number (partition << 32 | chunk: 64 bits)
+    sa.Column("tablet_index", sa.BigInteger, primary_key=True),
     sa.Column("row_index", sa.BigInteger, nullable=False),
     sa.Column("timestamp", sa.BigInteger, nullable=False),
 )

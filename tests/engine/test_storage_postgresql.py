@@ -102,6 +102,19 @@ def test_a_database_of_a_newer_format_or_incomplete_is_refused(postgres: RunServ
     assert refused.returncode != 0 and "has reptables tables (_rt_replicas) but no _rt_meta" in refused.stderr
 
 
+def test_a_database_of_an_older_schema_is_migrated_at_start(postgres: RunServer, tmp_path: Path) -> None:
+    url = postgres.create_database("older")
+    database = url.rsplit("/", 1)[1]
+    started("alpha", tmp_path / "a", url).stop()
+    # as the first PostgreSQL-backed engines left it: schema version 1, bootstrap chunks in 32 bits
+    postgres.psql("ALTER TABLE _rt_replica_sink ALTER COLUMN tablet_index TYPE integer; "
+                  "UPDATE _rt_meta SET value = '1' WHERE name = 'schema_version'", database)
+    started("alpha", tmp_path / "a", url).stop()
+    assert postgres.psql("SELECT value FROM _rt_meta WHERE name = 'schema_version'", database) == "2"
+    assert postgres.psql("SELECT data_type FROM information_schema.columns WHERE table_name = "
+                         "'_rt_replica_sink' AND column_name = 'tablet_index'", database) == "bigint"
+
+
 def test_a_password_on_the_command_line_is_refused_without_echoing_it(postgres: RunServer, tmp_path: Path) -> None:
     refused = serve("alpha", tmp_path / "a", "--storage", with_password(postgres.url("postgres")))
     assert refused.returncode == 2

@@ -4,7 +4,8 @@ Three real engines: ``primary`` (the meta-cluster), ``source`` (an existing repl
 ``target`` (the new replica's cluster). The history is trimmed before the new replica exists, and
 a writer keeps writing through the copy. After the copy the replica is enabled and must equal the
 source row for row, and ``get_in_sync_replicas`` lists it only then. The job killed mid-copy (the
-whole process group: the Python driver and its Spark JVM) and run again completes the copy.
+whole process group: the Python driver and its Spark JVM) and run again completes the copy. Every
+test runs twice: copying from a SQLite-backed replica into a PostgreSQL-backed one, and back.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from reptables.engine.credentials import peer_credential
 from reptables.sparkapps.bootstrap import copy, resolve
-from reptables.testing import wait_for
+from reptables.testing import backends, wait_for
 from tests.replication.conftest import ClusterSet
 
 META, SOURCE, TARGET = "primary", "source", "target"
@@ -34,9 +35,19 @@ SCHEMA = [{"name": "k", "type": "int64", "sort_order": "ascending"}, {"name": "v
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def cs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
-    clusters = ClusterSet(Path(tmp_path_factory.mktemp("boot")), names=(META, SOURCE, TARGET))
+#: the copy between the two storage backends, both ways: the source replica on SQLite and the new
+#: one on PostgreSQL (bootstrap writes into PostgreSQL), and the reverse (a snapshot read at a
+#: timestamp from PostgreSQL); the meta-cluster on the other backend of its source
+LAYOUTS = {
+    "sqlite-to-postgresql": {META: backends.POSTGRESQL, SOURCE: backends.SQLITE, TARGET: backends.POSTGRESQL},
+    "postgresql-to-sqlite": {META: backends.SQLITE, SOURCE: backends.POSTGRESQL, TARGET: backends.SQLITE},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def cs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSet]:
+    clusters = ClusterSet(Path(tmp_path_factory.mktemp("boot")), names=(META, SOURCE, TARGET),
+                          storage=LAYOUTS[request.param])
     try:
         yield clusters.start(own_tokens=True)
     finally:
