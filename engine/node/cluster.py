@@ -52,6 +52,7 @@ from ..storage import (
     view_name,
 )
 from ..storage.migrations import migrate
+from ..storage.outages import outage
 from ..tablets import DynamicTable, RowWrite, SnapshotLeases
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
@@ -350,8 +351,12 @@ class Cluster:
                     if time.monotonic() - last_compaction > self.config.compaction_period:
                         self.snapshots.compact()
                         last_compaction = time.monotonic()
-                except Exception:  # noqa: BLE001 - a background pass must never kill the engine
-                    log.exception("background maintenance failed")
+                except Exception as exc:  # noqa: BLE001 - a background pass must never kill the engine
+                    away = outage(exc)
+                    if away is None:
+                        log.exception("background maintenance failed")
+                    else:
+                        log.warning("background maintenance waits for the database", extra={"error": away})
 
         self._background = threading.Thread(target=loop, name="engine-maintenance", daemon=True)
         self._background.start()

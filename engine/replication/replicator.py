@@ -38,6 +38,7 @@ from ..errors import YtError
 from ..peers import Peers
 from ..replica_types import ReplicaMode, ReplicaState
 from ..storage import on_commit
+from ..storage.outages import outage
 from ..tablets import DynamicTable
 from ..timestamps import COUNTER_BITS
 from .host import ReplicationHost
@@ -117,7 +118,12 @@ class Replicator:
                 try:
                     busy = self.replicate_once()
                 except Exception as exc:  # noqa: BLE001 - any failure is recorded and backed off
-                    log.exception("replicator failed", extra={"replica_id": self.replica.id})
+                    away = outage(exc)
+                    if away is None:
+                        log.exception("replicator failed", extra={"replica_id": self.replica.id})
+                    else:
+                        log.warning("replicator waits for the database", extra={"replica_id": self.replica.id,
+                                                                                 "error": away})
                     self.record_error(None, YtError(f"Replicator failed: {exc}"), self.config.soft_backoff)
                 else:
                     if state is ReplicaState.ENABLING:
@@ -454,7 +460,12 @@ class ReplicatorPool:
                 for job in self.maintenance:
                     try:
                         job()
-                    except Exception:  # noqa: BLE001 - maintenance must keep running
-                        log.exception("replication maintenance failed",
-                                      extra={"job": getattr(job, "__name__", repr(job))})
+                    except Exception as exc:  # noqa: BLE001 - maintenance must keep running
+                        job_name = getattr(job, "__name__", repr(job))
+                        away = outage(exc)
+                        if away is None:
+                            log.exception("replication maintenance failed", extra={"job": job_name})
+                        else:
+                            log.warning("replication maintenance waits for the database",
+                                        extra={"job": job_name, "error": away})
             self._kick.wait(0.5)

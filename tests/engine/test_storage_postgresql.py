@@ -290,6 +290,10 @@ def test_postgresql_restarting_under_writes_loses_no_acknowledged_write(
                 if not own_server.running:
                     own_server.start_again()
         assert clusters.engines["primary"].pid == pid
+        # an expected outage: warnings naming the reason, no error with a traceback per background pass
+        logged = clusters.engines["primary"].log_path.read_text(errors="replace").splitlines()
+        assert not [line for line in logged if '"level": "error"' in line][:3]
+        assert any("waits for the database" in line for line in logged)
         acked = {k for w in writers for k in w.acked}
         failed = {k: code for w in writers for k, code in w.failed.items()}
         unknown = {k for w in writers for k in w.unknown}
