@@ -18,6 +18,15 @@ environment fallback (``REPTABLES_TLS_CERT_FILE``, ``REPTABLES_TLS_KEY_FILE``,
 ``REPTABLES_TLS_CA_FILE``, ``REPTABLES_METRICS_PORT``), read here as ``REPTABLES_TOKEN`` is. The
 files are checked before the data directory is opened: a wrong path or a key that does not match
 its certificate stops the engine with one line, not at its first connection.
+
+Leadership (docs/storage.md, "Leadership and fencing"; ``storage/leadership.py``): an engine on
+PostgreSQL holds its database, and its commits are fenced. Without ``--standby`` it claims the
+database at start (refused while a leader/standby group's leader holds it). With ``--standby`` it
+listens at once as a standby (``api.standby_app``: ``/readyz`` 503, commands answered 105 naming the
+leader), stands by for the lease in a thread, and when it wins builds the node from the database as a
+restart does and serves it through the same listener (``api.LeaderGate``). Either kind that another
+engine replaced stops as SIGTERM stops it and exits with status 75 (``EXIT_STEPPED_DOWN``), for its
+supervisor to start it again as a standby.
 """
 
 from __future__ import annotations
@@ -28,21 +37,28 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import ssl
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yt.yson as yson
 
 from . import logs
-from .api import create_app
+from .api import LeaderGate, create_app, standby_app
 from .api.server import check_tls_files, metrics_app, run_servers
 from .config import DEFAULT_CONFIG, EngineConfig
-from .errors import DataDirError, DataDirInUseError
+from .errors import DataDirError, DataDirInUseError, YtError
 from .httpconn import client_ssl_context
 from .node import Cluster
+from .node.tables import STORAGE_FORMAT
+from .storage import DataDir
+from .storage.database import probe_database
+from .storage.leadership import DEFAULT_LEASE, EXIT_STEPPED_DOWN, Leadership
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")
@@ -123,6 +139,19 @@ def serve(
     paused: Annotated[bool, typer.Option(
         "--paused", help="Start paused: client writes are refused, changes replicated by XDCR peers are "
         "applied (a read-only standby; `reptables dr resume` ends it)")] = False,
+    standby: Annotated[bool, typer.Option(
+        "--standby", help="Join the cluster's leader/standby group (docs/storage.md, \"Leadership and fencing\"): "
+        "serve only while this engine holds the database's leader lease; until then stand by (/readyz 503, "
+        "every command answered 105 naming the leader). Give it to every engine of the group; needs "
+        "--storage postgresql://...")] = False,
+    leader_lease: Annotated[float, typer.Option(
+        "--leader-lease", min=0.3, help="With --standby: seconds the leader's lease lasts (by the database's "
+        "clock; renewed every third of it). A standby takes over this long after the leader stopped renewing")]
+        = DEFAULT_LEASE,
+    advertise_url: Annotated[str | None, typer.Option(
+        "--advertise-url", envvar="REPTABLES_ADVERTISE_URL",
+        help="The URL clients and peers reach this engine at, which a standby names as the leader's "
+        "(default: http(s)://HOST:PORT, the host name if HOST is a wildcard)")] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
@@ -164,11 +193,25 @@ def serve(
     except ValueError as exc:
         print(exc, file=sys.stderr)
         raise typer.Exit(2) from None
+    if standby and url is None:
+        print("--standby needs --storage postgresql://...: the engines of a leader/standby group share one PostgreSQL "
+              "database (SQLite is one engine's file: no leadership)", file=sys.stderr)
+        raise typer.Exit(2)
+    address = advertise_url or _default_address(host, port, config)
+    if standby:
+        assert url is not None
+        _serve_candidate(cluster_name, url, data_dir, config, token, clusters_config, host, port, metrics_port,
+                         Leadership(url, cluster_name, address=address, lease=leader_lease))
+        return
+    # PostgreSQL: a single engine holds the database (no expiry), its writes fenced all the same
+    leadership = Leadership(url, cluster_name, address=address) if url is not None else None
     try:
         cluster = Cluster.open(cluster_name, data_dir, config) if url is None else \
-            Cluster.open_database(cluster_name, url, data_dir, config)
+            Cluster.open_database(cluster_name, url, data_dir, config, leadership)
     except DataDirInUseError as exc:
         # another engine serves the directory (its pid in the message); nothing was touched
+        if leadership is not None:
+            leadership.close()
         print(exc.message, file=sys.stderr)
         raise typer.Exit(1) from None
     except DataDirError as exc:
@@ -176,6 +219,28 @@ def serve(
         print(exc.message, file=sys.stderr)
         raise typer.Exit(1) from None
     # after the directory's lock: a refused second engine must not rewrite the serving one's token
+    secret = _start(cluster, data_dir, token, clusters_config)
+    log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
+                                       "tls": bool(config.tls_cert_file), "metrics_port": metrics_port or None,
+                                       "data_dir": str(data_dir)})
+    if leadership is not None:
+        leadership.on_lost = _stop_this_process
+    # uvicorn stops serving on SIGTERM and then raises the signal again: with this handler that ends
+    # in SystemExit, so the cluster below is closed (checkpoint, WAL removed, data dir marked stopped)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _run_until_stopped(leadership, create_app(cluster, secret), host, port, config,
+                           metrics=(metrics_app(cluster.metrics.registry), metrics_port) if metrics_port else None,
+                           on_exit=cluster.begin_stop)
+    finally:
+        cluster.close()
+        log.info("engine stopped", extra={"cluster": cluster_name})
+    _exit_if_stepped_down(leadership)
+
+
+def _start(cluster: Cluster, data_dir: Path, token: str | None, clusters_config: Path | None) -> str:
+    """What a built node needs before it serves: its token (written once the data directory is locked),
+    the peers of ``--clusters-config``, its background work. The API token."""
     secret = resolve_token(data_dir, token)
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
@@ -183,19 +248,109 @@ def serve(
         cluster.nodes.load_directory(json.loads(raw) if as_json else yson.loads(raw))
     cluster.start_background()
     gc.freeze()
-    log.info("engine starting", extra={"cluster": cluster_name, "host": host, "port": port,
-                                       "tls": bool(config.tls_cert_file), "metrics_port": metrics_port or None,
-                                       "data_dir": str(data_dir)})
-    # uvicorn stops serving on SIGTERM and then raises the signal again: with this handler that ends
-    # in SystemExit, so the cluster below is closed (checkpoint, WAL removed, data dir marked stopped)
+    return secret
+
+
+def _serve_candidate(cluster_name: str, url: str, data_dir: Path, config: EngineConfig, token: str | None,
+                     clusters_config: Path | None, host: str, port: int, metrics_port: int | None,
+                     leadership: Leadership) -> None:
+    """``serve --standby``: listen at once as a standby (``api.standby_app``), stand by for the lease in
+    a thread, and once it is won build the node from the database as a restart does and serve it
+    (``api.LeaderGate``). A leader that steps down stops the process (exit status 75)."""
+    try:
+        # refused at once what would be refused once the lease is won: another cluster's database, a
+        # newer format's, an incomplete one, a data directory another engine serves
+        probe_database(url, cluster_name, STORAGE_FORMAT)
+        directory = DataDir(data_dir)
+        directory.prepare_local()
+        directory.release()
+    except (DataDirError, DataDirInUseError) as exc:
+        leadership.close()
+        print(exc.message, file=sys.stderr)
+        raise typer.Exit(1) from None
+    gate = LeaderGate(standby_app(cluster_name, leadership))
+    metrics_gate = LeaderGate(standby_app(cluster_name, leadership)) if metrics_port else None
+    built: list[Cluster] = []
+    failed: list[str] = []
+
+    def lead() -> None:
+        try:
+            if not leadership.campaign():
+                return  # stopping while standing by
+            won = time.monotonic()
+            cluster = Cluster.open_database(cluster_name, url, data_dir, config, leadership)
+            built.append(cluster)
+            secret = _start(cluster, data_dir, token, clusters_config)
+            gate.serve(create_app(cluster, secret))
+            if metrics_gate is not None:
+                metrics_gate.serve(metrics_app(cluster.metrics.registry))
+            log.info("engine serving as the leader", extra={
+                "cluster": cluster_name, "epoch": leadership.epoch, "load_seconds": round(time.monotonic() - won, 3)})
+        except BaseException as exc:  # noqa: BLE001 - a leader that cannot serve stops, its lease ended
+            failed.append(exc.message if isinstance(exc, YtError) else f"{type(exc).__name__}: {exc}")
+            log.error("the engine won the leadership but cannot serve; it stops",
+                      extra={"cluster": cluster_name, "error": failed[-1]})
+            leadership.close()
+            _stop_this_process()
+
+    leadership.on_lost = _stop_this_process
+    log.info("engine starting as a standby", extra={"cluster": cluster_name, "host": host, "port": port,
+                                                    "advertise_url": leadership.address, "data_dir": str(data_dir)})
+    thread = threading.Thread(target=lead, name="leadership", daemon=True)
+    thread.start()
+
+    def on_exit() -> None:
+        leadership.stop()
+        if built:
+            built[0].begin_stop()
+
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        run_servers(create_app(cluster, secret), host, port, config,
-                    metrics=(metrics_app(cluster.metrics.registry), metrics_port) if metrics_port else None,
-                    on_exit=cluster.begin_stop)
+        _run_until_stopped(leadership, gate, host, port, config,
+                           metrics=(metrics_gate, metrics_port) if metrics_gate is not None and metrics_port else None,
+                           on_exit=on_exit)
     finally:
-        cluster.close()
+        leadership.stop()
+        thread.join(timeout=60)  # a node being built is closed once built
+        if built:
+            built[0].close()
+        else:
+            leadership.close()
         log.info("engine stopped", extra={"cluster": cluster_name})
+    if failed:
+        print(failed[0], file=sys.stderr)
+        raise typer.Exit(1)
+    _exit_if_stepped_down(leadership)
+
+
+def _run_until_stopped(leadership: Leadership | None, app: Any, host: str, port: int, config: EngineConfig,
+                       metrics: tuple[Any, int] | None, on_exit: Any) -> None:
+    """``run_servers`` until SIGTERM; the SystemExit of a stop this engine asked for itself (it stepped
+    down) is not the caller's to see (it exits with :data:`EXIT_STEPPED_DOWN`)."""
+    try:
+        run_servers(app, host, port, config, metrics=metrics, on_exit=on_exit)
+    except SystemExit:
+        if leadership is None or leadership.lost is None:
+            raise
+
+
+def _exit_if_stepped_down(leadership: Leadership | None) -> None:
+    if leadership is not None and leadership.lost is not None:
+        print(f"this engine stepped down: {leadership.lost}", file=sys.stderr)
+        raise typer.Exit(EXIT_STEPPED_DOWN)
+
+
+def _stop_this_process() -> None:
+    """Stop serving as SIGTERM does (uvicorn's graceful stop, then the node closed)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _default_address(host: str, port: int, config: EngineConfig) -> str:
+    """Where this engine is reached when ``--advertise-url`` is not given."""
+    scheme = "https" if config.tls_cert_file else "http"
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _transport_problem(config: EngineConfig, port: int, metrics_port: int | None) -> str | None:

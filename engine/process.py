@@ -78,6 +78,14 @@ class LocalEngine:
 
     def wait_ready(self, timeout: float = 30.0) -> LocalEngine:
         """Wait until the spawned engine answers ``/readyz``; stopped, and a clear error with its log, if not."""
+        return self._wait_for("/readyz", "ready", timeout)
+
+    def wait_up(self, timeout: float = 30.0) -> LocalEngine:
+        """Wait until the spawned engine answers ``/healthz``: it serves, or stands by (``--standby``: a
+        standby is never ready until it leads); stopped, and a clear error with its log, if not."""
+        return self._wait_for("/healthz", "up", timeout)
+
+    def _wait_for(self, path: str, what: str, timeout: float) -> LocalEngine:
         if self.proc is None:
             raise RuntimeError(f"engine {self.cluster_name} was not started")
         deadline = time.monotonic() + timeout
@@ -87,11 +95,11 @@ class LocalEngine:
                     raise RuntimeError(f"engine {self.cluster_name} exited with {self.proc.returncode}:\n"
                                        + self.log_path.read_text(errors="replace")[-4000:])
                 with contextlib.suppress(httpx.HTTPError):
-                    if http.get(f"{self.url}/readyz").status_code == 200:
+                    if http.get(f"{self.url}{path}").status_code == 200:
                         return self
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"engine {self.cluster_name} did not become ready in {timeout} s; see {self.log_path}")
+        raise RuntimeError(f"engine {self.cluster_name} did not become {what} in {timeout} s; see {self.log_path}")
 
     def read_token(self) -> str:
         return self.token if self.token is not None else (self.data_dir / "token").read_text().strip()

@@ -37,11 +37,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
 from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
+from ..storage.leadership import Leadership
 from .body import read_body
 from .commands import BODY_BYTES, COMMANDS, Command
 from .formats import (
@@ -153,8 +155,15 @@ _PEER_READS = frozenset({"get", "lookup_rows", "select_rows"})
 
 
 def create_app(cluster: Cluster, token: str) -> Starlette:
-    """The ASGI app of one engine; ``token`` is required on every API command."""
+    """The ASGI app of one engine; ``token`` is required on every API command.
+
+    On PostgreSQL the engine serves only while it holds its database (``storage/leadership.py``):
+    a leader whose lease ran out by its own clock, or that another engine replaced, answers every
+    command and internal call 105 naming the leader (``not_leader``: it did nothing with the request)
+    and ``/readyz`` 503."""
     engine_metrics = cluster.metrics
+    #: who serves the database (None: SQLite); asked on every request (a reference and a clock read)
+    lead = cluster.storage.leadership
     children: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def _metric(metric: Any, *labels: str) -> Any:
@@ -218,14 +227,22 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         return JSONResponse([host])
 
     async def healthz(request: Request) -> Response:
-        # alive unless its memory is ahead of its database (PostgreSQL lost asynchronous commits):
-        # only a restart mends that, so a liveness probe should restart it
+        # alive unless its memory is ahead of its database (PostgreSQL lost asynchronous commits), or
+        # it stepped down (another engine leads now): only a restart mends either, so a liveness
+        # probe should restart it
+        if lead is not None and lead.lost is not None:
+            return JSONResponse({"status": "failed", "reason": f"stepped down: {lead.lost}",
+                                 "leader": _leader_url(lead)}, status_code=503)
         if cluster.storage.diverged is not None:
             return JSONResponse({"status": "failed", "reason": f"{cluster.storage.diverged}; restart the engine"},
                                 status_code=503)
         return JSONResponse({"status": "ok", "cluster_name": cluster.name, "version": __version__})
 
     async def readyz(request: Request) -> Response:
+        if lead is not None and not lead.serving():
+            # a leader whose lease ran out, or that stepped down: not where requests should go
+            return JSONResponse({"status": "unavailable", "reason": lead.not_serving_error().message,
+                                 "leader": _leader_url(lead)}, status_code=503)
         try:
             await run_in_threadpool(cluster.storage.get_meta, "cluster_name")
         except Exception as exc:  # noqa: BLE001 - readiness reports any storage failure
@@ -257,6 +274,10 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         started = time.perf_counter()
         outcome = "error"
         try:
+            if lead is not None and not lead.serving():
+                # not the leader now (a lease run out by this engine's clock, or replaced): nothing
+                # served from memory that another engine's writes may have made stale
+                raise lead.not_serving_error()
             cmd = COMMANDS.get(name)
             if cmd is None:
                 raise YtError(f"Command {name!r} is not supported by this proxy (API v4)",
@@ -393,6 +414,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         method = request.path_params["method"]
         request_id = uuid.uuid4().hex[:16]
         try:
+            if lead is not None and not lead.serving():
+                raise lead.not_serving_error()
             handler = internal_methods.get(method)
             if handler is None:
                 raise YtError(f"Unknown internal method {method!r}", code=ErrorCode.NO_SUCH_METHOD, http_status=404)
@@ -445,3 +468,53 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes)
+
+
+def _leader_url(lead: Leadership) -> str | None:
+    """The address of the engine that holds the lease, if another one does (None: unknown)."""
+    leader = lead.leader
+    return leader.address if leader is not None and leader.held and leader.holder != lead.holder else None
+
+
+def standby_app(cluster_name: str, lead: Leadership) -> Starlette:
+    """The ASGI app of a standby engine (``engine serve --standby`` before it wins the lease): alive
+    (``/healthz`` 200), not ready (``/readyz`` 503 ``{"status": "standby", "leader": <address>}``), and
+    every other request - commands, internal calls, descriptors - answered 105 naming the leader's
+    address (``leader_url``), without looking at its token: a standby serves nothing, so nothing is
+    guarded, and a client with any token learns where to go."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "role": "standby", "cluster_name": cluster_name, "version": __version__})
+
+    async def readyz(request: Request) -> Response:
+        return JSONResponse({"status": "standby", "cluster_name": cluster_name, "leader": _leader_url(lead)},
+                            status_code=503)
+
+    async def refuse(request: Request) -> Response:
+        return error_response(lead.not_serving_error(), os.urandom(8).hex())
+
+    async def metrics(request: Request) -> Response:
+        return Response(b"", media_type=CONTENT_TYPE_LATEST)  # a standby has no engine to measure yet
+
+    return Starlette(routes=[
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/{path:path}", refuse, methods=["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"]),
+    ])
+
+
+class LeaderGate:
+    """The ASGI app a standby listens with: its standby app until :meth:`serve` hands it the engine's
+    app (the lease won and the node built), then that. Switching is one reference assignment; a
+    request already in the standby app finishes there. The ASGI lifespan stays with the app it began
+    in (Starlette's: nothing to start or stop)."""
+
+    def __init__(self, standby: ASGIApp) -> None:
+        self._app = standby
+
+    def serve(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)

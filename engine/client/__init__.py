@@ -43,6 +43,13 @@ The tricky parts of the protocol, all handled here:
   for a change before they answer, longer than the client's per-request timeout (30 s by default).
   Their requests get a read timeout of at least ``wait_timeout`` plus 15 s; every other request
   keeps the client's, and connecting always does.
+* **Several engines of one cluster** (a leader and its standbys, docs/storage.md "Leadership and
+  fencing"): ``Client(["http://a:9012", "http://b:9012"])`` (or ``"http://a:9012,http://b:9012"``).
+  A standby, or a leader that lost its lease, answers 105 with ``not_leader`` (it did nothing) and
+  the leader's address (``leader_url``): the request is sent there at once, as it is to the next URL
+  when a connection is refused. Any other failure is raised as before (an engine that reset the
+  connection may have acted), and the next request goes to the next URL. A client of one URL
+  follows a leader an engine names too.
 * **Errors**: one hierarchy. A failed command answers with a YT error (JSON body and the
   ``X-YT-Error`` header; a ``X-YT-Response-Code`` other than ``0`` also means failure), rebuilt by
   :meth:`YtError.from_dict` into the most specific class (``ResolveError``, ``LockConflict``, ...).

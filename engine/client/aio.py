@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Self
@@ -32,11 +32,11 @@ class AsyncClient:
     ``wait_timeout`` plus 15 s, as :class:`Client`'s is.
     """
 
-    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+    def __init__(self, proxy_url: str | Sequence[str], token: str | None = None, timeout: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._config = ClientConfig(proxy_url, token, timeout)
-        self._http = httpx.AsyncClient(base_url=self._config.proxy_url, headers=self._config.headers,
-                                       timeout=self._config.timeout, transport=transport)
+        self._http = httpx.AsyncClient(headers=self._config.headers, timeout=self._config.timeout,
+                                       transport=transport)
 
     @property
     def proxy_url(self) -> str:
@@ -53,12 +53,21 @@ class AsyncClient:
         await self.close()
 
     async def _send(self, req: Request) -> Any:
-        try:
-            response = await self._http.request(req.method, req.url, headers=req.headers, content=req.body,
-                                                timeout=self._config.httpx_timeout(req))
-        except httpx.TransportError as exc:
-            raise TransportError(self.proxy_url + req.url, exc) from exc
-        return result_of(req, response)
+        attempt = 0
+        while True:  # to the leader, as the synchronous client (ClientConfig.resend_to)
+            url = self._config.proxy_url
+            try:
+                try:
+                    response = await self._http.request(req.method, url + req.url, headers=req.headers,
+                                                        content=req.body, timeout=self._config.httpx_timeout(req))
+                except httpx.TransportError as exc:
+                    raise TransportError(url + req.url, exc) from exc
+                self._config.answered(url)
+                return result_of(req, response)
+            except YtError as exc:
+                attempt += 1
+                if self._config.resend_to(exc, url, attempt) is None:
+                    raise
 
     async def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
         """Run any command. ``input`` is a list of rows or a value, as the command takes; the output

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Self
@@ -26,35 +26,40 @@ from .types import (
 
 
 class Client:
-    """A synchronous client of one YT HTTP proxy (one reptables engine).
+    """A synchronous client of one YT HTTP proxy (one reptables engine, or the engines of one cluster).
 
-    ``proxy_url`` is e.g. ``http://127.0.0.1:9012`` (``http://`` is assumed when no scheme is given);
+    ``proxy_url`` is e.g. ``http://127.0.0.1:9012`` (``http://`` is assumed when no scheme is given),
+    or the engines of a leader/standby group, as a list or separated by commas: requests go to one of
+    them, and move to the leader when an engine answers that it is not (it names the leader, and did
+    nothing with the request) or refuses the connection (see ``ClientConfig.resend_to``); a client of
+    one URL follows a leader an engine names too;
     ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds (a long pull may take
     its ``wait_timeout`` plus 15 s whatever the timeout, see :meth:`pull_changes`); ``transport`` is
     passed to ``httpx`` (tests, proxies, retries). Each method runs the YT command of the same name
     and takes YT's parameter names as keyword arguments. Use as a context manager, or ``close()``.
     """
 
-    def __init__(self, proxy_url: str, token: str | None = None, timeout: float = 30.0,
+    def __init__(self, proxy_url: str | Sequence[str], token: str | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self._config = ClientConfig(proxy_url, token, timeout)
-        # keep-alive connections on http.client (engine/httpconn.py says why), or httpx with the
-        # caller's transport
-        self._pool: ConnectionPool | None = None
+        self._timeout = timeout
+        # keep-alive connections on http.client (engine/httpconn.py says why), one pool per engine, or
+        # httpx with the caller's transport
+        self._pools: dict[str, ConnectionPool] = {}
+        self._closed = False
         self._http: httpx.Client | None = None
-        if transport is None:
-            self._pool = ConnectionPool(self._config.proxy_url, self._config.headers, timeout=timeout)
-        else:
-            self._http = httpx.Client(base_url=self._config.proxy_url, headers=self._config.headers,
-                                      timeout=self._config.timeout, transport=transport)
+        if transport is not None:
+            self._http = httpx.Client(headers=self._config.headers, timeout=self._config.timeout, transport=transport)
 
     @property
     def proxy_url(self) -> str:
+        """The engine requests go to now (with several engines: the leader, as far as the client knows)."""
         return self._config.proxy_url
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        self._closed = True
+        for pool in list(self._pools.values()):
+            pool.close()
         if self._http is not None:
             self._http.close()
 
@@ -66,21 +71,35 @@ class Client:
         self.close()
 
     def _send(self, req: Request) -> Any:
-        response: Answer
-        if self._pool is not None:
+        attempt = 0
+        while True:
+            url = self._config.proxy_url
             try:
-                response = self._pool.request(req.method, req.url, headers=req.headers, body=req.body,
+                return result_of(req, self._exchange(url, req))
+            except YtError as exc:  # (a TransportError too)
+                attempt += 1
+                if self._config.resend_to(exc, url, attempt) is None:
+                    raise
+
+    def _exchange(self, url: str, req: Request) -> Answer:
+        if self._http is None:
+            pool = self._pools.get(url) or self._pools.setdefault(
+                url, ConnectionPool(url, self._config.headers, timeout=self._timeout))
+            if self._closed:
+                pool.close()
+            try:
+                answer: Answer = pool.request(req.method, req.url, headers=req.headers, body=req.body,
                                               timeout=self._config.read_timeout(req))
             except HttpTransportError as exc:
-                raise TransportError(self.proxy_url + req.url, exc.cause) from exc.cause
+                raise TransportError(url + req.url, exc.cause) from exc.cause
         else:
-            assert self._http is not None
             try:
-                response = self._http.request(req.method, req.url, headers=req.headers, content=req.body,
-                                              timeout=self._config.httpx_timeout(req))
+                answer = self._http.request(req.method, url + req.url, headers=req.headers, content=req.body,
+                                            timeout=self._config.httpx_timeout(req))
             except httpx.TransportError as exc:
-                raise TransportError(self.proxy_url + req.url, exc) from exc
-        return result_of(req, response)
+                raise TransportError(url + req.url, exc) from exc
+        self._config.answered(url)
+        return answer
 
     def call(self, command: str, params: Mapping[str, Any], input: Any = None) -> Any:
         """Run any command. ``input`` is a list of rows or a value, as the command takes; the output

@@ -51,6 +51,7 @@ from ..storage import (
     tablets_table,
     view_name,
 )
+from ..storage.leadership import Leadership
 from ..storage.migrations import migrate
 from ..storage.outages import outage
 from ..tablets import DynamicTable, RowWrite, SnapshotLeases
@@ -235,15 +236,18 @@ class Cluster:
         return cluster
 
     @classmethod
-    def open_database(cls, name: str, url: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG) -> Cluster:
+    def open_database(cls, name: str, url: str, data_dir: Path, config: EngineConfig = DEFAULT_CONFIG,
+                      leadership: Leadership | None = None) -> Cluster:
         """The cluster whose state is in the PostgreSQL database at ``url`` (``engine serve --storage``);
         ``data_dir`` holds only the engine's own files (token, conflict CSVs, snapshot pages) and its
         lock. A database that is another cluster's, a newer format's or incomplete is refused
-        (``DatabaseRefused``, one line naming it, its password never)."""
+        (``DatabaseRefused``, one line naming it, its password never). ``leadership``: the lease this
+        engine won as a standby (``storage/leadership.py``; by default it claims the database as a
+        single engine); the node is built from the database exactly as at a restart."""
         directory = DataDir(data_dir)
         directory.prepare_local()
         try:
-            storage = open_database(url, name, STORAGE_FORMAT)
+            storage = open_database(url, name, STORAGE_FORMAT, leadership)
             try:
                 cluster = cls(name, storage, data_dir, config)
             except BaseException:

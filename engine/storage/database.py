@@ -13,7 +13,8 @@ Kubernetes; Patroni elsewhere). Three things a data directory did for SQLite are
 * **The timestamp reservation** (``timestamps.py``: timestamps stay unique across restarts) is a
   row of ``_rt_meta`` instead of a file, written on a connection of its own in autocommit, so that
   every engine process that ever serves the database (a restart on another machine, a standby)
-  continues above it.
+  continues above it. It only ever grows: an engine that a standby replaced may write it late.
+* **Who serves it**: one engine at a time (``leadership.py``), whose writes are fenced.
 
 Passwords: the URL's password never reaches a log or an error (``Storage.display_url``).
 """
@@ -26,29 +27,60 @@ import sqlalchemy as sa
 
 from ..errors import DataDirError
 from ..timestamps import MAX_TIMESTAMP
+from .leadership import Leadership
 from .sql import Storage
 from .system_tables import meta_table
 
 #: the system tables without which a database that held a cluster is not that cluster's any more
 ESSENTIAL_TABLES = ("_rt_meta", "_rt_nodes", "_rt_tablets")
 _RESERVATION = "timestamp_reservation"
+_RAISE_RESERVATION = sa.text(
+    "INSERT INTO _rt_meta (name, value) VALUES (:name, :value) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value "
+    "WHERE CASE WHEN _rt_meta.value ~ '^[0-9]{1,19}$' "
+    "THEN CAST(_rt_meta.value AS numeric) < CAST(EXCLUDED.value AS numeric) ELSE true END")
 
 
 class DatabaseRefused(DataDirError):
     """A database this engine must not serve (another cluster's, a newer format's, an incomplete one)."""
 
 
-def open_database(url: str, cluster_name: str, storage_format: str) -> Storage:
+def open_database(url: str, cluster_name: str, storage_format: str, leadership: Leadership | None = None) -> Storage:
     """The storage of the PostgreSQL database at ``url`` for cluster ``cluster_name``, after its checks;
-    its system tables created when it is new (an empty database becomes this cluster's)."""
-    storage = Storage(url, create_schema=False)
+    its system tables created when it is new (an empty database becomes this cluster's).
+
+    Its writes are fenced by ``leadership`` (``leadership.py``): a group's leader that won the lease
+    (``engine serve --standby``), or, by default, a single engine's claim, taken here (refused, with
+    ``DatabaseRefused``, while a group's leader holds the database). The storage owns the leadership
+    from here on: closing it ends the lease, and so does a refusal."""
+    leadership = leadership if leadership is not None else Leadership(url, cluster_name)
+    storage = Storage(url, create_schema=False, application_name=leadership.application_name)
     try:
         check_database(storage, cluster_name, storage_format)
         storage.create_schema()
+        if leadership.epoch is None:
+            leader = leadership.claim()
+            if leader is not None:
+                where = f" at {leader.address}" if leader.address else ""
+                raise DatabaseRefused(
+                    f"Refusing to serve the database {storage.display_url}: engine {leader.holder}{where} leads it "
+                    "(a leader/standby group); start this engine with --standby to join the group",
+                    attributes={"database": storage.display_url, "leader_url": leader.address})
+        storage.leadership = leadership
     except BaseException:
         storage.close()
+        leadership.close()
         raise
     return storage
+
+
+def probe_database(url: str, cluster_name: str, storage_format: str) -> None:
+    """:func:`check_database` on a storage of its own, closed again: a standby refuses at once what it
+    would refuse to serve once it wins (``DatabaseRefused``)."""
+    storage = Storage(url, create_schema=False)
+    try:
+        check_database(storage, cluster_name, storage_format)
+    finally:
+        storage.close()
 
 
 def check_database(storage: Storage, cluster_name: str, storage_format: str) -> None:
@@ -61,7 +93,8 @@ def check_database(storage: Storage, cluster_name: str, storage_format: str) -> 
                               attributes={"database": where}) from None
     held = "_rt_meta" in present
     if not held:
-        others = sorted(n for n in present if n.startswith("_rt_") or n.startswith("rt_t"))
+        # (_rt_leader is made by the first standby of a new database, before a leader made it a cluster's)
+        others = sorted(n for n in present if (n.startswith("_rt_") or n.startswith("rt_t")) and n != "_rt_leader")
         if others:
             raise DatabaseRefused(f"Refusing to serve the database {where}: it has reptables tables "
                                   f"({', '.join(others[:5])}) but no _rt_meta; it is not a cluster's database as it "
@@ -111,10 +144,10 @@ class DatabaseReservation:
             if self._conn is None or self._conn.closed or self._conn.invalidated:
                 self._conn = self.storage.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             try:
-                updated = self._conn.execute(meta_table.update().where(meta_table.c.name == _RESERVATION)
-                                             .values(value=str(value))).rowcount
-                if not updated:
-                    self._conn.execute(meta_table.insert().values(name=_RESERVATION, value=str(value)))
+                # only ever up: an engine that another replaced (leadership.py) and that writes its
+                # reservation late must not lower the new leader's, or a third engine would hand out
+                # the new leader's timestamps again
+                self._conn.execute(_RAISE_RESERVATION, {"name": _RESERVATION, "value": str(value)})
             except BaseException:
                 self._conn.close()
                 self._conn = None

@@ -20,6 +20,11 @@ two lists of hooks. ``on_rollback`` undoes, if the transaction fails, what it ch
 the writer lock, what threads read *without* the writer lock (the queue tail the replicators push
 from), so that no reader sees rows of a transaction that may still roll back.
 
+On PostgreSQL every write transaction is fenced (``leadership.py``): the statement that records its
+token before COMMIT also locks the ``_rt_leader`` row ``FOR SHARE`` and writes the token only if the
+row's epoch is still this engine's; if it is not, another engine took the database over, the
+transaction rolls back and the engine steps down. Still one statement, one round trip, per commit.
+
 A database file found damaged by any statement (SQLite's "database disk image is malformed") turns
 into a ``StorageCorruptedError`` (a 500, never a client's 400), logs one line, and leaves
 ``Storage.corruption`` set, which keeps ``/readyz`` failing until a restart checks the file again
@@ -35,7 +40,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -43,15 +48,20 @@ from sqlalchemy import event
 from ..errors import StorageCorruptedError, UnavailableError
 from .system_tables import SYSTEM_METADATA, meta_table
 
+if TYPE_CHECKING:
+    from .leadership import Leadership
+
 log = logging.getLogger("reptables.engine.storage")
 
 
 class Storage:
     """Owns the SQLAlchemy engine; one writer at a time, readers in parallel."""
 
-    def __init__(self, url: str, create_schema: bool = True) -> None:
+    def __init__(self, url: str, create_schema: bool = True, application_name: str = "reptables-engine") -> None:
         """``create_schema=False``: the system tables are created later (:meth:`create_schema`),
-        once the data directory's checks have seen the database as it was."""
+        once the data directory's checks have seen the database as it was. ``application_name``
+        (PostgreSQL) names the engine's sessions: a takeover ends those of the engine it replaced
+        (``leadership.py``)."""
         self.is_sqlite = url.startswith("sqlite")
         self.is_postgresql = url.startswith("postgresql")
         self.url = postgresql_driver_url(url) if self.is_postgresql else url
@@ -65,7 +75,7 @@ class Storage:
             kwargs["max_overflow"] = 16
             kwargs["pool_pre_ping"] = True
             kwargs["isolation_level"] = "REPEATABLE READ"
-            kwargs["connect_args"] = {"connect_timeout": 10, "application_name": "reptables-engine"}
+            kwargs["connect_args"] = {"connect_timeout": 10, "application_name": application_name}
         # every transaction is ended explicitly, so returning a connection needs no rollback
         kwargs["pool_reset_on_return"] = None
         self.engine = sa.create_engine(self.url, **kwargs)
@@ -98,6 +108,10 @@ class Storage:
         self._resolving: int | None = None
         #: set by close(): a commit whose outcome is being looked up stops waiting
         self._closing = threading.Event()
+        #: PostgreSQL: this engine's claim on the database (``leadership.py``), set by ``open_database``
+        #: before the first write and never changed: every write transaction compares its epoch with
+        #: ``_rt_leader``'s in its pre-commit statement (fencing). None: not fenced (SQLite)
+        self.leadership: Leadership | None = None
         if create_schema:
             self.create_schema()
 
@@ -158,7 +172,22 @@ class Storage:
         committing = False
         try:
             yield conn
-            if self.is_postgresql and harmless_if_lost:
+            lead = self.leadership
+            if self.is_postgresql and lead is not None:
+                # one statement, as without fencing: if the transaction changed anything, the lease
+                # row locked FOR SHARE and its epoch compared with this engine's, and only if it is
+                # this engine's, the transaction's token (so that a commit whose answer is lost can be
+                # looked up, _resolve); SET LOCAL synchronous_commit in the same round trip
+                if harmless_if_lost:
+                    found = conn.execute(_FENCE_DURABLE if durable else _FENCE_RELAXED).scalar()
+                else:
+                    found, token = conn.execute(_FENCED_COMMIT_DURABLE if durable else _FENCED_COMMIT_RELAXED,
+                                                {"token": _new_token(), "epoch": lead.epoch}).one()
+                if found is not None and found != lead.epoch:
+                    # another engine took over: this one must not commit (rolled back below)
+                    token = None
+                    raise lead.fenced(found)
+            elif self.is_postgresql and harmless_if_lost:
                 if not durable:
                     conn.execute(_RELAXED)
             elif self.is_postgresql:
@@ -273,10 +302,15 @@ class Storage:
                 try:
                     with writer.begin():
                         backend = tuple(writer.execute(_BACKEND_OF_SESSION).one())
-                        stored = writer.execute(_LAST_TOKEN).scalar()
+                        stored, epoch = writer.execute(_LAST_TOKEN_AND_EPOCH).one()
                 except BaseException:
                     writer.close()
                     raise
+                lead = self.leadership
+                if lead is not None and epoch != lead.epoch:
+                    # replaced while away (its sessions ended by the new leader): not a divergence
+                    writer.close()
+                    raise lead.fenced(epoch)
                 try:
                     self._check_last_commit(stored)
                 except StorageCorruptedError:
@@ -364,6 +398,9 @@ class Storage:
             self._loop_reader.close()
             self._loop_reader = None
         self.engine.dispose()
+        if self.leadership is not None:
+            # no write follows: the lease ends now, and a standby takes over at once
+            self.leadership.close()
 
 
 #: SQLite's primary result codes for a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB
@@ -399,6 +436,26 @@ _PRE_COMMIT_RELAXED = sa.text(
     "ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token RETURNING token")
 _RELAXED = sa.text("SET LOCAL synchronous_commit = off")
 _LAST_TOKEN = sa.text("SELECT token FROM _rt_last_commit WHERE id = 1")
+_LAST_TOKEN_AND_EPOCH = sa.text("SELECT (SELECT token FROM _rt_last_commit WHERE id = 1), "
+                                "(SELECT epoch FROM _rt_leader WHERE id = 1)")
+#: the same with fencing (storage/leadership.py), still one statement: ``fence`` is NULL if the
+#: transaction changed nothing (no transaction id yet: checked first, so that the lock below does not
+#: make it write), else the lease row's epoch, read under a share lock held until COMMIT (-1 if the row
+#: is gone); the token is written only if that epoch is this engine's. Answers (epoch found, token):
+#: (None, None) nothing to commit, (mine, token) commit, (other, None) fenced
+_FENCE = ("SELECT CASE WHEN pg_current_xact_id_if_assigned() IS NULL THEN NULL "
+          "ELSE coalesce((SELECT epoch FROM _rt_leader WHERE id = 1 FOR SHARE), -1) END AS epoch")
+_FENCED_COMMIT = (
+    "WITH fence AS MATERIALIZED ({fence}{relaxed}), "
+    "wrote AS (INSERT INTO _rt_last_commit (id, token) SELECT 1, :token FROM fence WHERE fence.epoch = :epoch "
+    "ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token RETURNING token) "
+    "SELECT fence.epoch, (SELECT token FROM wrote) FROM fence")
+_SET_RELAXED = ", set_config('synchronous_commit', 'off', true) AS relaxed"
+_FENCED_COMMIT_DURABLE = sa.text(_FENCED_COMMIT.format(fence=_FENCE, relaxed=""))
+_FENCED_COMMIT_RELAXED = sa.text(_FENCED_COMMIT.format(fence=_FENCE, relaxed=_SET_RELAXED))
+#: a write whose loss is harmless (no token): the fence alone
+_FENCE_DURABLE = sa.text(_FENCE)
+_FENCE_RELAXED = sa.text(_FENCE + _SET_RELAXED)
 #: the server process of a session and its start (a pid alone may be reused after a restart)
 _BACKEND_OF_SESSION = sa.text("SELECT pg_backend_pid(), backend_start FROM pg_stat_activity "
                               "WHERE pid = pg_backend_pid()")

@@ -68,6 +68,22 @@ last_commit_table = sa.Table(
     sa.Column("token", sa.BigInteger, nullable=False),
 )
 
+#: PostgreSQL: who serves the database (one row, id 1; storage/leadership.py). ``epoch`` grows by one
+#: with every new holder and is the fencing token: every write transaction of the holder compares it,
+#: under a share lock of this row, in its last statement before COMMIT (storage/sql.py), so a write of
+#: an engine that another has replaced rolls back. ``expires_at`` is the lease of the leader of a
+#: leader/standby group, by the database's clock (renewed every third of the lease; a standby takes
+#: the row over once it has passed); NULL for a single engine (``serve`` without ``--standby``),
+#: which holds the row until it stops. ``address`` is where the holder serves (what a standby names).
+leader_table = sa.Table(
+    "_rt_leader", SYSTEM_METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("address", sa.Text, nullable=True),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+)
+
 commits_table = sa.Table(
     "_rt_commits", SYSTEM_METADATA,
     sa.Column("transaction_id", sa.String(64), primary_key=True),
