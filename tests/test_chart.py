@@ -14,11 +14,13 @@
   token Secrets carry the credentials label, the rendered TableClusters and kopf peering objects
   are created through the emulator (CRD schema and CEL validation), the CloudNativePG Clusters of
   PostgreSQL-backed engines through the emulator serving CloudNativePG's own CRD (strict: an
-  unknown field is refused, not pruned), and the rendered command lines are accepted by the
-  ``reptables`` CLI. Every rendered built-in object of every documented variant
-  validates against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict: unknown fields
-  rejected) of the oldest supported and the newest Kubernetes; ServiceMonitors and PrometheusRules
-  get a structural check.
+  unknown field is refused, not pruned), HA table clusters (a leader and standby pods: readiness =
+  leadership, ``--standby`` and a per-pod ``--advertise-url``, OnDelete updates, a PodDisruptionBudget,
+  anti-affinity, a CloudNativePG Cluster with a synchronous standby; refused on SQLite), and the
+  rendered command lines are accepted by the ``reptables`` CLI. Every rendered built-in object of
+  every documented variant validates against the Kubernetes OpenAPI schemas (``kubernetes-validate``,
+  strict: unknown fields rejected) of the oldest supported and the newest Kubernetes;
+  ServiceMonitors and PrometheusRules get a structural check.
 
 Nothing here renders ``lookup`` against a cluster or runs a pod: that is hack/e2e-kind.sh's job.
 """
@@ -199,6 +201,20 @@ POSTGRESQL_ENGINES = [
                                                   "imageName": "ghcr.io/cloudnative-pg/postgresql:16.4"}}}},
 ]
 
+# HA table clusters (docs/install.md, "HA table clusters"): a leader and standby pods over one database
+HA_ENGINES: list[dict[str, Any]] = [
+    {"name": "meta", "clusterId": 0, "ha": {"replicas": 2},
+     "storage": {"size": "1Gi", "postgresql": {"cloudnativepg": {"instances": 3, "storage": {"size": "50Gi"}}}}},
+    {"name": "remote-0", "clusterId": 1,
+     "ha": {"replicas": 3, "leaderLease": 1.5, "antiAffinity": "preferred",
+            "topologyKey": "topology.kubernetes.io/zone"},
+     "storage": {"size": "1Gi", "postgresql": {"existingSecret": {"name": "remote-0-db"}}}},
+    {"name": "remote-1", "clusterId": 2},  # a single engine on SQLite beside them
+]
+#: what the schema says to HA on SQLite (a const no value can equal: the message names what is missing)
+HA_NEEDS_POSTGRESQL = ("needs storage.postgresql: the engine pods of an HA table cluster share one PostgreSQL "
+                       "database (SQLite is a file of one pod: no leader, no standby)")
+
 
 def merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
     result = dict(base)
@@ -214,6 +230,11 @@ def test_schema_accepts_a_full_configuration() -> None:
 
 def test_schema_accepts_postgresql_backed_engines() -> None:
     errors = list(schema_validator().iter_errors(merged(load_values(), {"engines": POSTGRESQL_ENGINES})))
+    assert not errors, [e.message for e in errors]
+
+
+def test_schema_accepts_ha_engines() -> None:
+    errors = list(schema_validator().iter_errors(merged(load_values(), {"engines": HA_ENGINES})))
     assert not errors, [e.message for e in errors]
 
 
@@ -267,6 +288,29 @@ BAD_VALUES = [
         "storage": {"size": "lots"}}}}}]}, "'lots' does not match"),
     ({"engineDefaults": {"storage": {"postgresql": {"existingSecret": {"name": "db"}}}}},
      "Additional properties are not allowed ('postgresql' was unexpected)"),  # one database per engine
+    # ha: PostgreSQL only, two pods or more, a CloudNativePG Cluster with a standby
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2}}]}, HA_NEEDS_POSTGRESQL),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2}, "storage": {"size": "1Gi"}}]},
+     HA_NEEDS_POSTGRESQL),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 1},
+                   "storage": {"postgresql": {"existingSecret": {"name": "db"}}}}]}, "1 is less than the minimum of 2"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {},
+                   "storage": {"postgresql": {"existingSecret": {"name": "db"}}}}]},
+     "'replicas' is a required property"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2, "antiAffinity": "strict"},
+                   "storage": {"postgresql": {"existingSecret": {"name": "db"}}}}]}, "'strict' is not one of"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2, "lease": 5},
+                   "storage": {"postgresql": {"existingSecret": {"name": "db"}}}}]},
+     "Additional properties are not allowed ('lease' was unexpected)"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2, "leaderLease": 0.1},
+                   "storage": {"postgresql": {"existingSecret": {"name": "db"}}}}]}, "0.1 is less than the minimum"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2},
+                   "storage": {"postgresql": {"cloudnativepg": {"storage": {"size": "1Gi"}}}}}]},
+     "'instances' is a required property"),
+    ({"engines": [{"name": "meta", "clusterId": 0, "ha": {"replicas": 2},
+                   "storage": {"postgresql": {"cloudnativepg": {"instances": 1, "storage": {"size": "1Gi"}}}}}]},
+     "1 is less than the minimum of 2"),
+    ({"engineDefaults": {"ha": {"replicas": 2}}}, "Additional properties are not allowed ('ha' was unexpected)"),
 ]
 
 
@@ -336,7 +380,8 @@ def test_every_template_has_a_plausible_yaml_structure() -> None:
             kinds.add(doc["kind"])
     assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
                      "Service", "Secret", "StatefulSet", "KopfPeering", "ClusterKopfPeering", "TableCluster",
-                     "ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule", "Cluster"}
+                     "ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule", "Cluster",
+                     "PodDisruptionBudget"}
 
 
 def test_rbac_template_rules_without_helm() -> None:
@@ -553,8 +598,9 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 @needs_helm
 @pytest.mark.parametrize("values", [None, E2E_VALUES, {"operator": {"watch": {"allNamespaces": True}}},
-                                    {"bootstrap": {"spark": {"enabled": False}}}, {"engines": POSTGRESQL_ENGINES}],
-                         ids=["defaults", "engines-ha", "all-namespaces", "no-spark", "postgresql"])
+                                    {"bootstrap": {"spark": {"enabled": False}}}, {"engines": POSTGRESQL_ENGINES},
+                                    {"engines": HA_ENGINES}],
+                         ids=["defaults", "engines-ha", "all-namespaces", "no-spark", "postgresql", "ha-engines"])
 def test_helm_lint(tmp_path: Path, values: dict[str, Any] | None) -> None:
     passed, output = lint(tmp_path, values)
     assert passed, output
@@ -869,6 +915,175 @@ def test_helm_cloudnativepg_cluster_per_engine_passes_cloudnativepgs_crd(tmp_pat
             with pytest.raises(ApiError) as refused:
                 api.create(broken, fieldValidation="Strict")
             assert error in str(refused.value), refused.value
+
+
+# --- HA table clusters: a leader and standby pods ----------------------------------------------------
+
+
+def _pod_dns_name(sts: dict[str, Any], ordinal: int, namespace: str = "reptables-system") -> str:
+    """The DNS name Kubernetes gives pod ``ordinal`` of a StatefulSet: <pod>.<serviceName>.<ns>.svc.<domain>."""
+    return f"{sts['metadata']['name']}-{ordinal}.{sts['spec']['serviceName']}.{namespace}.svc.cluster.local"
+
+
+@needs_helm
+def test_helm_ha_engines_run_a_leader_and_standbys(tmp_path: Path) -> None:
+    """``ha``: N engine pods of one table cluster, ``--standby`` over its one database, readiness = leadership
+    (the ClusterIP Service, the TableCluster's endpoint, reaches the leader only), each pod advertising
+    its own address, updates a person (or the operator) makes pod by pod, a PodDisruptionBudget and
+    anti-affinity. An engine without ``ha`` is what it was."""
+    from reptables.operator.cli import app
+
+    docs = render(tmp_path, {"engines": HA_ENGINES})
+    assert isinstance(docs, list)
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    pdbs = {d["metadata"]["name"]: d for d in by_kind(docs, "PodDisruptionBudget")}
+    assert sorted(pdbs) == ["rt-reptables-meta", "rt-reptables-remote-0"]  # the HA engines only
+    serve = typer.main.get_command(app).commands["engine"].commands["serve"]  # type: ignore[attr-defined]
+    for engine in HA_ENGINES[:2]:
+        name, replicas = f"rt-reptables-{engine['name']}", engine["ha"]["replicas"]
+        sts, container = _engine(docs, engine["name"])
+        spec = sts["spec"]
+        assert spec["replicas"] == replicas
+        # a standby is never Ready: OrderedReady would not start (or restart) pod 1 while pod 0 stands
+        # by, and a RollingUpdate would wait for the first standby it replaced forever
+        assert spec["podManagementPolicy"] == "Parallel" and spec["updateStrategy"] == {"type": "OnDelete"}
+        pod_labels = spec["template"]["metadata"]["labels"]
+        # the command line: --standby, the lease, this pod's own address (expanded by the kubelet)
+        lease = [f"--leader-lease={engine['ha']['leaderLease']}"] if "leaderLease" in engine["ha"] else []
+        advertise = f"--advertise-url=http://$(POD_NAME).{name}-headless.reptables-system.svc.cluster.local:9012"
+        assert container["args"] == ["engine", "serve", f"--cluster-name={engine['name']}",
+                                     f"--cluster-id={engine['clusterId']}", "--data-dir=/data", "--port=9012",
+                                     "--host=0.0.0.0", "--metrics-port=9013", "--standby", *lease, advertise]
+        ctx = serve.make_context("serve", container["args"][2:])  # parsed and validated, nothing invoked
+        assert ctx.params["standby"] is True and ctx.params["advertise_url"].startswith("http://$(POD_NAME).")
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_NAME"] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        names = [e["name"] for e in container["env"]]
+        assert names.index("POD_NAME") >= 0 and "REPTABLES_STORAGE" in env  # (the URL from its Secret, as before)
+        # the advertised address is each pod's DNS name: the headless Service governs the StatefulSet and
+        # publishes its pods also while they are not ready (a standby is named by its peers while standing by)
+        headless = services[f"{name}-headless"]
+        assert spec["serviceName"] == headless["metadata"]["name"]
+        assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+        assert pod_labels.items() >= headless["spec"]["selector"].items()
+        for ordinal in range(replicas):
+            pod = f"{name}-{ordinal}"
+            assert advertise.removeprefix("--advertise-url=").replace("$(POD_NAME)", pod) == \
+                f"http://{_pod_dns_name(sts, ordinal)}:9012"
+        # readiness is leadership (a standby answers /readyz 503): the Service selecting the pods reaches
+        # the leader only, looked at every second; liveness stays /healthz (a standby is alive)
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert container["readinessProbe"]["periodSeconds"] == 1
+        assert container["livenessProbe"]["httpGet"]["path"] == container["startupProbe"]["httpGet"]["path"] == \
+            "/healthz"
+        service = services[name]
+        assert service["spec"]["selector"] == spec["selector"]["matchLabels"] and "publishNotReadyAddresses" not in \
+            service["spec"]
+        assert one(docs, "TableCluster", engine["name"])["spec"]["endpoint"] == \
+            f"http://{name}.reptables-system.svc.cluster.local:9012"
+        # voluntary disruptions never take the leader, the one Ready pod
+        pdb = pdbs[name]
+        assert pdb["metadata"]["namespace"] == "reptables-system"
+        assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": spec["selector"]["matchLabels"]}}
+        others = [d for d in by_kind(docs, "StatefulSet") if d is not sts]
+        assert not [o for o in others if o["spec"]["template"]["metadata"]["labels"].items()
+                    >= pdb["spec"]["selector"]["matchLabels"].items()], "the budget covers this engine's pods only"
+        # anti-affinity: the pods of one table cluster on different nodes (or zones)
+        anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+        if engine["ha"].get("antiAffinity", "required") == "required":
+            (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        else:
+            (weighted,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+            assert weighted["weight"] == 100
+            term = weighted["podAffinityTerm"]
+        assert term["topologyKey"] == engine["ha"].get("topologyKey", "kubernetes.io/hostname")
+        assert term["labelSelector"] == {"matchLabels": spec["selector"]["matchLabels"]}
+        # one PVC per pod (the token and the engine's own files), from the template
+        (claim,) = spec["volumeClaimTemplates"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        _assert_hardened(spec["template"]["spec"], container)
+    # an engine without ha: one pod, a rolling update, no standby, no budget, no anti-affinity
+    sts, container = _engine(docs, "remote-1")
+    assert sts["spec"]["replicas"] == 1 and sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert "podManagementPolicy" not in sts["spec"] and "affinity" not in sts["spec"]["template"]["spec"]
+    assert not [a for a in container["args"] if a.startswith(("--standby", "--advertise-url", "--leader-lease"))]
+    assert "POD_NAME" not in {e["name"] for e in container["env"]}
+    assert container["readinessProbe"]["periodSeconds"] == 5
+    # an affinity of the engine's own is kept, and the anti-affinity added unless it has one
+    node = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}}
+    own_anti = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "rack", "labelSelector": {"matchLabels": {"a": "b"}}}}]}}
+    engines = [{**HA_ENGINES[0], "affinity": node}, {**HA_ENGINES[1], "affinity": own_anti}]
+    docs = render(tmp_path, {"engines": engines, "tls": {"secretName": "reptables-tls"}})
+    assert isinstance(docs, list)
+    meta, container = _engine(docs, "meta")
+    affinity = meta["spec"]["template"]["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == node["nodeAffinity"] and "requiredDuringSchedulingIgnoredDuringExecution" in \
+        affinity["podAntiAffinity"]
+    assert _engine(docs, "remote-0")[0]["spec"]["template"]["spec"]["affinity"] == own_anti
+    # with TLS the advertised address is https (the certificate must name the pods: docs/install.md)
+    assert container["args"][-1] == \
+        "--advertise-url=https://$(POD_NAME).rt-reptables-meta-headless.reptables-system.svc.cluster.local:9012"
+
+
+@needs_helm
+def test_helm_ha_engine_cloudnativepg_cluster_has_a_synchronous_standby(tmp_path: Path) -> None:
+    """An HA engine's CloudNativePG Cluster: at least two instances and synchronous replication (a COMMIT
+    answered once a standby has it, a failover only to such a standby), accepted by CloudNativePG's CRD."""
+    from tests.k8s.emulator import K8sApi
+
+    extra = {"postgresql": {"parameters": {"max_connections": "200"}}}
+    engines = [HA_ENGINES[0], {"name": "meta-2", "clusterId": 3, "ha": {"replicas": 2}, "storage": {"postgresql": {
+        "cloudnativepg": {"instances": 2, "storage": {"size": "20Gi"}, "spec": extra}}}}, POSTGRESQL_ENGINES[2]]
+    docs = render(tmp_path, {"engines": engines})
+    assert isinstance(docs, list)
+    clusters = {d["metadata"]["name"]: d for d in by_kind(docs, "Cluster")}
+    synchronous = {"method": "any", "number": 1, "dataDurability": "required"}
+    assert clusters["rt-reptables-meta-pg"]["spec"] == {
+        "instances": 3, "storage": {"size": "50Gi"}, "postgresql": {"synchronous": synchronous},
+        "bootstrap": {"initdb": {"database": "reptables", "owner": "reptables"}}}
+    # the values' spec is merged over it, map by map
+    assert clusters["rt-reptables-meta-2-pg"]["spec"]["postgresql"] == {
+        "synchronous": synchronous, "parameters": {"max_connections": "200"}}
+    # an engine without ha: the Cluster as before (its spec may ask for synchronous replication itself)
+    assert "postgresql" not in clusters["rt-reptables-remote-1-pg"]["spec"]
+    with K8sApi(namespaces=["reptables-system"], crd_dirs=[], crd_files=[_cnpg_crd()]) as api:
+        for name, cluster in clusters.items():
+            created = api.create(cluster, fieldValidation="Strict")
+            kept = _leaves(created["spec"])
+            assert {k: kept.get(k) for k in _leaves(cluster["spec"])} == _leaves(cluster["spec"]), name
+
+
+@needs_helm
+@pytest.mark.parametrize(("engine", "schema_message", "template_message"), [
+    ({"name": "meta", "clusterId": 0, "ha": {"replicas": 2}},
+     f"at '/engines/0/ha': value must be '{HA_NEEDS_POSTGRESQL}'", f'engines: "meta": ha {HA_NEEDS_POSTGRESQL}'),
+    ({"name": "meta", "clusterId": 0, "ha": {"replicas": 2}, "storage": {"postgresql": {"cloudnativepg": {
+        "instances": 1, "storage": {"size": "1Gi"}}}}},
+     "at '/engines/0/storage/postgresql/cloudnativepg/instances': minimum: got 1, want 2",
+     'engines: "meta": ha needs storage.postgresql.cloudnativepg.instances of 2 or more'),
+], ids=["sqlite", "one-instance"])
+def test_helm_refuses_ha_without_a_postgresql_that_survives_its_primary(
+        tmp_path: Path, engine: dict[str, Any], schema_message: str, template_message: str) -> None:
+    """HA on SQLite, or on a CloudNativePG Cluster of one instance: refused by the schema with a message
+    naming what is missing, and by the chart's own check when the schema is skipped."""
+    error = render(tmp_path, {"engines": [engine]}, check=False)
+    assert isinstance(error, str) and schema_message in error, error
+    # the chart without its schema (as `helm template --skip-schema-validation` renders it; `helm lint`
+    # only logs a template's `fail`)
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    if HELM is None:
+        assert helm_python is not None
+        with pytest.raises(helm_python.HelmError) as refused, helm_python.Chart.load(str(chart)) as unchecked:
+            unchecked.render({"engines": [engine]}, name="rt", namespace="reptables-system", is_install=True)
+        text = str(refused.value)
+    else:
+        (tmp_path / "ha.yaml").write_text(yaml.safe_dump({"engines": [engine]}))
+        text = helm("template", "rt", str(chart), "--values", str(tmp_path / "ha.yaml"), check=False).stderr
+    assert template_message in text, text
 
 
 def _admits(policy: dict[str, Any], pod_labels: dict[str, str], namespace_labels: dict[str, str],
@@ -1271,6 +1486,8 @@ SCHEMA_VARIANTS: dict[str, tuple[dict[str, Any] | None, set[str]]] = {
     "tls": ({"engines": ENGINES_DOC, "tls": {"secretName": "reptables-tls"}}, _BASE_KINDS | _ENGINE_KINDS),
     "no-spark": ({"bootstrap": {"spark": {"enabled": False}}}, _BASE_KINDS),
     "postgresql": ({"engines": POSTGRESQL_ENGINES}, _BASE_KINDS | _ENGINE_KINDS),
+    "ha-engines": ({"engines": HA_ENGINES, "tls": {"secretName": "reptables-tls"}},
+                   _BASE_KINDS | _ENGINE_KINDS | {"PodDisruptionBudget"}),
     "monitoring": ({"engines": ENGINES_DOC[:1], "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                     "metrics": {"prometheusRule": {"enabled": True},
                                 "dashboard": {"namespace": "monitoring", "annotations": {"grafana_folder": "DB"}}}},

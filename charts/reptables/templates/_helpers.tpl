@@ -117,7 +117,7 @@ user's credentials, the whole URL under the key "uri"). */}}
 
 {{/* Fails on engine lists the schema cannot reject: duplicate names or cluster ids, a CloudNativePG
 Cluster name CloudNativePG would refuse; and on a ServiceMonitor with nothing it could scrape without a
-token. */}}
+token. Also on HA without PostgreSQL (the schema refuses it too, unless skipped). */}}
 {{- define "reptables.validateEngines" -}}
 {{- if and .Values.serviceMonitor.enabled .Values.engines (not (int .Values.engineDefaults.metricsPort)) }}
 {{- fail "serviceMonitor.enabled scrapes the engines' metrics listener: set engineDefaults.metricsPort (the API port's /metrics needs each engine's token)" }}
@@ -137,6 +137,13 @@ token. */}}
 {{- end }}
 {{- $_ := set $names .name true }}
 {{- $_ := set $ids $id .name }}
+{{- /* the schema says the same: this is for `helm template --skip-schema-validation` */ -}}
+{{- if and .ha (not (.storage).postgresql) }}
+{{- fail (printf "engines: %q: ha needs storage.postgresql: the engine pods of an HA table cluster share one PostgreSQL database (SQLite is a file of one pod: no leader, no standby)" .name) }}
+{{- end }}
+{{- if and .ha ((.storage).postgresql).cloudnativepg (lt (int (.storage.postgresql.cloudnativepg.instances | default 1)) 2) }}
+{{- fail (printf "engines: %q: ha needs storage.postgresql.cloudnativepg.instances of 2 or more (a primary and a synchronous standby)" .name) }}
+{{- end }}
 {{- if ((.storage).postgresql).cloudnativepg }}
 {{- $cnpg := include "reptables.cnpgClusterName" (dict "root" $ "engine" .) }}
 {{- if or (gt (len $cnpg) 50) (not (regexMatch "^[a-z]" $cnpg)) }}
