@@ -7,7 +7,7 @@ key per commit through the typed client given both meta engines' URLs (it follow
 engine names, and goes on to the next URL when a connection is refused). Two cases:
 
 * ``leader``: each trial SIGKILLs the process group of the leading engine; the standby takes over
-  once the leader's lease has run out (``--leader-lease``, 2 s by default) and it has loaded the
+  once the leader's lease has run out (``--leader-lease``, the engine's default unless given) and it has loaded the
   cluster from the database. The killed engine is started again afterwards, as the new standby, so
   the next trial kills the other one. The database is a plain PostgreSQL server the benchmark starts
   (:class:`reptables.testing.postgres.PostgresServer`), or ``--pg-server``'s.
@@ -81,6 +81,7 @@ from reptables.engine.client import Client
 from reptables.engine.client.protocol import TransportError, never_sent
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
+from reptables.engine.storage.leadership import DEFAULT_LEASE
 from reptables.testing import KV_SCHEMA, TEST_TOKEN, EngineProcess, backends, wait_for
 
 CASES = ("leader", "postgres")
@@ -116,7 +117,7 @@ class Config:
     pg_client_timeout_s: float = 60.0
     """The writers' request timeout in the PostgreSQL case: with two servers in strict synchronous mode a
     commit waits until the old primary has rejoined as the standby."""
-    leader_lease_s: float = 2.0
+    leader_lease_s: float = DEFAULT_LEASE
     pg_server: str | None = None
     """``HOST:PORT`` of an existing PostgreSQL server (loopback, trust auth) for the leader case."""
     recovery_timeout_s: float = 60.0
@@ -1088,7 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="seconds of writes before each kill (default 2)")
     parser.add_argument("--after", type=float, default=None, help="seconds of writes after the failover (default 1)")
     parser.add_argument("--leader-lease", type=float, default=Config.leader_lease_s,
-                        help="the engines' --leader-lease (default 2)")
+                        help=f"the engines' --leader-lease (default {DEFAULT_LEASE:g}, the engine's)")
     parser.add_argument("--pg-server", default=None, metavar="HOST:PORT",
                         help="the leader case's PostgreSQL server (loopback, trust auth; a test run's): a database is "
                         "made there and dropped afterwards. Default: a server the benchmark starts")

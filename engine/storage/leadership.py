@@ -11,7 +11,7 @@ Design
 * **A lease row.** ``_rt_leader`` (``system_tables.py``) holds one row: ``epoch``, ``holder`` (a
   process: host, pid, a random tag), ``address`` (the URL it serves on, ``--advertise-url``) and
   ``expires_at``, by the database's clock (``now()``). The leader renews it every third of the lease
-  (``--leader-lease``, 2 s by default): ``UPDATE ... SET expires_at = now() + lease WHERE epoch =
+  (``--leader-lease``, 1.5 s by default): ``UPDATE ... SET expires_at = now() + lease WHERE epoch =
   mine``. A standby looks at it every quarter of the lease (at most every 0.5 s) and takes it over
   once ``expires_at < now()``, with one compare-and-set: ``SET epoch = epoch + 1, holder = me,
   expires_at = now() + lease WHERE epoch = seen AND expires_at < now()``. Two standbys racing for it
@@ -90,7 +90,7 @@ from .system_tables import leader_table
 log = logging.getLogger("reptables.engine.leadership")
 
 #: seconds a group leader's lease lasts (``--leader-lease``)
-DEFAULT_LEASE = 2.0
+DEFAULT_LEASE = 1.5
 #: the exit status of ``engine serve`` when the engine stepped down (another engine leads now):
 #: EX_TEMPFAIL, "try again" - its supervisor starts it again, as a standby
 EXIT_STEPPED_DOWN = 75
