@@ -23,6 +23,12 @@ How it maps onto Spark's source API, and why:
   table's ``@change_retention`` just because nothing happened.
 * **Trigger.AvailableNow** (``trigger(availableNow=True)``) stops at the changes committed before the
   query started: the source takes a timestamp then and never reads past it.
+* **A consumer holds the position** (option ``consumer``): the table then keeps every change the
+  query has not finished with, whatever its ``@change_retention`` or, on a replicated table, the
+  replication queue's trimming. The source registers the name as a *vital* queue consumer of the
+  table at the query's start position and advances it in ``commit(end)`` - Spark calls that once
+  the batches up to ``end`` are recorded in its checkpoint, and asks only for later offsets from
+  then on, so the consumer's offset is never ahead of where a restarted query resumes.
 
 A position older than the table keeps (``@change_retention``) fails the query with the oldest
 position still available, never silently skipping changes.
@@ -31,6 +37,7 @@ position still available, never silently skipping changes.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,10 +86,14 @@ DEFAULT_WAIT_TIMEOUT_MS = 1000
 MAX_WAIT_TIMEOUT_MS = 60_000
 #: seconds without a change after which the offset moves to the engine's heartbeat
 DEFAULT_HEARTBEAT_SECONDS = 60
+#: the longest consumer name the engine takes
+MAX_CONSUMER_LENGTH = 1000
 #: YT timestamps: (unix seconds << 30) | counter
 _COUNTER_BITS = 30
 _TOKEN = re.compile(r"^[0-9a-f]{32}.+$")
 _HEARTBEAT_SEQ = "f" * 16
+
+log = logging.getLogger("reptables.sparkapps.changes")
 
 
 def position_token(timestamp: int, table_id: str) -> str:
@@ -110,6 +121,8 @@ class ChangesOptions:
     attempts: int = DEFAULT_ATTEMPTS
     #: seconds per request (above the longest pull wait)
     timeout: float = 60.0 + MAX_WAIT_TIMEOUT_MS / 1000
+    #: a vital queue consumer that holds the query's position (``register_queue_consumer``); None: none
+    consumer: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ChangesOptions:
@@ -142,7 +155,12 @@ class ChangesOptions:
         if from_token is not None and not _TOKEN.match(from_token):
             raise ReptablesSparkError(f'{FORMAT}: option "from_event_token" for {path} is not an event token (32 '
                                       f"hex digits and a table id), got {from_token!r}")
+        consumer = opts.get("consumer", "").strip() or None
+        if consumer is not None and len(consumer) > MAX_CONSUMER_LENGTH:
+            raise ReptablesSparkError(f'{FORMAT}: option "consumer" for {path} is longer than '
+                                      f"{MAX_CONSUMER_LENGTH} characters")
         return cls(proxy=proxy, path=path, token=token, from_timestamp=from_timestamp, from_event_token=from_token,
+                   consumer=consumer,
                    max_rows_per_batch=_bounded(opts, "max_rows_per_batch", DEFAULT_MAX_ROWS_PER_BATCH, MAX_PULL_ROWS),
                    wait_timeout=_bounded(opts, "wait_timeout", DEFAULT_WAIT_TIMEOUT_MS, MAX_WAIT_TIMEOUT_MS),
                    heartbeat_seconds=_bounded(opts, "heartbeat_seconds", DEFAULT_HEARTBEAT_SECONDS, 1 << 30),
@@ -239,16 +257,23 @@ class ChangesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     wait_timeout=self.options.wait_timeout), self.options.attempts)
 
     def initialOffset(self) -> dict[str, Any]:
+        """The start of a new query (a query restarted from its checkpoint resumes from there instead);
+        with a consumer, the consumer registered at it, so nothing after it is trimmed from now on."""
         opts = self.options
-        if opts.from_event_token is not None:
-            return {"event_token": opts.from_event_token}
         try:
             with opts.client() as client:
-                table_id = str(client.get(f"{opts.path}/@id"))
-                timestamp = opts.from_timestamp if opts.from_timestamp is not None else client.generate_timestamp()
+                if opts.from_event_token is not None:
+                    start = opts.from_event_token
+                else:
+                    table_id = str(client.get(f"{opts.path}/@id"))
+                    timestamp = opts.from_timestamp if opts.from_timestamp is not None else \
+                        client.generate_timestamp()
+                    start = position_token(timestamp, table_id)
+                if opts.consumer is not None:
+                    hold_position(client, opts.path, opts.consumer, _hold_timestamp(start))
         except YtError as exc:
             raise opts.failure(exc) from None
-        return {"event_token": position_token(timestamp, table_id)}
+        return {"event_token": start}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_rows_per_batch)
@@ -333,9 +358,51 @@ class ChangesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise opts.failure(exc) from None
 
     def commit(self, end: dict[str, Any]) -> None:
+        """Spark has recorded every batch up to ``end`` and asks only for later offsets: the consumer
+        (if any) moves there. A failed advance is logged and made good by the next one (the consumer
+        then holds a little more than needed, never less)."""
         pulled = self._pulled
-        if pulled is not None and compare_tokens(pulled[1], str(end["event_token"])) <= 0:
+        token = str(end["event_token"])
+        if pulled is not None and compare_tokens(pulled[1], token) <= 0:
             self._pulled = None
+        opts = self.options
+        if opts.consumer is None:
+            return
+        try:
+            with opts.client() as client:
+                try:
+                    retrying(partial(client.advance_consumer, opts.consumer, opts.path, None, token), opts.attempts)
+                except YtError as exc:
+                    if exc.code != ErrorCode.RESOLVE_ERROR or exc.attributes.get("consumer_path") != opts.consumer:
+                        raise
+                    # not registered (a query from a checkpoint made without the option, or unregistered
+                    # meanwhile): held from here on; a change trimmed in between fails the next pull (1760)
+                    hold_position(client, opts.path, opts.consumer, _hold_timestamp(token))
+                    log.warning("%s: consumer %s of %s was not registered: registered again at %s", FORMAT,
+                                opts.consumer, opts.path, token)
+        except YtError as exc:
+            log.warning("%s: could not advance consumer %s of %s to %s: %s (the next batch tries again)",
+                        FORMAT, opts.consumer, opts.path, token, str(exc).splitlines()[0])
+
+
+def _hold_timestamp(token: str) -> int:
+    """Where a consumer holding a stream at ``token`` starts: its timestamp, or - a token inside a
+    commit - the one before, so the rest of that commit is kept too."""
+    return token_timestamp(token) - (token[16:32] != _HEARTBEAT_SEQ)
+
+
+def hold_position(client: Client, path: str, consumer: str, timestamp: int) -> bool:
+    """Make ``consumer`` a vital consumer of ``path`` whose offset is at most ``timestamp``: registered
+    there when it is not registered yet (True), else only made vital, its offset kept (False).
+
+    A vital consumer's offset is what the engine keeps changes from, on every kind of table: past
+    ``@change_retention`` on sorted and ordered tables, past the replication queue's trimming on a
+    replicated table (docs/streams.md, "Retention and consumers"). A timestamp older than what the
+    table still keeps fails with the engine's error 1760."""
+    registered = any(r["consumer_path"] == consumer for r in client.list_queue_consumer_registrations(path))
+    # registering again keeps the offset and sets vital; a new registration starts at the timestamp
+    client.register_queue_consumer(path, consumer, vital=True, from_timestamp=None if registered else timestamp)
+    return not registered
 
 
 class ReptablesChangesDataSource(DataSource):

@@ -26,9 +26,15 @@ Why it converges exactly, whatever kills it:
   the versions a read at StartTime needs for the table's ``min_data_ttl`` (30 min by default): a copy
   must complete within it.
 
-The stream must start before the table's ``@change_retention`` (1 h by default) has passed since
-StartTime, and a stopped mirror must be restarted within it; otherwise the job fails with the oldest
-position the table still has (start a new mirror into an empty table then).
+**It holds its position.** Before the copy the job registers a *vital queue consumer* of the table
+at StartTime (its name is kept in the state file) and the stream advances it as Spark records its
+batches (the ``consumer`` option of the change-stream source). The engine keeps every change a vital
+consumer has not passed - beyond a sorted table's ``@change_retention``, and on a replicated table
+beyond its replication queue's trimming (``minReplicationLogTtl: 0s`` trims a change as soon as every
+replica has it) - so a copy that takes long, a stream behind the writes or a mirror stopped for a
+while loses nothing. The price: a mirror that is stopped for good keeps the table's changes until it
+is released (``--release``: unregisters the consumer). A start that finds its consumer gone and the
+changes after StartTime trimmed refuses, naming ``@change_retention``.
 
 The job's parts: this module (the state file, the snapshot copy, the streaming query and the
 command line), ``mirror_pg.py`` (the PostgreSQL table, its tombstones and the newest-token-wins
@@ -50,8 +56,9 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -60,10 +67,10 @@ import psycopg
 from psycopg import sql
 
 from reptables.engine.client import Client
-from reptables.engine.errors import YtError
+from reptables.engine.errors import ErrorCode, YtError
 
 from .changes_source import FORMAT as CHANGES_FORMAT
-from .changes_source import position_token
+from .changes_source import hold_position, position_token
 from .mirror_batches import BatchApplier
 from .mirror_pg import TOKEN_COLUMN, PgLayout, table_ident
 from .options import ReptablesSparkError, SourceOptions
@@ -96,6 +103,11 @@ class MirrorState:
     pg_table: str
     start_timestamp: int
     snapshot_copied: bool = False
+    #: the vital queue consumer of the table that holds the mirror's position (None: a state written
+    #: before mirrors held one)
+    consumer: str | None = None
+    #: ``--release`` unregistered the consumer: this checkpoint can never resume
+    released: bool = False
 
     @property
     def snapshot_token(self) -> str:
@@ -110,7 +122,7 @@ class MirrorState:
             return cls(**data)
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             raise ReptablesSparkError(f"mirror: {path} is not a mirror state file ({exc}); was the checkpoint "
                                       "directory written by something else?") from None
 
@@ -192,10 +204,54 @@ def _token(token_file: Path | None) -> str | None:
     return token
 
 
+def consumer_name(pg_table: str) -> str:
+    """A new mirror's consumer: its PostgreSQL table, and a random part (two mirrors of one table into
+    tables of the same name on two servers are two consumers)."""
+    return f"//consumers/reptables-mirror/{pg_table}-{uuid.uuid4().hex[:12]}"
+
+
+def hold(client: Client, args: argparse.Namespace, state: MirrorState, checkpoint: Path,
+         legacy: bool) -> MirrorState:
+    """The mirror's consumer registered (vital, at StartTime) or found; the state that names it.
+
+    The state names the consumer before it is registered, so a consumer of a mirror is always
+    named by its checkpoint (a kill in between leaves a name to register on the next start, never
+    a registration nobody knows of)."""
+    if state.consumer is None:
+        state = replace(state, consumer=consumer_name(args.pg_table))
+        state.save(checkpoint)
+    assert state.consumer is not None
+    try:
+        if hold_position(client, args.path, state.consumer, state.start_timestamp):
+            log.info("registered consumer %s of %s (vital, from StartTime %#x): the table keeps every change the "
+                     "mirror has not applied", state.consumer, args.path, state.start_timestamp)
+    except YtError as exc:
+        if exc.find(ErrorCode.CHANGES_TRIMMED) is None:
+            raise
+        if not legacy:
+            raise ReptablesSparkError(
+                f"mirror: {args.path} no longer keeps the changes after this mirror's StartTime "
+                f"{state.start_timestamp:#x} (@change_retention, or a replicated table's queue trimming) and the "
+                f"mirror's consumer {state.consumer} is not registered (was it released?); start a new mirror "
+                "(a new checkpoint directory, an empty PostgreSQL table)") from None
+        # a checkpoint of a mirror that held no consumer: hold from now on; changes the stream still
+        # needs that are gone already fail it with error 1760, as they did before
+        client.register_queue_consumer(args.path, state.consumer, vital=True)
+        log.warning("checkpoint %s had no consumer and StartTime is trimmed: consumer %s holds the changes from "
+                    "now on", checkpoint, state.consumer)
+    return state
+
+
 def prepare(args: argparse.Namespace, token: str | None) -> tuple[MirrorState, PgLayout]:
-    """Check the table, PostgreSQL and the checkpoint agree; at the first start take StartTime and save it."""
+    """Check the table, PostgreSQL and the checkpoint agree; at the first start take StartTime and save
+    it; register (or find) the consumer that holds the mirror's position."""
     checkpoint: Path = args.checkpoint
     state = MirrorState.load(checkpoint)
+    legacy = state is not None and state.consumer is None
+    if state is not None and state.released:
+        raise ReptablesSparkError(f"mirror: checkpoint {checkpoint} belongs to a mirror that was released (its "
+                                  "consumer is unregistered, the table no longer keeps its changes); start a new "
+                                  "mirror (a new checkpoint directory, an empty PostgreSQL table)")
     try:
         with Client(args.proxy, token, timeout=60.0) as client:
             info = TableInfo.fetch(client, args.path)
@@ -223,9 +279,10 @@ def prepare(args: argparse.Namespace, token: str | None) -> tuple[MirrorState, P
                 layout.create(conn)
             if state is None:
                 state = MirrorState(proxy=args.proxy, path=args.path, table_id=table_id, pg_table=args.pg_table,
-                                    start_timestamp=client.generate_timestamp())
+                                    start_timestamp=client.generate_timestamp(), consumer=consumer_name(args.pg_table))
                 state.save(checkpoint)
                 log.info("mirror of %s into %s: StartTime %#x", args.path, args.pg_table, state.start_timestamp)
+            state = hold(client, args, state, checkpoint, legacy)
     except YtError as exc:
         raise ReptablesSparkError(f"mirror: cannot read table {args.path} at {args.proxy}: {exc} "
                                   f"(YT error code {exc.code})") from None
@@ -263,7 +320,47 @@ def spark_session(master: str) -> SparkSession:
     return spark
 
 
+def release(args: argparse.Namespace) -> None:
+    """``--release``: unregister the mirror's consumer, so the table stops keeping changes for it, and
+    mark the checkpoint so it never resumes. The checkpoint directory and the PostgreSQL tables stay."""
+    checkpoint: Path = args.checkpoint
+    state = MirrorState.load(checkpoint)
+    if state is None:
+        raise ReptablesSparkError(f"mirror: {checkpoint} holds no mirror state ({STATE_FILE}): nothing to release")
+    for given, kept, option in ((args.proxy, state.proxy, "--proxy"), (args.path, state.path, "--path"),
+                                (args.pg_table, state.pg_table, "--pg-table")):
+        if given is not None and given != kept:
+            raise ReptablesSparkError(f"mirror: checkpoint {checkpoint} belongs to the mirror of {state.path} at "
+                                      f"{state.proxy} into {state.pg_table}, not {option} {given}")
+    token = _token(args.token_file)
+    if state.consumer is not None:
+        try:
+            with Client(state.proxy, token, timeout=60.0) as client:
+                table_id = str(client.get(f"{state.path}/@id"))
+                if table_id != state.table_id:
+                    log.info("%s was recreated (id %s, was %s): its consumers went with the old table", state.path,
+                             table_id, state.table_id)
+                elif any(r["consumer_path"] == state.consumer
+                         for r in client.list_queue_consumer_registrations(state.path)):
+                    client.unregister_queue_consumer(state.path, state.consumer)
+                    log.info("unregistered consumer %s of %s: the table no longer keeps changes for this mirror",
+                             state.consumer, state.path)
+                else:
+                    log.info("consumer %s of %s is not registered: nothing to release", state.consumer, state.path)
+        except YtError as exc:
+            if exc.code != ErrorCode.RESOLVE_ERROR or exc.attributes.get("consumer_path") is not None:
+                raise ReptablesSparkError(f"mirror: cannot release consumer {state.consumer} of {state.path} at "
+                                          f"{state.proxy}: {exc} (YT error code {exc.code})") from None
+            log.info("%s does not exist any more: its consumers went with it", state.path)
+    replace(state, released=True).save(checkpoint)
+    log.info("mirror of %s into %s released: remove %s and the PostgreSQL tables %s and %s_tombstones when they "
+             "are no longer needed", state.path, state.pg_table, checkpoint, state.pg_table, state.pg_table)
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.release:
+        release(args)
+        return
     token = _token(args.token_file)
     state, layout = prepare(args, token)
     checkpoint: Path = args.checkpoint
@@ -273,9 +370,11 @@ def run(args: argparse.Namespace) -> None:
         log.info("signal %d: stopping after the current batch", signum)
         stop.set()
 
+    spark = spark_session(args.master)
+    # after the session: SparkContext puts in a SIGINT handler of its own (cancel every job, raise
+    # KeyboardInterrupt), and Ctrl-C must stop the mirror after its current batch like SIGTERM does
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    spark = spark_session(args.master)
     try:
         if not state.snapshot_copied:
             opts = SourceOptions.parse({"proxy": args.proxy, "path": args.path, "token": token or "",
@@ -299,6 +398,8 @@ def stream(spark: SparkSession, args: argparse.Namespace, state: MirrorState, la
     reader = (spark.readStream.format(CHANGES_FORMAT).option("proxy", args.proxy).option("path", args.path)
               .option("from_timestamp", str(state.start_timestamp))
               .option("max_rows_per_batch", str(args.max_rows_per_batch)))
+    if state.consumer is not None:
+        reader = reader.option("consumer", state.consumer)  # advanced as Spark records each batch
     if args.token_file is not None:
         reader = reader.option("token_file", str(args.token_file))  # the token itself never enters the plan
     applier = BatchApplier(args.pg_dsn, layout, args.path)
@@ -331,27 +432,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m reptables.sparkapps.mirror",
                                      description="Copy a sorted table into PostgreSQL and keep the copy up to date "
                                                  "from its change stream (docs/mirror.md).")
-    parser.add_argument("--proxy", required=True, help="the engine's URL")
-    parser.add_argument("--path", required=True, help="the sorted table, //...")
+    parser.add_argument("--proxy", help="the engine's URL")
+    parser.add_argument("--path", help="the sorted table, //...")
     parser.add_argument("--token-file", type=Path, help="the engine's token (default: $YT_TOKEN)")
-    parser.add_argument("--pg-dsn", required=True, help="libpq connection string (password: $PGPASSWORD or ~/.pgpass)")
-    parser.add_argument("--pg-table", required=True, help="the PostgreSQL table, NAME or SCHEMA.NAME")
+    parser.add_argument("--pg-dsn", help="libpq connection string (password: $PGPASSWORD or ~/.pgpass)")
+    parser.add_argument("--pg-table", help="the PostgreSQL table, NAME or SCHEMA.NAME")
     parser.add_argument("--checkpoint", required=True, type=Path,
                         help="directory of the mirror's state and Spark's checkpoint (one per mirror)")
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--once", action="store_true", help="apply the changes committed so far, then exit")
     when.add_argument("--until-idle", type=float, metavar="SECONDS",
                       help="exit once no change arrived for SECONDS")
+    when.add_argument("--release", action="store_true",
+                      help="stop mirroring for good: unregister the mirror's consumer, so the table stops keeping "
+                           "changes for it (needs only --checkpoint and the token)")
     parser.add_argument("--max-rows-per-batch", type=int, default=10_000, help="changes per micro-batch")
     parser.add_argument("--master", default="local[1]", help="Spark master when run directly (default local[1])")
     args = parser.parse_args(argv)
-    if not args.path.startswith("//"):
+    if not args.release:
+        missing = [f"--{n.replace('_', '-')}" for n in ("proxy", "path", "pg_dsn", "pg_table")
+                   if getattr(args, n) is None]
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)}")
+    if args.path is not None and not args.path.startswith("//"):
         parser.error(f"--path must be a table path starting with //, got {args.path!r}")
     if args.until_idle is not None and args.until_idle <= 0:
         parser.error("--until-idle must be positive")
     if not 0 < args.max_rows_per_batch <= 100_000:
         parser.error("--max-rows-per-batch must be from 1 to 100000")
-    table_ident(args.pg_table)
+    if args.pg_table is not None:
+        table_ident(args.pg_table)
     return args
 
 

@@ -229,3 +229,262 @@ def test_the_xdcr_setup_by_hand_runs_as_written(tmp_path: Path) -> None:
     for p in range(port, port + 3):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", p)) != 0, f"an engine still listens on port {p}"
+
+
+# -- the quickstart as getting-started.md, local.md and mirror.md run it ---------------------------
+#
+# One working directory laid out like a checkout (``.venv`` and ``examples/quickstart``), where the
+# blocks run as written, one after the other, as a reader goes through the three pages: the
+# quickstart started with ``reptables up`` and driven with the yt CLI, the mirror of its ``events``
+# into the run's PostgreSQL server, then ``up`` started again on the same data directory and
+# local.md's commands. The only change to what a reader has: the quickstart's engines listen on free
+# ports instead of 9012-9014 (its tableclusters.yaml is copied with them), since other tests run
+# engines beside these; the blocks themselves name no port (``reptables env`` gives it).
+
+QUICKSTART_PORTS = ("9012", "9013", "9014")
+
+
+class Checkout:
+    """The working directory of the quickstart blocks, and the long-running blocks started in it."""
+
+    def __init__(self, root: Path) -> None:
+        import os
+
+        self.root = root
+        (root / ".venv").symlink_to(ROOT / ".venv")
+        quickstart = root / "examples" / "quickstart"
+        quickstart.mkdir(parents=True)
+        base = _free_ports(3)
+        self.ports = {name: base + i for i, name in enumerate(("primary", "remote-0", "remote-1"))}
+        for source in sorted((ROOT / "examples" / "quickstart").glob("*.yaml")):
+            text = source.read_text()
+            for i, port in enumerate(QUICKSTART_PORTS):
+                text = text.replace(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{base + i}")
+            (quickstart / source.name).write_text(text)
+        # local.md's blocks expect .venv/bin on the PATH
+        self.env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ.get('PATH', '')}"}
+        for name in ("YT_PROXY", "YT_TOKEN", "PGHOST", "PGPORT", "PGPASSWORD", "PGUSER", "PGDATABASE"):
+            self.env.pop(name, None)
+        self.background: list[subprocess.Popen[bytes]] = []
+
+    def use_postgres(self, postgres: Any) -> None:
+        """mirror.md's blocks read PGHOST, PGPORT and PSQL (a superuser's psql): the run's server."""
+        self.env.update({"PGHOST": postgres.host, "PGPORT": str(postgres.port),
+                         "PSQL": f"psql -X -h {postgres.host} -p {postgres.port} -U reptables -d postgres"})
+
+    def run(self, page: str, name: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run a block to its end; fail with its output unless it exits 0."""
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", doc_block(page, name)], cwd=self.root,
+                                env=self.env, capture_output=True, text=True, timeout=timeout)
+        assert result.returncode == 0, f"docs/{page} block {name}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return result
+
+    def start(self, page: str, name: str) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start a block that runs until stopped (as in a terminal of its own): its process, its log."""
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", doc_block(page, name)], cwd=self.root,
+                                    env=self.env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.background.append(proc)
+        return proc, log
+
+    @staticmethod
+    def stop(proc: subprocess.Popen[bytes], signum: int) -> int:
+        """Send ``signum`` to a started block's process group (as Ctrl-C or a service manager would)."""
+        import contextlib
+        import os
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+        return proc.wait(timeout=90)
+
+    def wait_on(self, proc: subprocess.Popen[bytes], log: Path, check: Any, timeout: float, what: str) -> Any:
+        """:func:`wait_for` ``check()``; fails at once, with the block's output, if the block ends first."""
+        from reptables.testing import WaitTimeout, wait_for
+
+        def seen() -> Any:
+            value = check()
+            if not value and proc.poll() is not None:
+                pytest.fail(f"the block ended ({proc.returncode}) waiting for {what}:\n"
+                            f"{log.read_text(errors='replace')[-4000:]}")
+            return value
+
+        try:
+            return wait_for(seen, timeout, what, interval=0.5)
+        except WaitTimeout as exc:
+            pytest.fail(f"{exc}:\n{log.read_text(errors='replace')[-4000:]}")
+
+    def client(self, cluster: str) -> Any:
+        from reptables.engine.client import Client
+
+        return Client(f"http://127.0.0.1:{self.ports[cluster]}", f"change-me-{cluster}")
+
+    def up_pids(self) -> list[int]:
+        import json
+
+        state = json.loads((self.root / ".data" / "local" / "state.json").read_text())
+        return [int(e["pid"]) for e in state["engines"].values() if e.get("pid")]
+
+    def close(self) -> None:
+        import signal
+
+        for proc in self.background:
+            if proc.poll() is None:
+                self.stop(proc, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    place = Checkout(tmp_path_factory.mktemp("checkout"))
+    try:
+        yield place
+    finally:
+        place.close()
+
+
+def _events(checkout: Checkout) -> list[dict[str, Any]]:
+    with checkout.client("primary") as client:
+        return sorted(client.select_rows("* from [//home/quickstart/events]"), key=lambda r: r["id"])
+
+
+@pytest.mark.timeout(600)
+def test_getting_started_runs_the_quickstart_as_written(checkout: Checkout) -> None:
+    """getting-started.md: ``reptables up my-quickstart --keep-running``, then the yt CLI against it."""
+    up, log = checkout.start("getting-started.md", "quickstart-up")
+    checkout.wait_on(up, log, lambda: "reconciling every second" in log.read_text(errors="replace"), 240,
+                     "reptables up to converge")
+    out = log.read_text(errors="replace")
+    assert "wrote 1000 rows to primary://home/quickstart/events with yt.wrapper" in out
+    assert "replica events-remote-1 on remote-1 (async): 1000 rows" in out
+    assert (checkout.root / ".data" / "local" / "demo.json").exists()
+
+    result = checkout.run("getting-started.md", "quickstart-yt")
+    lines = result.stdout.splitlines()
+    assert '{"id":0,"kind":"kind-0","payload":"payload-0"}' in lines
+    # the last line: the lookup on remote-1's replica finds the row the block inserted on primary
+    assert lines[-1] == '{"id":5000,"kind":"hello","payload":"from the yt CLI"}', result.stdout[-2000:]
+    assert '"mode":"sync"' in result.stdout.replace(" ", "")  # the @replicas of events
+
+
+@pytest.mark.timeout(600)
+def test_the_mirror_of_the_quickstart_events_runs_as_written_and_holds_its_position(checkout: Checkout,
+                                                                                     postgres: Any) -> None:
+    """mirror.md on the quickstart's replicated table ``events`` (``minReplicationLogTtl: 0s``): the
+    PostgreSQL setup, the mirror, changes with the yt CLI, the read in PostgreSQL, the release.
+
+    The queue of ``events`` is trimmed a moment after both replicas have a change; a mirror that held
+    no position failed then with error 1760 (its position older than the changes the table keeps).
+    Here it keeps up across a quiet spell longer than that, and its copy ends equal to the table."""
+    import signal
+    import time
+
+    import psycopg
+
+    checkout.use_postgres(postgres)
+    checkout.run("mirror.md", "mirror-pg-setup")
+    mirror, log = checkout.start("mirror.md", "mirror-quickstart-run")
+    dsn = f"host={postgres.host} port={postgres.port} dbname=mirror user=mirror"
+
+    def pg_rows() -> list[dict[str, Any]] | None:
+        try:
+            with psycopg.connect(dsn, connect_timeout=10) as conn:
+                rows = conn.execute("SELECT id, kind, payload FROM events ORDER BY id").fetchall()
+        except psycopg.errors.UndefinedTable:
+            return None
+        return [{"id": r[0], "kind": r[1], "payload": r[2]} for r in rows]
+
+    checkout.wait_on(mirror, log, lambda: "copied the snapshot" in log.read_text(errors="replace"), 240,
+                     "the snapshot copy")
+    assert len(pg_rows() or []) == 1001  # the demo's 1000 and getting-started's id 5000
+
+    checkout.run("mirror.md", "mirror-quickstart-change")
+    checkout.wait_on(mirror, log, lambda: pg_rows() == _events(checkout), 60, "the changes in PostgreSQL")
+    with checkout.client("remote-1") as replica:  # the async replica has them: the queue may trim them now
+        checkout.wait_on(mirror, log, lambda: replica.lookup_rows("//home/quickstart/events", [{"id": 8}])
+                         == [{"id": 8, "kind": "edited", "payload": "by hand"}], 30, "the change on remote-1")
+    time.sleep(3)  # three passes of the meta-cluster's queue trimming (once a second), with no change
+    assert mirror.poll() is None, log.read_text(errors="replace")[-4000:]
+    with checkout.client("primary") as client:
+        client.insert_rows("//home/quickstart/events", [{"id": 5001, "kind": "late", "payload": "after a pause"}])
+    checkout.wait_on(mirror, log, lambda: pg_rows() == _events(checkout), 60, "the change after the pause")
+
+    read = checkout.run("mirror.md", "mirror-quickstart-read")
+    assert [line.split("|")[0].strip() for line in read.stdout.splitlines() if "|" in line][1:] == ["6", "8", "9"]
+    assert "edited  | by hand" in read.stdout or "edited | by hand" in read.stdout, read.stdout
+
+    with checkout.client("primary") as client:
+        [held] = client.list_queue_consumer_registrations("//home/quickstart/events")
+        assert held["vital"] and held["consumer_path"].startswith("//consumers/reptables-mirror/events-")
+    assert checkout.stop(mirror, signal.SIGINT) == 0, log.read_text(errors="replace")[-4000:]  # Ctrl-C
+    assert "stopped" in log.read_text(errors="replace")
+    released = checkout.run("mirror.md", "mirror-quickstart-release")
+    assert "unregistered consumer //consumers/reptables-mirror/events-" in released.stderr
+    with checkout.client("primary") as client:
+        assert client.list_queue_consumer_registrations("//home/quickstart/events") == []
+
+
+@pytest.mark.timeout(600)
+def test_local_md_runs_as_written_on_the_same_data_directory(checkout: Checkout) -> None:
+    """local.md: ``up`` started again on the directory of getting-started's (it resumes and writes no
+    demo rows over the user's changes), then status, env, cluster stop|start, disable|enable, promote."""
+    import json
+    import os
+    import signal
+
+    first = checkout.background[0]
+    with checkout.client("primary") as client:  # the user's own changes to demo rows
+        client.delete_rows("//home/quickstart/events", [{"id": 11}])
+        client.insert_rows("//home/quickstart/events", [{"id": 12, "kind": "mine", "payload": "kept"}])
+    before = _events(checkout)
+    assert not any(r["id"] == 11 for r in before) and {"id": 12, "kind": "mine", "payload": "kept"} in before
+    pids = checkout.up_pids()
+    checkout.stop(first, signal.SIGTERM)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    up, log = checkout.start("local.md", "local-up")
+    checkout.wait_on(up, log, lambda: "reconciling every second" in log.read_text(errors="replace"), 240,
+                     "reptables up to resume")
+    out = log.read_text(errors="replace")
+    assert "wrote 1000 rows" not in out and "demo: not written again: .data/local was used before" in out, out
+    assert _events(checkout) == before  # the deleted row stays deleted, the changed ones keep their values
+
+    status = checkout.run("local.md", "local-status")
+    assert "events-remote-0" in status.stdout and '"syncReplicas"' in status.stdout
+    env = checkout.run("local.md", "local-env")
+    assert '{"id":0,"kind":"kind-0","payload":"payload-0"}' in env.stdout.splitlines()
+    cluster = checkout.run("local.md", "local-cluster")
+    assert "engine remote-0" in cluster.stdout and "started again" in cluster.stdout, cluster.stdout
+
+    def healthy() -> bool:
+        view = subprocess.run(["reptables", "status", "-o", "json"], cwd=checkout.root, env=checkout.env,
+                              capture_output=True, text=True, timeout=60)
+        return view.returncode == 0 and all(c["healthy"] for c in json.loads(view.stdout)["clusters"])
+
+    checkout.wait_on(up, log, healthy, 60, "remote-0 healthy again")
+
+
+@pytest.mark.timeout(300)
+def test_local_md_replica_edits_run_as_written(checkout: Checkout) -> None:
+    """local.md's ``reptables disable|enable|promote`` against the ``up`` of the test before: each edits
+    the replica's manifest in place, and the running ``up`` takes it."""
+    commands = subprocess.run(["reptables", "--help"], env=checkout.env, capture_output=True, text=True, timeout=60)
+    assert "promote" in commands.stdout, (
+        "`reptables` has no command promote: operator/cli.py must mount reptables.operator.local.edits "
+        "(`register(app)`)")
+    toggled = checkout.run("local.md", "local-disable-enable")
+    assert ("tablereplica.reptables.io/events-remote-1 edited: spec.enabled: false in my-quickstart/tablereplicas.yaml"
+            " (disable)") in toggled.stdout, toggled.stdout + toggled.stderr
+    assert "edited: spec.enabled: true in my-quickstart/tablereplicas.yaml (enable)" in toggled.stdout
+    promoted = checkout.run("local.md", "local-promote")
+    assert ('tablereplica.reptables.io/events-remote-1 edited: spec.mode: "sync" in my-quickstart/tablereplicas.yaml'
+            " (promote to sync)") in promoted.stdout, promoted.stdout + promoted.stderr
+    assert "the tracker of ReplicatedTable default/events owns this replica's mode" in promoted.stderr
+    import yaml
+
+    manifests = [d for d in yaml.safe_load_all((checkout.root / "my-quickstart" / "tablereplicas.yaml").read_text())
+                 if d]
+    replica = next(d for d in manifests if d["metadata"]["name"] == "events-remote-1")
+    assert replica["spec"]["mode"] == "sync" and replica["spec"]["enabled"] is True

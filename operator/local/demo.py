@@ -35,10 +35,12 @@ class Runner(Protocol):
         ...
 
 
-def demo(runner: Runner, rows: int = 1000) -> None:
-    """Write rows to every replicated table with the official client; show every replica gets them."""
+def demo(runner: Runner, rows: int = 1000) -> list[str]:
+    """Write rows to every replicated table with the official client; show every replica gets them.
+    The tables written (CLUSTER:PATH)."""
     import yt.wrapper as yt
 
+    written: list[str] = []
     for table in runner.registry.of_kind("ReplicatedTable"):
         ref = runner.engines.ref(table.spec.cluster)
         client = yt.YtClient(proxy=ref.endpoint, token=ref.token)
@@ -54,6 +56,7 @@ def demo(runner: Runner, rows: int = 1000) -> None:
                 print(display(f"  waiting to write {table.spec.path}: {str(exc).splitlines()[0]}"))
                 runner.reconcile_all()
                 time.sleep(0.2)
+        written.append(f"{table.spec.cluster}:{table.spec.path}")
         print(display(f"wrote {rows} rows to {table.spec.cluster}:{table.spec.path} with yt.wrapper"))
         for replica in runner.registry.of_kind("TableReplica"):
             if replica.spec.table != table.name or not replica.spec.enabled:
@@ -75,16 +78,18 @@ def demo(runner: Runner, rows: int = 1000) -> None:
         if keys:
             _show_lookup(runner, client, table, {k.name: 0 for k in keys})
     for group in runner.registry.of_kind("XdcrGroup"):
-        _demo_xdcr(runner, group, rows)
+        written += _demo_xdcr(runner, group, rows)
+    return written
 
-def _demo_xdcr(runner: Runner, group: Resource, rows: int) -> None:
+
+def _demo_xdcr(runner: Runner, group: Resource, rows: int) -> list[str]:
     """Active-active: each member writes its own rows to every XDCR table; every member gets them all."""
     import yt.wrapper as yt
 
     members = list(group.spec.members)
     if group.spec.paused or not members:
         print(display(f"XdcrGroup {group.name} is paused: client writes are refused, nothing written"))
-        return
+        return []
     clients = {m: yt.YtClient(proxy=runner.engines.ref(m).endpoint, token=runner.engines.ref(m).token)
                for m in members}
     per_member = max(1, rows // len(members))
@@ -105,6 +110,7 @@ def _demo_xdcr(runner: Runner, group: Resource, rows: int) -> None:
                     break
                 time.sleep(0.2)
             print(display(f"  {member}:{table.path} (XDCR group {group.name}): {count} of {total} rows"))
+    return [f"{member}:{table.path}" for table in group.spec.tables for member in members]
 
 def _show_lookup(runner: Runner, client: YtClient, table: Resource, key: dict[str, Any]) -> None:
     """A read of the replicated table is served by its in-sync sync replica (once the tracker made one)."""

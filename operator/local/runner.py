@@ -7,7 +7,8 @@ cluster id from ``clusterId``, a PostgreSQL database from ``spec.local`` when it
 URL's password, if any, only in that engine's environment), and runs the same
 reconcile core and tracker the operator runs — status is written back into the in-memory objects
 instead of the API server. Then it shows replication working with the official YTsaurus client:
-rows written to each replicated table through ``yt.wrapper`` appear on every replica.
+rows written to each replicated table through ``yt.wrapper`` appear on every replica (the first
+``up`` on a data directory only: ``up.py`` never writes them over a user's tables).
 
 It shares the operator's core, not its Kubernetes front end: the reconcile functions come from the
 table in ``controllers/dispatch.py`` and the engines, registry and tracker from a
@@ -470,9 +471,13 @@ class LocalRunner:
                 print(display(f"{kind:16} {res.name:20} Ready={ready.get('status', 'Unknown'):7} {extra} "
                               f"({ready.get('reason', '')}: {ready.get('message', '')})"))
 
-    def demo(self, rows: int = 1000) -> None:
-        """Write rows to every table with the official client and show every copy gets them (``demo.py``)."""
-        demo(self, rows)
+    #: rows the demo writes to each table
+    DEMO_ROWS = 1000
+
+    def demo(self, rows: int = DEMO_ROWS) -> list[str]:
+        """Write rows to every table with the official client and show every copy gets them (``demo.py``);
+        the tables written."""
+        return demo(self, rows)
 
     def stop(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

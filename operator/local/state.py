@@ -30,6 +30,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STATE_FILE = "state.json"
 #: where ``reptables cluster stop|start`` leave their requests for the running ``up``
 CONTROL_DIR = "control"
+#: the record of the demo rows ``up`` wrote, in the first run on the data directory (never again)
+DEMO_FILE = "demo.json"
 #: how long ``reptables cluster stop|start`` waits for the running ``up`` to carry a request out
 CONTROL_TIMEOUT = 30.0
 
@@ -80,6 +82,30 @@ def make_private_dir(data_dir: Path) -> str | None:
     if failed:
         what.append(f"{len(failed)} could not be changed ({'; '.join(failed[:3])})")
     return f"notice: the data directory was open to other users: {', '.join(what)}"
+
+
+def demo_due(data_dir: Path) -> bool:
+    """Whether ``up`` may write its demo rows into ``data_dir``: only the first ``up`` on a directory,
+    one with neither a state file (an ``up`` ran there: its tables hold the user's rows now) nor a
+    demo record. Asked before the runner creates anything in it."""
+    return not (data_dir / STATE_FILE).exists() and not (data_dir / DEMO_FILE).exists()
+
+
+def demo_skipped(data_dir: Path) -> str:
+    """The line ``up`` prints instead of writing demo rows into a directory used before."""
+    try:
+        record = json.loads((data_dir / DEMO_FILE).read_text())
+        when = f"demo rows were written on {record['written']}" if isinstance(record, dict) else ""
+    except (OSError, ValueError, KeyError):
+        when = ""
+    return (f"demo: not written again: {data_dir} was used before ({when + ', ' if when else ''}the tables keep "
+            "their rows as they are)")
+
+
+def record_demo(data_dir: Path, rows: int, tables: list[str]) -> None:
+    """Record in the data directory that the demo wrote its rows (``D/demo.json``, mode 0600)."""
+    write_private(data_dir / DEMO_FILE, json.dumps({
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows, "tables": tables}, indent=1))
 
 
 def pid_alive(pid: object) -> bool:

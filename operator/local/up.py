@@ -2,9 +2,11 @@
 
 The runner reconciles the manifests; this module is what the command adds around it: the checks
 before anything starts (another ``up`` on the directory, missing manifest files), the private
-umask, converging and the demo, then - with ``--keep-running`` or ``--live`` - the loop that
-watches the manifests, answers ``reptables cluster stop|start`` and reconciles every second, and
-stopping the engines on the way out (Ctrl-C, SIGTERM, an error).
+umask, converging and the demo (in the first ``up`` on a data directory only: a later one never
+writes demo rows over what the user did with the tables, ``state.demo_due``), then - with
+``--keep-running`` or ``--live`` - the loop that watches the manifests, answers ``reptables cluster
+stop|start`` and reconciles every second, and stopping the engines on the way out (Ctrl-C,
+SIGTERM, an error).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from reptables.engine.errors import YtError
 from ..terminal import display
 from .manifests import ManifestError, load_file, manifest_files
 from .runner import LocalRunner
-from .state import running_up
+from .state import demo_due, demo_skipped, record_demo, running_up
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -53,8 +55,12 @@ def _tick(runner: LocalRunner) -> None:
     runner.reconcile_all()
 
 
-def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0, live: bool = False) -> int:
-    """``reptables up``: start, converge, demo; with ``keep_running`` (or ``live``) watch and reconcile till stopped."""
+def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 90.0, live: bool = False,
+        demo: bool | None = None) -> int:
+    """``reptables up``: start, converge, demo; with ``keep_running`` (or ``live``) watch and reconcile till stopped.
+
+    ``demo``: write the demo rows (True), never (False), or - None, the default - only when this is
+    the first ``up`` on ``data_dir`` (:func:`~.state.demo_due`)."""
     # SIGTERM ends the runner like Ctrl-C: the engines it started are stopped on the way out
     signal.signal(signal.SIGTERM, _terminate)
     # everything up creates from here on is its user's alone, whatever mode the code creating it asks
@@ -73,6 +79,8 @@ def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 
     if missing:
         print(display(f"error: no such manifest file or directory: {', '.join(missing)}"), file=sys.stderr)
         return 1
+    if demo is None:
+        demo = demo_due(data_dir)  # before the runner creates anything in the directory
     try:
         manifests = [doc for file in manifest_files(paths) for doc in load_file(file)]
         runner = LocalRunner(manifests, data_dir)
@@ -89,10 +97,13 @@ def run(paths: list[Path], data_dir: Path, keep_running: bool, timeout: float = 
             print("not every resource became Ready; see the conditions above")
             if not keep_running:
                 return 1
-        else:
-            runner.demo()
+        elif demo:
+            tables = runner.demo()
+            record_demo(data_dir, runner.DEMO_ROWS, tables)
             runner.reconcile_all()
             runner.print_status()
+        else:
+            print(display(demo_skipped(data_dir)))
         if not keep_running:
             return 0
         if live:

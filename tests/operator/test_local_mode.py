@@ -279,11 +279,119 @@ def test_manifests_added_edited_and_removed_while_up_runs(up: Up) -> None:
     assert "ReplicatedTable default/events deleted" in up.output()
 
 
+MANUAL = """\
+# a table without the tracker: its replicas' modes are the manifests' to say
+apiVersion: reptables.io/v1alpha1
+kind: ReplicatedTable
+metadata:
+  name: manual
+spec:
+  cluster: primary
+  path: //home/shop/manual
+  schema: [{name: id, type: int64, sortOrder: ascending}, {name: body, type: string}]
+---
+apiVersion: reptables.io/v1alpha1
+kind: TableReplica
+metadata:
+  name: manual-remote-1
+spec:
+  table: manual
+  cluster: remote-1
+  replicaPath: //home/shop/manual   # the same path on remote-1
+  mode: async                       # until promoted
+"""
+
+
+def edit(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
+    """``reptables promote|disable|enable`` (the commands of reptables.operator.local.edits, which the
+    ``reptables`` command mounts)."""
+    return subprocess.run([sys.executable, "-m", "reptables.operator.local.edits", *args, "--data-dir", str(up.data)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def replica_view(up: Up, table: str, name: str) -> dict[str, Any]:
+    view = table_view(up, table)
+    assert view is not None, f"no table {table}"
+    return dict(next(r for r in view["replicas"] if r["name"] == name))
+
+
+def test_promote_disable_and_enable_edit_the_manifest_and_up_applies_them(up: Up) -> None:
+    """The local ``kubectl reptables promote|disable|enable``: one field of the replica's manifest, in
+    place (the file's comments stay), taken by the running ``up`` and carried out on the engines."""
+    # the tracker gave the sync replica back to remote-0 (stopped and started before): orders-remote-1
+    # is async, so disabling it leaves writes their sync replica
+    wait_on_up(lambda: (table_view(up) or {}).get("syncReplicas") == ["orders-remote-0"], 60,
+               "orders-remote-0 to be sync again", up)
+    manual = up.manifests / "zz-manual.yaml"
+    manual.write_text(MANUAL)
+    wait_on_up(lambda: (table_view(up, "manual") or {}).get("ready") == "True", 40, "the manual table Ready", up)
+
+    promoted = edit(up, "promote", "manual-remote-1")
+    assert promoted.returncode == 0, promoted.stderr
+    assert f'tablereplica.reptables.io/manual-remote-1 edited: spec.mode: "sync" in {manual}' in promoted.stdout
+    assert "applied it: TableReplica default/manual-remote-1 is at generation 2" in promoted.stdout
+    assert "owns this replica's mode" not in promoted.stderr  # no tracker on this table
+    text = manual.read_text()
+    assert text == MANUAL.replace("mode: async                       # until promoted",
+                                  "mode: sync                       # until promoted")
+    wait_on_up(lambda: replica_view(up, "manual", "manual-remote-1")["mode"] == "sync", 30,
+               "manual-remote-1 to be sync", up)
+    again = edit(up, "promote", "default/manual-remote-1")
+    assert again.returncode == 0 and 'unchanged: spec.mode is already "sync"' in again.stdout
+    assert manual.read_text() == text
+
+    # the tracker owns the modes of orders: promote says so
+    noted = edit(up, "promote", "orders-remote-1")
+    assert noted.returncode == 0 and "the tracker of ReplicatedTable default/orders owns this replica's mode" \
+        in noted.stderr
+
+    primary = yt_env(up, "primary")
+    remote = yt_env(up, "remote-1")
+    disabled = edit(up, "disable", "orders-remote-1")
+    assert disabled.returncode == 0 and "edited: spec.enabled: false" in disabled.stdout, disabled.stderr
+    wait_on_up(lambda: replica_view(up, "orders", "orders-remote-1")["state"] == "disabled", 30,
+               "orders-remote-1 disabled", up)
+    row = {"order_id": ROW_KEY + 1, "customer": "while-disabled", "amount": 1.0, "status": "new"}
+    assert yt(primary, "insert-rows", "//home/shop/orders", "--format", "json",
+              stdin=json.dumps(row) + "\n").returncode == 0
+    query = f"* from [//home/shop/orders] where order_id = {ROW_KEY + 1}"
+    assert '"while-disabled"' not in yt(remote, "select-rows", query, "--format", "json").stdout
+    enabled = edit(up, "enable", "orders-remote-1")
+    assert enabled.returncode == 0 and "edited: spec.enabled: true" in enabled.stdout, enabled.stderr
+    wait_on_up(lambda: '"while-disabled"' in yt(remote, "select-rows", query, "--format", "json").stdout, 30,
+               "the row written while disabled on remote-1", up)
+    assert replica_view(up, "orders", "orders-remote-1")["state"] == "enabled"
+
+    unknown = edit(up, "disable", "no-such-replica")
+    assert unknown.returncode == 1 and "TableReplica no-such-replica not found" in unknown.stderr
+    manual.unlink()
+    wait_on_up(lambda: table_view(up, "manual") is None, 30, "the manual table deleted", up)
+
+
+def orders_rows(env: dict[str, str]) -> dict[int, dict[str, Any]]:
+    found = yt(env, "select-rows", "* from [//home/shop/orders]", "--format", "json")
+    assert found.returncode == 0, found.stderr
+    return {row["order_id"]: row for row in map(json.loads, found.stdout.splitlines())}
+
+
 def test_sigterm_stops_every_engine_and_a_second_up_resumes(up: Up) -> None:
+    """A second ``up`` on the directory resumes and never writes the demo rows again: what the user
+    deleted stays deleted, what they changed stays changed, and no row is added."""
     before = up.state()
     replica_ids = {o["metadata"]["name"]: o["status"]["replicaId"] for o in before["objects"]
                    if o["kind"] == "TableReplica"}
     pids = [e["pid"] for e in before["engines"].values()]
+    assert "wrote 1000 rows to primary://home/shop/orders" in up.output()  # the first up on the directory
+    assert json.loads((up.data / "demo.json").read_text())["tables"] == ["primary://home/shop/orders"]
+    primary = yt_env(up, "primary")
+    count = len(orders_rows(primary))
+    assert yt(primary, "delete-rows", "//home/shop/orders", "--format", "json",
+              stdin='{"order_id": 3}\n').returncode == 0
+    changed = {"order_id": 4, "customer": "mine", "amount": 0.5, "status": "changed by hand"}
+    assert yt(primary, "insert-rows", "//home/shop/orders", "--format", "json",
+              stdin=json.dumps(changed) + "\n").returncode == 0
+    mine = orders_rows(primary)
+    assert 3 not in mine and mine[4] == changed and len(mine) == count - 1
     assert up.terminate() == 0
     for pid in pids:
         assert not _alive(pid), f"engine pid {pid} still runs after SIGTERM"
@@ -298,6 +406,10 @@ def test_sigterm_stops_every_engine_and_a_second_up_resumes(up: Up) -> None:
     found = yt(yt_env(up, "remote-1"), "select-rows", f"* from [//home/shop/orders] where order_id = {ROW_KEY}",
                "--format", "json")
     assert found.returncode == 0 and '"yt-cli"' in found.stdout, found.stderr
+    # no demo rows this time: the user's delete and update hold, and nothing was added
+    assert "wrote 1000 rows" not in up.output()
+    assert f"demo: not written again: {up.data} was used before" in up.output()
+    assert orders_rows(yt_env(up, "primary")) == mine
     again = reptables(up, "cluster", "stop", "remote-1")  # the new up carries requests out too
     assert again.returncode == 0, again.stderr
 
@@ -351,3 +463,41 @@ def test_reptables_up_tightens_its_data_directory_and_says_so(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("notice: the data directory was open to other users") == 1
     assert _mode(data) == 0o700 and _mode(data / "state.json") == 0o600
+
+
+# --- the edit of `reptables promote|disable|enable`, on a file of its own ---------------------------------------
+
+REPLICAS = """\
+# two replicas
+apiVersion: reptables.io/v1alpha1
+kind: TableReplica
+metadata: {name: a, namespace: shop}
+spec:
+  table: t
+  cluster: c
+  replicaPath: //home/t   # where
+  mode: async             # the start
+---
+apiVersion: reptables.io/v1alpha1
+kind: TableReplica
+metadata: {name: b}
+spec: {table: t, cluster: c, replicaPath: //home/t, preserveTimestamps: false, enableReplicatedTableTracker: false}
+"""
+
+
+def test_a_spec_edit_changes_one_field_in_place_and_refuses_an_invalid_result(tmp_path: Path) -> None:
+    from reptables.operator.local.manifests import ManifestError, set_spec_field
+
+    file = tmp_path / "replicas.yaml"
+    promoted = set_spec_field(file, REPLICAS, "TableReplica", "shop", "a", "mode", "sync")
+    assert promoted == REPLICAS.replace("mode: async             # the start", "mode: sync             # the start")
+    disabled = set_spec_field(file, REPLICAS, "TableReplica", "shop", "a", "enabled", False)
+    assert disabled == REPLICAS.replace("spec:\n  table: t", "spec:\n  enabled: false\n  table: t")
+    flow = set_spec_field(file, REPLICAS, "TableReplica", "default", "b", "enabled", False)
+    assert flow == REPLICAS.replace("spec: {table: t,", "spec: {enabled: false, table: t,")
+    assert set_spec_field(file, flow, "TableReplica", "default", "b", "enabled", True) == \
+        REPLICAS.replace("spec: {table: t,", "spec: {enabled: true, table: t,")
+    with pytest.raises(ManifestError, match="preserveTimestamps: false can only be asynchronous"):
+        set_spec_field(file, REPLICAS, "TableReplica", "default", "b", "mode", "sync")
+    with pytest.raises(ManifestError, match="TableReplica default/a: not found"):
+        set_spec_field(file, REPLICAS, "TableReplica", "default", "a", "mode", "sync")  # a is in shop

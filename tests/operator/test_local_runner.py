@@ -55,6 +55,8 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
     finds a new TableReplica of that table: the local launcher copies the rows with local Spark,
     verifies them, enables the replica, and the demo shows it holds every row. The second run's
     ``--timeout`` is shorter than the two Spark jobs: ``up`` waits on while a job of its own runs.
+    The second run writes no demo rows (the directory ran before): the new replica holds the first
+    run's 1000, counted on its engine afterwards.
     """
     manifests = copy_examples(tmp_path, min_replication_log_ttl="0s")
     command = [sys.executable, "-m", "reptables.operator.cli", "up", str(manifests), "--data-dir",
@@ -84,6 +86,16 @@ def test_reptables_up_bootstraps_a_replica_added_to_a_table_with_trimmed_history
     assert "TableReplica default/orders-copy: BootstrapPending: the history of //home/shop/orders was trimmed" in out
     assert "TableReplica default/orders-copy: BootstrapCopying" in out, out[-4000:]
     assert "TableReplica default/orders-copy: BootstrapDone: 1000 rows copied" in out, out[-4000:]
-    assert "replica orders-copy on remote-1 (async): 1000 rows" in out
+    assert "wrote 1000 rows" not in out and "demo: not written again" in out
     final = out[out.rindex("TableCluster     primary"):]
     assert "bootstrap=Done" in final and "Ready=False" not in final
+    remote = next(d for d in yaml.safe_load_all((manifests / "tableclusters.yaml").read_text())
+                  if d and d["kind"] == "TableCluster" and d["metadata"]["name"] == "remote-1")
+    remote_port = int(remote["spec"]["endpoint"].rsplit(":", 1)[1])
+    engine = LocalEngine("remote-1", tmp_path / "data" / "remote-1", port=remote_port,
+                         token="change-me-remote-1").start()
+    try:
+        with Client(engine.url, "change-me-remote-1") as replica:
+            assert replica.select_rows("sum(1) as n from [//home/shop/orders_copy] group by 1") == [{"n": 1000}]
+    finally:
+        engine.stop()

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from reptables.engine.client import Client
+from reptables.engine.errors import YtError
 from reptables.sparkapps.changes_source import ChangeRange, ChangesOptions, ChangesStreamReader, PulledChanges
 from reptables.testing import WaitTimeout, wait_for
 from tests.harness import EngineProcess
@@ -270,3 +271,72 @@ def test_mirror_refuses_an_ordered_table_naming_it(engine: EngineProcess, postgr
     assert f"{path} is an ordered table; only sorted tables can be mirrored" in result.stderr
     assert engine.read_token() not in result.stderr + result.stdout
     assert not (tmp_path / "c" / "mirror.json").exists()
+
+
+def _trimmed(client: Client, path: str, from_timestamp: int) -> bool:
+    """Whether ``path`` no longer keeps its changes after ``from_timestamp`` (a pull from there is refused)."""
+    try:
+        client.pull_changes(path, from_timestamp=from_timestamp, wait_timeout=0)
+    except YtError as exc:
+        assert exc.code == 1760, exc
+        return True
+    return False
+
+
+def test_a_stopped_mirror_holds_its_position_past_change_retention_until_released(
+        engine: EngineProcess, postgres: Any, tmp_path: Path) -> None:
+    """The mirror registers a vital consumer at StartTime and advances it as Spark records batches: stopped
+    while the table changes, long past its ``@change_retention``, it resumes without a gap. ``--release``
+    unregisters the consumer, and a released checkpoint never resumes."""
+    path, clock = table_name("held"), table_name("retention_clock")
+    create_table(engine, path, SCHEMA[:3])
+    create_table(engine, clock, SCHEMA[:2])
+    with client_of(engine) as client:
+        for table in (path, clock):
+            client.set(f"{table}/@change_retention", 1)  # 1 ms: every background pass trims what nothing holds
+        client.insert_rows(path, [{"k": k, "name": f"first-{k}", "score": float(k)} for k in range(20)])
+    token_file = tmp_path / "token"
+    token_file.write_text(engine.read_token())
+    checkpoint, pg_table = tmp_path / "checkpoint", "held"
+    argv = [sys.executable, "-m", "reptables.sparkapps.mirror", "--proxy", engine.url, "--path", path,
+            "--token-file", str(token_file), "--pg-dsn", postgres.conninfo, "--pg-table", pg_table,
+            "--checkpoint", str(checkpoint)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+
+    def mirror(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=240, env=env)
+
+    first = mirror("--once")
+    assert first.returncode == 0, first.stderr[-4000:]
+    state = json.loads((checkpoint / "mirror.json").read_text())
+    assert state["consumer"].startswith("//consumers/reptables-mirror/held-")
+    with client_of(engine) as client:
+        [held] = client.list_queue_consumer_registrations(path)
+        assert (held["consumer_path"], held["vital"]) == (state["consumer"], True)
+        # stopped, while the table changes
+        client.insert_rows(path, [{"k": k, "name": f"later-{k}", "score": -1.0} for k in range(100, 110)])
+        client.insert_rows(path, [{"k": 1, "name": "partial"}], update=True)
+        client.delete_rows(path, [{"k": k} for k in range(2, 5)])
+        after_writes = client.generate_timestamp()
+        client.insert_rows(clock, [{"k": 1, "name": "tick"}])
+        # a background pass trimmed the clock's change, written after those: it would have trimmed them too
+        wait_for(lambda: _trimmed(client, clock, after_writes - 1), 30,
+                 "a retention pass after the writes", interval=0.3)
+
+    second = mirror("--once")
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resuming the mirror" in second.stderr
+    with client_of(engine) as client:
+        expected = sorted(client.select_rows(f"k, name, score FROM [{path}]"), key=lambda r: r["k"])
+    with postgres.connect() as conn:
+        got = [dict(zip(("k", "name", "score"), row, strict=True))
+               for row in conn.execute(f"SELECT k, name, score FROM {pg_table} ORDER BY k").fetchall()]
+    assert got == expected and len(got) == 27
+
+    released = mirror("--release")
+    assert released.returncode == 0, released.stderr[-4000:]
+    assert f"unregistered consumer {state['consumer']} of {path}" in released.stderr
+    with client_of(engine) as client:
+        assert client.list_queue_consumer_registrations(path) == []
+    again = mirror("--once")
+    assert again.returncode == 1 and "belongs to a mirror that was released" in again.stderr, again.stderr[-2000:]
