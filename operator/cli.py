@@ -451,6 +451,12 @@ def operator(
     handlers.run(resolved)
 
 
+# the local `kubectl reptables promote|disable|enable`: edits of the manifests `up` watches (docs/local.md)
+from .local.edits import register as _register_replica_edits  # noqa: E402 - mounted after the commands above
+
+_register_replica_edits(app)
+
+
 def main() -> None:
     app()
 

@@ -152,7 +152,8 @@ def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
 #: still busy with a long module while the other is idle (longest first)
 HEAVY_FIRST = ("tests/sparkapps/", "tests/operator/test_bootstrap.py", "tests/operator/test_sparkapplication.py",
                "tests/operator/test_tour.py", "tests/operator/test_local_runner.py",
-               "tests/operator/test_xdcr_join.py", "tests/operator/test_operator_e2e.py", "tests/test_chart.py")
+               "tests/operator/test_xdcr_join.py", "tests/operator/test_operator_e2e.py", "tests/test_chart.py",
+               "tests/test_docs.py", "tests/chaos/", "tests/ha/")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
