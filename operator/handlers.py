@@ -43,7 +43,7 @@ from .controllers.conditions import Cond, merge
 from .controllers.dispatch import ORDER, RECONCILERS, finalize, is_ready, reconcile
 from .controllers.world import Outcome, Resource
 from .models import ConditionStatus, ConditionType
-from .models.common import now_text, parse_time
+from .models.common import parse_time
 from .registry import CREDENTIALS_SELECTOR, CredentialPolicy
 from .runtime import Runtime
 from .settings import OperatorSettings
@@ -283,10 +283,8 @@ def track(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None
     runtime.tracker.maybe_check()
     for switch in runtime.pending_switches():
         kopf.event(_reference(switch.table), type="Normal", reason="ReplicaModeChanged", message=switch.message)
-    verdict = runtime.tracker.verdicts.get((body.meta.namespace, str(body.meta.name)))
-    if verdict is None:
-        return
+    # (the table's reconcile writes the same status.tracker from the same journal; this is sooner)
     current = (body.get("status") or {}).get("tracker") or {}
-    if current.get("lastDecision") != verdict.decision or current.get("reason") != verdict.reason:
-        patch.status["tracker"] = {"lastDecision": verdict.decision, "reason": verdict.reason,
-                                   "time": now_text(datetime.fromtimestamp(verdict.time, UTC))}
+    tracker = runtime.registry.tracker_journal.status((body.meta.namespace, str(body.meta.name)), current)
+    if tracker is not None and tracker != current:
+        patch.status["tracker"] = tracker

@@ -81,7 +81,8 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
             listed = ", ".join(desired) or "no cluster"
             if written:
                 out.events.append(Event("Normal", "DirectoryUpdated", f"//sys/clusters now lists {listed}"))
-            event = sync_read_only(world.engines.client(res.name), bool(res.spec.read_only))
+            event = sync_read_only(world.engines.client(res.name), bool(res.spec.read_only),
+                                   "read_only" in res.spec.model_fields_set)
             if event is not None:
                 out.events.append(event)
             conds.append(Cond(ConditionType.READY, True, "Healthy",
@@ -96,9 +97,10 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
     return out
 
 
-def sync_read_only(client: Client, read_only: bool) -> Event | None:
+def sync_read_only(client: Client, read_only: bool, explicit: bool = True) -> Event | None:
     """``spec.readOnly`` onto the engine's ``//sys/@read_only``: a read-only engine refuses client row
-    writes (code 605) while replication into its replica tables goes on. Returns the event of a change."""
+    writes (code 605) while replication into its replica tables goes on. Returns the event of a change
+    (``explicit``: the spec names the field; otherwise its default applies)."""
     try:
         current = client.get("//sys/@read_only") is True
     except YtError:
@@ -106,8 +108,10 @@ def sync_read_only(client: Client, read_only: bool) -> Event | None:
     if current == read_only:
         return None
     client.set("//sys/@read_only", read_only)
+    how = "is true" if read_only else "is false" if explicit else "not set (the default: false)"
     return Event("Normal", "ReadOnly" if read_only else "Writable",
-                 "client writes are now refused (readOnly)" if read_only else "client writes are accepted again")
+                 f"spec.readOnly {how}: client writes are "
+                 f"{'now refused' if read_only else 'accepted again'}")
 
 
 def cluster_references(res: Resource, world: World) -> list[str]:

@@ -2,18 +2,22 @@
 
 Each kind's module (``clusters``, ``tables``, ``replicas``, ``collocations``, ``xdcr``) depends only
 on the modules below it, never on a sibling: what two of them need lives here (the Ready=False
-outcome every kind reports the same way, and the engine form of a table schema that ReplicatedTable,
-TableReplica and XdcrGroup create tables from).
+outcome every kind reports the same way, the engine form of a table schema that ReplicatedTable,
+TableReplica and XdcrGroup create tables from, and ``status.unreachable``, how a status says that a
+cluster it is read from does not answer, and since when).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from reptables.engine.errors import UnavailableError
+
 from ..models import ConditionType
+from ..models.common import now_text
 from . import conditions
 from .conditions import Cond
-from .world import Event, Outcome, Resource
+from .world import Event, Outcome, Resource, describe_error
 
 
 def not_ready(res: Resource, reason: str, message: str, retry: float) -> Outcome:
@@ -37,3 +41,20 @@ def yt_schema(spec: Any) -> list[dict[str, Any]]:
             column["lock"] = col.lock
         out.append(column)
     return out
+
+
+def unreachable(exc: BaseException) -> bool:
+    """The engine did not answer (connection refused, timeout) or answered that it is unavailable (105)."""
+    return isinstance(exc, UnavailableError)
+
+
+def unreachable_status(previous: Any, cluster: str, exc: BaseException) -> dict[str, Any]:
+    """``status.unreachable`` for ``cluster``: ``since`` kept from ``previous`` while it is the same cluster."""
+    before = previous if isinstance(previous, dict) else {}
+    since = before.get("since") if before.get("cluster") == cluster and before.get("since") else now_text()
+    return {"cluster": cluster, "since": since, "message": describe_error(exc)}
+
+
+def unreachable_text(status: dict[str, Any], role: str = "cluster") -> str:
+    """``"cluster remote-0 unreachable since 2026-...Z: <error>"``: what a condition and the views say."""
+    return f"{role} {status['cluster']} unreachable since {status['since']}: {status.get('message') or '-'}"

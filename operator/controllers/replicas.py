@@ -38,7 +38,7 @@ from reptables.engine.tablets import TabletState
 
 from ..models import Atomicity, BootstrapPhase, ConditionType, DeletionPolicy
 from . import conditions, replica_bootstrap
-from .common import not_ready, yt_schema
+from .common import not_ready, unreachable, unreachable_status, unreachable_text, yt_schema
 from .conditions import Cond
 from .directory import sync_directory
 from .world import (
@@ -99,11 +99,17 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             # refuses a replica on a cluster missing from its directory, and the replica cluster
             # asks the meta-cluster about in-doubt writes (the TableClusters' refresh keeps it so)
             sync_directory(table.spec.cluster, world)
-            sync_directory(spec.cluster, world)
+            try:
+                sync_directory(spec.cluster, world)
+            except YtError as exc:
+                return _replica_cluster_down(res, table, meta, None, exc, events)
         replica_id = _find_replica(meta, table_path, spec.cluster, spec.replica_path, res.status.get("replicaId"))
         known_table = res.status.get("replicaTableId")
         if replica_id is not None and known_table:
-            lost = _lost_replica_table(remote, spec.replica_path, known_table)
+            try:
+                lost = _lost_replica_table(remote, spec.replica_path, known_table)
+            except YtError as exc:
+                return _replica_cluster_down(res, table, meta, replica_id, exc, events)
             if lost is not None:
                 return _start_over(res, meta, replica_id, lost, events)
         boot: dict[str, Any] = dict(res.status.get("bootstrap") or {})
@@ -130,19 +136,16 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
             table_events, table_id = _ensure_replica_table(remote, table, res, replica_id)
             events += table_events
         except YtError as exc:
-            # the replica cluster is down or refuses: still report what the meta-cluster knows
-            info = meta.get(f"#{replica_id}/@")
-            out = not_ready(res, "ReplicaClusterUnavailable", f"{spec.cluster}: {describe_error(exc)}", 5.0)
-            out.status = {**_status(res, replica_id, info, threshold=_lag_threshold(table),
-                                    table_id=known_table),
-                          "conditions": out.status["conditions"]}
-            if boot:
-                out.status["bootstrap"] = boot
-            out.events = events + out.events
-            return out
+            return _replica_cluster_down(res, table, meta, replica_id, exc, events, boot)
         info = meta.get(f"#{replica_id}/@")
+        configuration = res.status.get("observedGeneration") != res.generation
         if info.get("enable_replicated_table_tracker") != spec.enable_replicated_table_tracker:
             meta.set(f"#{replica_id}/@enable_replicated_table_tracker", spec.enable_replicated_table_tracker)
+            events.append(_setting_event(
+                configuration, "enableReplicatedTableTracker",
+                _default_note(spec, "enable_replicated_table_tracker", spec.enable_replicated_table_tracker),
+                f"enable_replicated_table_tracker of replica {replica_id} set to "
+                f"{str(spec.enable_replicated_table_tracker).lower()}"))
         if start is not None:
             step: replica_bootstrap.Step | None = replica_bootstrap.created_step(boot)
         else:
@@ -166,25 +169,102 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         # one alter for state and mode: a second one would land in the transition the first began
         enable: bool | None = None
         mode: ReplicaMode | None = None
+        source = "" if configuration else " (it was changed on the engine, not in the spec)"
         if want_enabled and state is not ReplicaState.ENABLED:
             enable = True
-            events.append(Event("Normal", "Enabling", f"replica {replica_id} is being enabled"))
+            events.append(Event("Normal", "Enabling", f"replica {replica_id} is being enabled: spec.enabled "
+                                                      f"{_default_note(spec, 'enabled', True)}{source}"))
         elif not want_enabled and state is not ReplicaState.DISABLED:
             enable = False
-            events.append(Event("Normal", "Disabling", f"replica {replica_id} is being disabled"))
+            events.append(Event("Normal", "Disabling", f"replica {replica_id} is being disabled: spec.enabled "
+                                                       f"{_default_note(spec, 'enabled', False)}{source}"))
         if not owned_by_tracker and ReplicaMode(info["mode"]) is not spec.mode:
             mode = spec.mode
-            events.append(Event("Normal", "ModeChanged", f"replica {replica_id} switched to {spec.mode.value}"))
+            events.append(Event("Normal", "ModeChanged", f"replica {replica_id} switched to {spec.mode.value}: "
+                                                         f"spec.mode {_default_note(spec, 'mode', spec.mode.value)}"
+                                                         f"{source}"))
         if enable is not None or mode is not None:
             meta.alter_table_replica(replica_id, enabled=enable, mode=mode)
         info = meta.get(f"#{replica_id}/@")
     except YtError as exc:
+        if unreachable(exc) and not _from(exc, world, spec.cluster, table.spec.cluster):
+            # (the replica cluster's own calls are handled where they are made: this is the meta-cluster)
+            return _meta_cluster_down(res, table, exc, events)
         reason = "EnableFailed" if "Cannot enable replica" in describe_error(exc) else "EngineError"
-        return not_ready(res, reason, describe_error(exc), 15.0)
+        out = not_ready(res, reason, describe_error(exc), 15.0)
+        out.status.pop("observedGeneration")  # the spec was not applied: its edit is still to come
+        return out
     transition = ReplicaState(info["state"]) in TRANSITIONS
     out = Outcome(retry_after=TRANSITION_POLL_SECONDS if transition else REFRESH_SECONDS, events=events)
     out.status = _status(res, replica_id, info, step, _lag_threshold(table), table_id)
     return out
+
+
+def _replica_cluster_down(res: Resource, table: Resource, meta: Client, replica_id: str | None, exc: YtError,
+                          events: list[Event], boot: dict[str, Any] | None = None) -> Outcome:
+    """The replica's own cluster is down or refuses: the status still says what the meta-cluster knows
+    of the replica — its mode (the tracker may just have switched it), state, lag and rows behind —
+    and the Ready condition says since when its cluster has been unreachable."""
+    spec = res.spec
+    lost = unreachable_status(res.status.get("unreachable"), spec.cluster, exc) if unreachable(exc) else None
+    message = unreachable_text(lost) if lost is not None else f"{spec.cluster}: {describe_error(exc)}"
+    out = not_ready(res, "ReplicaClusterUnavailable", message, 5.0)
+    out.events = events + out.events
+    if replica_id is None:  # nothing exists on the meta-cluster yet
+        out.status.pop("observedGeneration")
+        out.status["unreachable"] = lost
+        return out
+    info = meta.get(f"#{replica_id}/@")  # (the meta-cluster down too: the caller's handler says so)
+    status = _status(res, replica_id, info, threshold=_lag_threshold(table), table_id=res.status.get("replicaTableId"))
+    status["conditions"] = conditions.merge(status["conditions"], [
+        Cond(ConditionType.READY, False, "ReplicaClusterUnavailable", message)], res.generation)
+    status["unreachable"] = lost
+    status.pop("observedGeneration")  # the spec could not be applied on the replica cluster
+    if boot:
+        status["bootstrap"] = boot
+    out.status = status
+    return out
+
+
+def _meta_cluster_down(res: Resource, table: Resource, exc: YtError, events: list[Event]) -> Outcome:
+    """The meta-cluster does not answer: the replica's mode, state, lag and rows behind are unknown, and
+    the status says so (absent, and ``status.unreachable``) rather than keep the last ones seen."""
+    lost = unreachable_status(res.status.get("unreachable"), table.spec.cluster, exc)
+    message = unreachable_text(lost, "meta-cluster")
+    out = not_ready(res, "ClusterUnreachable", message, 5.0)
+    out.events = events + out.events
+    out.status.pop("observedGeneration")
+    out.status["conditions"] = conditions.merge(out.status["conditions"], [
+        Cond(ConditionType.REPLICATING, None, "ClusterUnreachable", message)], res.generation)
+    tablets = dict(res.status.get("tablets") or {})
+    out.status.update({"unreachable": lost, "mode": None, "state": None, "lagSeconds": None,
+                       "tablets": {**tablets, "maxLagSeconds": None, "rowsBehind": None} if tablets else None})
+    return out
+
+
+def _from(exc: YtError, world: World, cluster: str, other: str) -> bool:
+    """Whether a request that got no answer went to ``cluster`` (and not to ``other``, its URL being known)."""
+    url = str(getattr(exc, "url", "") or "")
+    try:
+        mine, theirs = world.engines.ref(cluster).endpoint.rstrip("/"), world.engines.ref(other).endpoint.rstrip("/")
+    except ClusterNotFound:
+        return False
+    return bool(url) and mine != theirs and url.startswith(mine + "/")
+
+
+def _default_note(spec: Any, field_name: str, value: Any) -> str:
+    """How a field came to its value: set in the spec, or left out (its default applies)."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"is {text}" if field_name in spec.model_fields_set else f"not set (the default: {text})"
+
+
+def _setting_event(configuration: bool, field_name: str, how: str, what: str) -> Event:
+    """``ConfigurationChanged`` for an edit of the spec being applied, ``DriftCorrected`` for a change made
+    on the engine that the spec undoes."""
+    if configuration:
+        return Event("Normal", "ConfigurationChanged", f"spec.{field_name} {how}: {what}")
+    return Event("Normal", "DriftCorrected", f"{what} (changed on the engine, not in the spec; spec.{field_name} "
+                                             "is what counts)")
 
 
 def _lost_replica_table(remote: Client, path: str, known_id: str) -> str | None:
@@ -287,7 +367,7 @@ def _status(res: Resource, replica_id: str, info: dict[str, Any], step: replica_
                     "maxLagSeconds": max((int(t.get("replication_lag_time", 0)) // 1000 for t in tablets), default=0),
                     "rowsBehind": sum(max(0, int(t.get("flushed_row_count") or 0)
                                           - int(t.get("current_replication_row_index") or 0)) for t in tablets)},
-        "errors": errors, "observedGeneration": res.generation,
+        "errors": errors, "observedGeneration": res.generation, "unreachable": None,
         "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
     if step is not None:
         status["bootstrap"] = step.status

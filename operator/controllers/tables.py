@@ -10,9 +10,12 @@ errors — not merely that the table exists.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+
+from pydantic.alias_generators import to_camel
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
@@ -20,9 +23,9 @@ from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.schema import INCOMPATIBLE_SCHEMAS, TableSchema, check_schema_update
 from reptables.engine.tablets import TabletState
 
-from ..models import ConditionType, DeletionPolicy, SchemaMigrationPhase
+from ..models import ConditionType, DeletionPolicy, SchemaMigrationPhase, format_duration
 from . import conditions
-from .common import not_ready, yt_schema
+from .common import not_ready, unreachable, unreachable_status, unreachable_text, yt_schema
 from .conditions import Cond
 from .world import (
     ClusterNotFound,
@@ -104,11 +107,16 @@ def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
             events += migration.events
             if migration.phase is SchemaMigrationPhase.DONE:
                 attrs = client.get(f"{path}/@")
-        events += _correct_drift(client, path, spec, attrs)
+        events += _correct_drift(client, path, res, attrs)
+        status = _status(res, world, client, path, attrs)
     except YtError as exc:
-        return not_ready(res, "EngineError", f"{spec.cluster}: {describe_error(exc)}", 10.0)
+        if unreachable(exc):
+            return _meta_unreachable(res, exc)
+        out = not_ready(res, "EngineError", f"{spec.cluster}: {describe_error(exc)}", 10.0)
+        out.status.pop("observedGeneration")  # the spec was not applied: its edit is still to come
+        return out
     out = Outcome(retry_after=REFRESH_SECONDS, events=events)
-    out.status = _status(res, world, client, path, attrs)
+    out.status = status
     if migration is not None:
         out.status["schemaMigration"] = migration.status(res)
         if migration.phase is not SchemaMigrationPhase.DONE:
@@ -119,10 +127,33 @@ def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
     elif res.status.get("schemaMigration"):
         previous = dict(res.status["schemaMigration"])
         if previous.get("phase") != SchemaMigrationPhase.DONE:
-            # the engine has the manifest's schema (an edit reverted, say): nothing is under way
+            # the engine has the manifest's schema (an edit reverted, say, or the pass that altered the
+            # table was not in the status this pass read): nothing is under way; the columns say which
+            columns = ", ".join(c.name for c in spec.table_schema)
             previous = {"phase": SchemaMigrationPhase.DONE, "pending": [],
-                        "message": f"{path} has the manifest's schema", "observedGeneration": res.generation}
+                        "message": f"{path} has the manifest's schema ({columns})",
+                        "observedGeneration": res.generation}
         out.status["schemaMigration"] = previous
+    return out
+
+
+def _meta_unreachable(res: Resource, exc: YtError) -> Outcome:
+    """The meta-cluster does not answer: what the status knew of the replicas is not true any more.
+
+    The replicas' modes, states and lags are dropped (the list keeps their names and clusters), no
+    replica is claimed to be sync, and the table is not Writable: nothing can be written or read
+    through it until the meta-cluster is back. ``status.unreachable`` says since when."""
+    lost = unreachable_status(res.status.get("unreachable"), res.spec.cluster, exc)
+    message = unreachable_text(lost, "meta-cluster")
+    out = not_ready(res, "ClusterUnreachable", message, 5.0)
+    out.status.pop("observedGeneration")
+    out.status["conditions"] = conditions.merge(out.status["conditions"], [
+        Cond(ConditionType.REPLICATING, None, "ClusterUnreachable", message),
+        Cond(ConditionType.WRITABLE, False, "ClusterUnreachable", message)], res.generation)
+    out.status.update({
+        "unreachable": lost, "syncReplicas": [], "maxLagSeconds": None,
+        "replicas": [{"name": r.get("name"), "cluster": r.get("cluster")} for r in res.status.get("replicas") or []
+                     if isinstance(r, dict) and r.get("name") and r.get("cluster")]})
     return out
 
 
@@ -237,20 +268,36 @@ def _migrate_schema(res: Resource, world: World, client: Client, path: str, attr
     return Migration(SchemaMigrationPhase.DONE, message, [], [Event("Normal", "SchemaMigrated", message)])
 
 
-def _correct_drift(client: Client, path: str, spec: Any, attrs: dict[str, Any]) -> list[Event]:
-    events: list[Event] = []
+def _correct_drift(client: Client, path: str, res: Resource, attrs: dict[str, Any]) -> list[Event]:
+    """Bring the engine's settings to the spec: every optional field absent means the engine's default.
+
+    A difference found on the first pass after the spec changed (``metadata.generation`` ahead of
+    ``status.observedGeneration``) is the user's edit being applied: event ``ConfigurationChanged``,
+    naming the field (and, for a removed one, the default it goes back to). A difference found later
+    was made out of band on the engine, and is undone: event ``DriftCorrected``."""
+    spec = res.spec
+    change = _ChangeEvents(res, path)
     desired = yt_options(spec)
-    current = {k: v for k, v in (attrs.get("replicated_table_options") or {}).items() if k in desired or v}
+    current = dict(attrs.get("replicated_table_options") or {})
     if current != desired:
         client.set(f"{path}/@replicated_table_options", desired)
-        events.append(Event("Normal", "DriftCorrected", f"replicated_table_options of {path} reset to the spec"))
+        change.add("replicatedTableOptions", _option_changes(current, desired),
+                   f"replicated_table_options of {path} set to {json.dumps(desired, sort_keys=True)}")
     throttler = _throttler(spec)
-    if throttler is not None and attrs.get("replication_throttler") != throttler:
+    engine_throttler = attrs.get("replication_throttler") or None
+    if throttler is None and engine_throttler is not None:
+        client.remove(f"{path}/@replication_throttler")
+        change.add("replicationThrottler", "removed (the default: no limit)",
+                   f"replication_throttler of {path} removed: replication is not throttled")
+    elif throttler is not None and engine_throttler != throttler:
         client.set(f"{path}/@replication_throttler", throttler)
-        events.append(Event("Normal", "DriftCorrected", f"replication_throttler of {path} reset to the spec"))
+        change.add("replicationThrottler", f"set to {json.dumps(throttler)}", f"replication_throttler of {path} set")
     ttl = _ms(spec.min_replication_log_ttl)
     if attrs.get("min_replication_log_ttl") != ttl:
         client.set(f"{path}/@min_replication_log_ttl", ttl)
+        change.add("minReplicationLogTtl", _default_note(spec, "min_replication_log_ttl",
+                                                         format_duration(spec.min_replication_log_ttl)),
+                   f"min_replication_log_ttl of {path} set to {ttl} ms")
     state = attrs.get("tablet_state")
     want_pivots = spec.pivot_keys
     if want_pivots and attrs.get("pivot_keys") != want_pivots or (
@@ -262,18 +309,52 @@ def _correct_drift(client: Client, path: str, spec: Any, attrs: dict[str, Any]) 
         else:
             client.reshard_table(path, tablet_count=spec.tablet_count)
         state = TabletState.UNMOUNTED
-        events.append(Event("Normal", "Resharded", f"{path} resharded to {len(want_pivots or []) or spec.tablet_count}"
-                                                   " tablets"))
+        change.events.append(Event("Normal", "Resharded", f"{path} resharded to "
+                                                          f"{len(want_pivots or []) or spec.tablet_count} tablets"))
     if state == TabletState.UNMOUNTED:
         client.mount_table(path, freeze=spec.frozen)
-        events.append(Event("Normal", "Mounted", f"{path} mounted{' frozen' if spec.frozen else ''}"))
+        change.events.append(Event("Normal", "Mounted", f"{path} mounted{' frozen' if spec.frozen else ''}"))
     elif spec.frozen and state == TabletState.MOUNTED:
         client.freeze_table(path)
-        events.append(Event("Normal", "Frozen", f"{path} frozen"))
+        change.add("frozen", "set to true", f"{path} frozen: writes are refused")
     elif not spec.frozen and state == TabletState.FROZEN:
         client.unfreeze_table(path)
-        events.append(Event("Normal", "Unfrozen", f"{path} unfrozen"))
-    return events
+        change.add("frozen", _default_note(spec, "frozen", "false"), f"{path} unfrozen: writes are accepted")
+    return change.events
+
+
+class _ChangeEvents:
+    """The events of one pass that brought engine settings to the spec (see ``_correct_drift``)."""
+
+    def __init__(self, res: Resource, path: str) -> None:
+        self.res = res
+        self.path = path
+        self.configuration = res.status.get("observedGeneration") != res.generation
+        self.events: list[Event] = []
+
+    def add(self, field_name: str, how: str, what: str) -> None:
+        if self.configuration:
+            self.events.append(Event("Normal", "ConfigurationChanged", f"spec.{field_name} {how}: {what}"))
+        else:
+            self.events.append(Event("Normal", "DriftCorrected", f"{what} (changed on the engine, not in the spec; "
+                                                                 f"spec.{field_name} is what counts)"))
+
+
+def _default_note(spec: Any, field_name: str, default: str) -> str:
+    """How a field with a default came to its value: set in the spec, or left out (the default applies)."""
+    return f"set to {default}" if field_name in spec.model_fields_set else f"not set (the default: {default})"
+
+
+def _option_changes(current: dict[str, Any], desired: dict[str, Any]) -> str:
+    """Which of ``replicated_table_options`` change, by their manifest names; removed ones say so."""
+    parts = []
+    for key in sorted(set(current) | set(desired)):
+        name = to_camel(key)
+        if key not in desired:
+            parts.append(f"{name} removed (the default applies)")
+        elif current.get(key) != desired[key]:
+            parts.append(f"{name} set to {json.dumps(desired[key])}")
+    return ", ".join(parts)
 
 
 def _status(res: Resource, world: World, client: Client, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -323,9 +404,29 @@ def _status(res: Resource, world: World, client: Client, path: str, attrs: dict[
     conds.append(Cond(ConditionType.WRITABLE, writable, "SyncReplicaAvailable" if writable else (
         "Frozen" if attrs.get("tablet_state") == TabletState.FROZEN else "NoSyncReplica"),
         f"sync replicas: {', '.join(sync)}" if sync else "writes need require_sync_replica=false"))
-    return {"tableId": attrs["id"], "syncReplicas": sync, "replicas": summaries, "maxLagSeconds": max_lag,
-            "observedGeneration": res.generation,
-            "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
+    status = {"tableId": attrs["id"], "syncReplicas": sync, "replicas": summaries, "maxLagSeconds": max_lag,
+              "observedGeneration": res.generation, "unreachable": None,
+              "conditions": conditions.merge(res.status.get("conditions"), conds, res.generation)}
+    tracker = _tracker_status(res, world)
+    if tracker is not None:
+        status["tracker"] = tracker
+    return status
+
+
+def _tracker_status(res: Resource, world: World) -> dict[str, Any] | None:
+    """``status.tracker`` from what the tracker recorded (its last decision and switches survive a restart
+    of the operator: the journal extends the status already written)."""
+    journal = world.tracker_journal
+    previous = res.status.get("tracker")
+    if journal is None:
+        return None
+    if not res.spec.replicated_table_options.enable_replicated_table_tracker:
+        journal.forget((res.namespace, res.name))
+        if not previous:
+            return None
+        return {**previous, "summary": "the tracker is off for this table "
+                                       "(replicatedTableOptions.enableReplicatedTableTracker: false)"}
+    return journal.status((res.namespace, res.name), previous)
 
 
 def finalize_replicated_table(res: Resource, world: World) -> Outcome:

@@ -13,14 +13,18 @@ object are resolved by :func:`oldest_claimant` ("the oldest wins", as CloudNativ
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
 
 from ..jobs.launcher import Launcher
+from ..models import MAX_TRACKER_SWITCHES
+from ..models.common import now_text
 
 #: how long an operator call to an engine may take before the cluster counts as unreachable
 ENGINE_TIMEOUT = 5.0
@@ -176,6 +180,94 @@ class Engines:
             self._clients.clear()
 
 
+@dataclass(frozen=True)
+class TrackerSwitch:
+    """One mode change the tracker made (``status.tracker.recentSwitches``)."""
+
+    time: float
+    """Seconds since the epoch."""
+    replica: str
+    """The TableReplica's name, or the replica id when no TableReplica names it."""
+    replica_id: str
+    cluster: str
+    previous_mode: str
+    mode: str
+    reason: str
+
+    def status(self) -> dict[str, Any]:
+        return {"time": _time_text(self.time), "replica": self.replica, "replicaId": self.replica_id,
+                "cluster": self.cluster, "mode": self.mode, "reason": self.reason}
+
+
+def _time_text(seconds: float) -> str:
+    return now_text(datetime.fromtimestamp(seconds, UTC))
+
+
+@dataclass
+class _TrackerEntry:
+    summary: str = ""
+    decision: str | None = None
+    reason: str | None = None
+    time: float | None = None
+    switches: deque[TrackerSwitch] = field(default_factory=lambda: deque(maxlen=MAX_TRACKER_SWITCHES))
+
+
+class TrackerJournal:
+    """What the tracker saw and did per ReplicatedTable, kept for the table's ``status.tracker``.
+
+    The tracker loop writes it (a summary per check, the switches it made); the ReplicatedTable's
+    reconciler and the kopf tracker timer read it, so both front ends publish the same status. It
+    lives in the operator's memory: after a restart the status already written is kept and extended
+    (:meth:`status` merges the previous one), not replaced by an empty one."""
+
+    def __init__(self) -> None:
+        #: guards ``_tables``; a leaf
+        self._lock = threading.Lock()
+        self._tables: dict[tuple[str | None, str], _TrackerEntry] = {}
+
+    def checked(self, key: tuple[str | None, str], summary: str) -> None:
+        """One check of the table saw this (its sync replicas, the counts, why nothing moved)."""
+        with self._lock:
+            self._tables.setdefault(key, _TrackerEntry()).summary = summary
+
+    def switched(self, key: tuple[str | None, str], switches: list[TrackerSwitch], reason: str) -> None:
+        """The switches of one decision, all applied, oldest first."""
+        if not switches:
+            return
+        with self._lock:
+            entry = self._tables.setdefault(key, _TrackerEntry())
+            entry.decision = "; ".join(f"{s.replica}: {s.previous_mode} -> {s.mode}" for s in switches)
+            entry.reason = reason
+            entry.time = switches[-1].time
+            entry.switches.extend(switches)
+
+    def forget(self, key: tuple[str | None, str]) -> None:
+        with self._lock:
+            self._tables.pop(key, None)
+
+    def status(self, key: tuple[str | None, str], previous: Any = None) -> dict[str, Any] | None:
+        """``status.tracker`` of the table: what this operator saw merged over ``previous`` (the status
+        already written); None when the tracker has not looked at the table since this operator started."""
+        with self._lock:
+            entry = self._tables.get(key)
+            if entry is None:
+                return None
+            summary, decision, reason, when = entry.summary, entry.decision, entry.reason, entry.time
+            switches = [s.status() for s in reversed(entry.switches)]
+        out: dict[str, Any] = {k: v for k, v in (previous or {}).items()
+                               if k in ("lastDecision", "reason", "time", "recentSwitches")}
+        if decision is not None and when is not None:
+            out.update({"lastDecision": decision, "reason": reason, "time": _time_text(when)})
+        if switches:
+            known = {(s.get("time"), s.get("replicaId"), s.get("mode")) for s in switches}
+            older = [s for s in out.get("recentSwitches") or []
+                     if isinstance(s, dict) and (s.get("time"), s.get("replicaId"), s.get("mode")) not in known]
+            out["recentSwitches"] = (switches + older)[:MAX_TRACKER_SWITCHES]
+        out.setdefault("recentSwitches", [])
+        out["summary"] = summary
+        return out
+
+
 @dataclass
 class World:
     """Everything the reconcilers may look at besides the resource being reconciled."""
@@ -184,6 +276,8 @@ class World:
     resources: Callable[[str], list[Resource]]
     #: runs the bootstrap and verify jobs of new replicas (None: this front end cannot run them)
     launcher: Launcher | None = None
+    #: what the tracker decided per table, for ``status.tracker`` (None: no tracker runs)
+    tracker_journal: TrackerJournal | None = None
 
     def of_kind(self, kind: str, namespace: str | None = None) -> list[Resource]:
         return [r for r in self.resources(kind) if namespace is None or r.namespace == namespace]

@@ -156,8 +156,10 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
                     client.dr_pause(wait=False)
                 else:
                     client.dr_resume()
+                how = "is true" if spec.paused else "is false" if "paused" in spec.model_fields_set \
+                    else "not set (the default: false)"
                 events.append(Event("Normal", "Paused" if spec.paused else "Resumed",
-                                    f"{name} {'refuses' if spec.paused else 'takes'} client writes"))
+                                    f"spec.paused {how}: {name} {'refuses' if spec.paused else 'takes'} client writes"))
         except (ClusterNotFound, YtError, httpx.HTTPError) as exc:
             unreachable[name] = describe_error(exc)
             clients.pop(name)

@@ -2,12 +2,13 @@
 
 Both faces show the same thing — the CloudNativePG ``kubectl cnpg status`` idea: a summary per
 replicated table and a per-replica table with mode, state, lag and bootstrap progress; per XDCR group
-the same shape, a summary and a row per ordered peer pair — so the view is built here once, from
-Kubernetes-shaped dicts (what the API server returns for the reptables kinds, and core v1 Events),
-and nothing here talks to Kubernetes or an engine. :func:`build_view` turns the objects into a
-plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read the same facts the text
-shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap` print it with rich.
-Everything is sorted so that the output is deterministic.
+the same shape, a summary and a row per ordered peer pair; under each table the tracker's last
+decision, its latest check and its recent switches, and at the end the recent events — so the view is
+built once, from Kubernetes-shaped dicts (what the API server returns for the reptables kinds, and
+core v1 Events), and nothing here talks to Kubernetes or an engine. :func:`build_view` (:mod:`.view`)
+turns the objects into a plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read the
+same facts the text shows); :func:`render`, :func:`render_tracker` and :func:`render_bootstrap`
+(here) print it with rich. Everything is sorted so that the output is deterministic.
 
 The view holds what manifests and engines said, exactly (``-o json`` stays exact); the renderers
 print a copy whose every string went through :func:`~reptables.operator.terminal.display`, so a table path with
@@ -18,7 +19,6 @@ closing tag (which rich would refuse with an error, or apply as a style).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -28,278 +28,14 @@ from rich.text import Text
 
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 
-from ..models import KINDS as KIND_MODELS
 from ..models import BootstrapPhase, ConditionStatus, ConditionType
 from ..terminal import display
+from .view import DEFAULT_MAX_ATTEMPTS, KINDS, MAX_SWITCHES, build_view, display_name, find_replica
 
 __all__ = ["KINDS", "MAX_SWITCHES", "build_view", "find_replica", "render", "render_bootstrap", "render_tracker"]
 
-KINDS = tuple(KIND_MODELS)
-MAX_SWITCHES = 50
-"""At most this many tracker switches are kept in the view (the newest)."""
-_SWITCH_REASON = "ReplicaModeChanged"
-_SWITCH_MESSAGE = re.compile(r"^replica (?P<id>\S+) is now (?P<mode>sync|async): (?P<reason>.*)$", re.DOTALL)
-_DEFAULT_MAX_ATTEMPTS = 3
-
-
-# --- building the view --------------------------------------------------------------------------
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
-
-
-def _section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = obj.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
-def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = [{"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"),
-            "message": c.get("message"), "lastTransitionTime": c.get("lastTransitionTime")}
-           for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    # Ready first, then by type
-    return sorted(out, key=lambda c: (c["type"] != ConditionType.READY, str(c["type"])))
-
-
-def _ready(conditions: list[dict[str, Any]]) -> str:
-    return next((str(c["status"]) for c in conditions if c["type"] == ConditionType.READY),
-                ConditionStatus.UNKNOWN.value)
-
-
-def _display(namespace: str | None, name: str) -> str:
-    return f"{namespace}/{name}" if namespace else name
-
-
-def _bootstrap(spec: Mapping[str, Any], status: Mapping[str, Any],
-               conditions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    boot = _section(status, "bootstrap")
-    if not boot:
-        return None
-    cond = next((c for c in conditions if c["type"] == "Bootstrapped"), None)
-    return {
-        "phase": boot.get("phase"),
-        "snapshotTimestamp": boot.get("snapshotTimestamp"),
-        "sourceReplicaId": boot.get("sourceReplicaId"),
-        "attempts": boot.get("attempts"),
-        "maxAttempts": _section(spec, "bootstrap").get("maxAttempts", _DEFAULT_MAX_ATTEMPTS),
-        "rowsCopied": boot.get("rowsCopied"),
-        "jobRef": boot.get("jobRef"),
-        "nextAttemptTime": boot.get("nextAttemptTime"),
-        "lastError": boot.get("lastError"),
-        "message": cond["message"] if cond else None,
-    }
-
-
-def _rows_behind(tablets: Mapping[str, Any]) -> int | None:
-    """Queue rows not yet replicated, when the operator reports them in ``status.tablets``."""
-    value = tablets.get("rowsBehind")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _replica(obj: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
-    spec, status = _section(obj, "spec"), _section(obj, "status")
-    conditions = _conditions(status)
-    tablets = _section(status, "tablets")
-    errors = [e for e in status.get("errors") or [] if isinstance(e, Mapping)]
-    last_error = errors[0].get("message") if errors else None
-    if last_error is None:
-        failing = next((c for c in conditions if c["type"] == ConditionType.READY
-                        and c["status"] == ConditionStatus.FALSE
-                        and c["reason"] in ("ReplicationError", "BootstrapFailed")), None)
-        last_error = failing["message"] if failing else None
-    return {
-        "name": _meta(obj).get("name") or summary.get("name"),
-        "cluster": spec.get("cluster") or summary.get("cluster"),
-        "replicaPath": spec.get("replicaPath"),
-        "replicaId": status.get("replicaId"),
-        "enabled": spec.get("enabled", True) if spec else None,
-        "specMode": spec.get("mode", ReplicaMode.ASYNC.value) if spec else None,
-        "tracked": spec.get("enableReplicatedTableTracker", True) if spec else None,
-        "mode": status.get("mode") or summary.get("mode"),
-        "state": status.get("state") or summary.get("state"),
-        "lagSeconds": status.get("lagSeconds", summary.get("lagSeconds")),
-        "rowsBehind": _rows_behind(tablets),
-        "tablets": {"count": tablets.get("count"), "errors": tablets.get("errors"),
-                    "maxLagSeconds": tablets.get("maxLagSeconds")} if tablets else None,
-        "ready": _ready(conditions),
-        "conditions": conditions,
-        "lastError": last_error,
-        "bootstrap": _bootstrap(spec, status, conditions),
-    }
-
-
-def _table(obj: Mapping[str, Any], replicas: list[Mapping[str, Any]]) -> dict[str, Any]:
-    meta, spec, status = _meta(obj), _section(obj, "spec"), _section(obj, "status")
-    conditions = _conditions(status)
-    summaries = {str(s.get("name")): s for s in status.get("replicas") or [] if isinstance(s, Mapping)}
-    by_name = {str(_meta(r).get("name")): r for r in replicas}
-    rows = [_replica(by_name.get(name, {}), summaries.get(name, {"name": name}))
-            for name in sorted(set(by_name) | set(summaries))]
-    options = _section(spec, "replicatedTableOptions")
-    tracker = dict(_section(status, "tracker"))
-    return {
-        "namespace": meta.get("namespace"),
-        "name": meta.get("name"),
-        "cluster": spec.get("cluster"),
-        "path": spec.get("path"),
-        "tableId": status.get("tableId"),
-        "frozen": bool(spec.get("frozen", False)),
-        "ready": _ready(conditions),
-        "conditions": conditions,
-        "syncReplicas": sorted(status.get("syncReplicas") or []),
-        "maxLagSeconds": status.get("maxLagSeconds"),
-        "tracker": {"enabled": bool(options.get("enableReplicatedTableTracker", False)),
-                    "lastDecision": tracker.get("lastDecision"), "reason": tracker.get("reason"),
-                    "time": tracker.get("time")},
-        "replicas": rows,
-    }
-
-
-def _cluster(obj: Mapping[str, Any]) -> dict[str, Any]:
-    spec, status = _section(obj, "spec"), _section(obj, "status")
-    conditions = _conditions(status)
-    return {"name": _meta(obj).get("name"), "endpoint": spec.get("endpoint"), "clusterId": spec.get("clusterId"),
-            "readOnly": bool(spec.get("readOnly", False)), "healthy": status.get("healthy"),
-            "version": status.get("version"), "latencyMs": status.get("latencyMs"),
-            "lastProbeTime": status.get("lastProbeTime"), "ready": _ready(conditions), "conditions": conditions}
-
-
-def _collocation(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta, spec, status = _meta(obj), _section(obj, "spec"), _section(obj, "status")
-    conditions = _conditions(status)
-    return {"namespace": meta.get("namespace"), "name": meta.get("name"), "tables": sorted(spec.get("tables") or []),
-            "preferredSyncReplicaClusters": sorted(spec.get("preferredSyncReplicaClusters") or []),
-            "ready": _ready(conditions), "conditions": conditions}
-
-
-def _bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _pair(pair: Mapping[str, Any]) -> dict[str, Any]:
-    """One ordered pair of an XdcrGroup's ``status.pairs``, as the reconciler writes it."""
-    return {"from": pair.get("from"), "to": pair.get("to"), "state": pair.get("state"),
-            "lagSeconds": pair.get("lagSeconds"), "queuedRows": pair.get("queuedRows"),
-            "conflicts": pair.get("conflicts"), "paused": _bool(pair.get("paused")),
-            "lastError": pair.get("lastError")}
-
-
-def _xdcr_group(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """An XdcrGroup (cluster-scoped: no namespace): members, tables, pause, Ready and every ordered pair."""
-    spec, status = _section(obj, "spec"), _section(obj, "status")
-    conditions = _conditions(status)
-    pairs = [_pair(p) for p in status.get("pairs") or [] if isinstance(p, Mapping)]
-    return {"name": _meta(obj).get("name"), "clusters": sorted(spec.get("clusters") or []),
-            "tables": sorted(str(t.get("path")) for t in spec.get("tables") or [] if isinstance(t, Mapping)),
-            "tablesOnEveryCluster": sorted(status.get("tables") or []),
-            "specPaused": bool(spec.get("paused", False)), "paused": _bool(status.get("paused")),
-            "reset": _section(spec, "reset").get("cluster"), "conflicts": status.get("conflicts"),
-            "ready": _ready(conditions), "conditions": conditions,
-            "pairs": sorted(pairs, key=lambda p: (str(p["from"]), str(p["to"])))}
-
-
-def _event_time(event: Mapping[str, Any]) -> str:
-    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
-               or _meta(event).get("creationTimestamp") or "")
-
-
-def _resource_version(event: Mapping[str, Any]) -> int:
-    value = str(_meta(event).get("resourceVersion") or "")
-    return int(value) if value.isdigit() else 0
-
-
-def _switches(events: Iterable[Mapping[str, Any]], replica_names: Mapping[tuple[str | None, str], str]
-              ) -> list[dict[str, Any]]:
-    out: list[tuple[tuple[str, int], dict[str, Any]]] = []
-    for event in events:
-        if event.get("reason") != _SWITCH_REASON:
-            continue
-        involved = _section(event, "involvedObject")
-        namespace = involved.get("namespace") or _meta(event).get("namespace") or None
-        message = str(event.get("message") or "")
-        parsed = _SWITCH_MESSAGE.match(message)
-        replica_id = parsed["id"] if parsed else None
-        switch = {"time": _event_time(event) or None, "namespace": namespace, "table": involved.get("name"),
-                  "replica": replica_names.get((namespace, replica_id or "")) if replica_id else None,
-                  "replicaId": replica_id, "mode": parsed["mode"] if parsed else None,
-                  "reason": parsed["reason"] if parsed else message, "message": message,
-                  "count": event.get("count")}
-        out.append(((_event_time(event), _resource_version(event)), switch))
-    out.sort(key=lambda item: item[0], reverse=True)
-    return [switch for _, switch in out[:MAX_SWITCHES]]
-
-
-def _select(tables: list[Mapping[str, Any]], wanted: str) -> Mapping[str, Any]:
-    namespace, _, name = wanted.rpartition("/")
-    found = [t for t in tables if _meta(t).get("name") == name and (not namespace or _meta(t).get("namespace")
-                                                                      == namespace)]
-    if not found:
-        raise ValueError(f"ReplicatedTable {wanted!r} not found")
-    if len(found) > 1:
-        where = ", ".join(sorted(_display(_meta(t).get("namespace"), name) for t in found))
-        raise ValueError(f"ReplicatedTable {wanted!r} is ambiguous ({where}): name it as NAMESPACE/NAME")
-    return found[0]
-
-
-def build_view(objects: list[dict[str, Any]], events: list[dict[str, Any]] | None = None,
-               table: str | None = None) -> dict[str, Any]:
-    """A JSON-able view of reptables objects (other kinds are ignored) and tracker events.
-
-    ``table`` keeps one ReplicatedTable (``"namespace/name"`` or ``"name"``), its replicas, the clusters
-    they use, its collocations and its switches (no XdcrGroup: its tables are not ReplicatedTables);
-    an unknown table is a :class:`ValueError` naming it.
-    """
-    by_kind: dict[str, list[Mapping[str, Any]]] = {kind: [] for kind in KINDS}
-    for obj in objects:
-        if isinstance(obj, Mapping) and obj.get("kind") in by_kind and _meta(obj).get("name"):
-            by_kind[str(obj["kind"])].append(obj)
-    key = lambda o: (str(_meta(o).get("namespace") or ""), str(_meta(o).get("name")))  # noqa: E731
-    tables = sorted(by_kind["ReplicatedTable"], key=key)
-    if table is not None:
-        tables = [_select(tables, table)]
-    replicas_of: dict[tuple[str | None, str], list[Mapping[str, Any]]] = {}
-    replica_names: dict[tuple[str | None, str], str] = {}
-    for rep in sorted(by_kind["TableReplica"], key=key):
-        namespace = _meta(rep).get("namespace")
-        replicas_of.setdefault((namespace, str(_section(rep, "spec").get("table"))), []).append(rep)
-        replica_id = _section(rep, "status").get("replicaId")
-        if replica_id:
-            replica_names[(namespace, str(replica_id))] = str(_meta(rep)["name"])
-    table_views = [_table(t, replicas_of.get((_meta(t).get("namespace"), str(_meta(t)["name"])), []))
-                   for t in tables]
-    known = {(t["namespace"], t["name"]) for t in table_views}
-    switches = [s for s in _switches(events or [], replica_names) if table is None
-                or (s["namespace"], s["table"]) in known or (s["namespace"] is None and
-                                                             any(s["table"] == n for _, n in known))]
-    clusters = [_cluster(c) for c in sorted(by_kind["TableCluster"], key=key)]
-    collocations = [_collocation(c) for c in sorted(by_kind["TableCollocation"], key=key)]
-    groups = [_xdcr_group(g) for g in sorted(by_kind["XdcrGroup"], key=key)] if table is None else []
-    orphans: list[dict[str, Any]] = []
-    if table is None:
-        all_tables = {(_meta(t).get("namespace"), str(_meta(t)["name"])) for t in tables}
-        orphans = [{"namespace": ns, "name": _meta(r).get("name"), "table": name}
-                   for (ns, name), reps in sorted(replicas_of.items(), key=lambda i: (str(i[0][0]), i[0][1]))
-                   if (ns, name) not in all_tables for r in reps]
-    else:
-        used = {t["cluster"] for t in table_views} | {r["cluster"] for t in table_views for r in t["replicas"]}
-        clusters = [c for c in clusters if c["name"] in used]
-        collocations = [c for c in collocations if any((c["namespace"], n) in known for n in c["tables"])]
-    return {"tables": table_views, "xdcrGroups": groups, "clusters": clusters, "collocations": collocations,
-            "trackerSwitches": switches, "orphanReplicas": orphans}
-
-
-def find_replica(view: Mapping[str, Any], replica: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The (table, replica) of ``"REPLICA"`` or ``"TABLE/REPLICA"`` in a view; ValueError when absent or ambiguous."""
-    table_name, _, name = replica.rpartition("/")
-    found = [(t, r) for t in view.get("tables", []) for r in t["replicas"]
-             if r["name"] == name and (not table_name or t["name"] == table_name)]
-    if not found:
-        raise ValueError(f"TableReplica {replica!r} not found")
-    if len(found) > 1:
-        where = ", ".join(sorted(_display(t["namespace"], f"{t['name']}/{r['name']}") for t, r in found))
-        raise ValueError(f"TableReplica {replica!r} is ambiguous ({where})")
-    return found[0]
+SWITCHES_SHOWN = 5
+"""The text view shows this many of a table's recent switches."""
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -344,7 +80,7 @@ def _progress(boot: Mapping[str, Any] | None) -> str:
         return "-"
     parts = [_dash(boot.get("phase"))]
     if boot.get("attempts") is not None:
-        parts.append(f"attempt {boot['attempts']}/{boot.get('maxAttempts') or _DEFAULT_MAX_ATTEMPTS}")
+        parts.append(f"attempt {boot['attempts']}/{boot.get('maxAttempts') or DEFAULT_MAX_ATTEMPTS}")
     if boot.get("rowsCopied") is not None:
         parts.append(f"{boot['rowsCopied']:,} rows")
     return ", ".join(parts)
@@ -364,7 +100,7 @@ def _problems(conditions: Iterable[Mapping[str, Any]]) -> list[Text]:
 
 def _summary(table: Mapping[str, Any]) -> Text:
     line = Text()
-    line.append(f"ReplicatedTable {_display(table['namespace'], table['name'])}", style="bold")
+    line.append(f"ReplicatedTable {display_name(table['namespace'], table['name'])}", style="bold")
     line.append(f"  {_dash(table['path'])} on {_dash(table['cluster'])}  ")
     line.append(f"Ready={table['ready']}", style=_status_style(table["ready"]))
     sync = ", ".join(table["syncReplicas"]) or "none"
@@ -386,6 +122,8 @@ def _replica_table(table: Mapping[str, Any]) -> Table:
         state = _dash(rep["state"])
         if rep["enabled"] is False and rep["state"] != ReplicaState.DISABLED:
             state += " (disabling)"
+        if rep.get("unreachable"):
+            state += " (unreachable)"
         _row(grid, _dash(rep["name"]), _dash(rep["cluster"]), _dash(rep["replicaPath"]),
              Text(mode, style="bold" if rep["mode"] == ReplicaMode.SYNC else ""), state, _lag(rep["lagSeconds"]),
              _dash(rep["rowsBehind"]), Text(rep["ready"], style=_status_style(rep["ready"])),
@@ -439,12 +177,7 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         console.print(_summary(table))
         for line in _problems(table["conditions"]):
             console.print(line)
-        tracker = table["tracker"]
-        if tracker["lastDecision"]:
-            console.print(Text(f"  tracker: {tracker['lastDecision']} ({_dash(tracker['reason'])}) at "
-                               f"{_dash(tracker['time'])}"))
-        elif tracker["enabled"]:
-            console.print("  tracker: enabled, no switch yet", highlight=False)
+        _render_table_tracker(table, view.get("trackerSwitches") or [], console)
         if table["replicas"]:
             console.print(_replica_table(table))
         else:
@@ -453,6 +186,11 @@ def render(view: Mapping[str, Any], console: Console) -> None:
             for line in _problems(c for c in rep["conditions"] if c["type"] == ConditionType.READY):
                 line.append_text(Text(f" (replica {rep['name']})", style="dim"))
                 console.print(line)
+            lost = rep.get("unreachable")
+            if lost and not any(c["type"] == ConditionType.READY and c["status"] != ConditionStatus.TRUE
+                                for c in rep["conditions"]):
+                console.print(Text(f"  ! cluster {lost['cluster']} unreachable since {_dash(lost['since'])} "
+                                   f"(replica {rep['name']})", style="red"))
             boot = rep["bootstrap"]
             if boot and boot.get("phase") not in (None, BootstrapPhase.DONE):
                 detail = f"  bootstrap {rep['name']}: {_progress(boot)}"
@@ -484,39 +222,85 @@ def render(view: Mapping[str, Any], console: Console) -> None:
         for column in ("Collocation", "Tables", "Preferred sync clusters", "Ready"):
             grid.add_column(column)
         for col in view["collocations"]:
-            _row(grid, _display(col["namespace"], col["name"]), ", ".join(col["tables"]),
+            _row(grid, display_name(col["namespace"], col["name"]), ", ".join(col["tables"]),
                  ", ".join(col["preferredSyncReplicaClusters"]) or "-",
                  Text(col["ready"], style=_status_style(col["ready"])))
         console.print(grid)
     for orphan in view.get("orphanReplicas", []):
-        console.print(Text(f"TableReplica {_display(orphan['namespace'], orphan['name'])}: its ReplicatedTable "
+        console.print(Text(f"TableReplica {display_name(orphan['namespace'], orphan['name'])}: its ReplicatedTable "
                            f"'{orphan['table']}' does not exist", style="yellow"))
+    if view.get("recentEvents"):
+        console.print()
+        grid = Table(title="Recent events (newest first)", title_justify="left", show_edge=False, pad_edge=False,
+                     box=None, header_style="bold")
+        for column in ("Time", "Type", "Reason", "Object", "Message"):
+            grid.add_column(column, no_wrap=column != "Message", overflow="fold")
+        for event in view["recentEvents"]:
+            kind = Text(_dash(event["type"]), style="yellow" if event["type"] == "Warning" else "")
+            about = f"{_dash(event['kind'])} {display_name(event['namespace'], _dash(event['name']))}"
+            _row(grid, _dash(event["time"]), kind, _dash(event["reason"]), about, _dash(event["message"]))
+        console.print(grid)
+
+
+def _table_switches(table: Mapping[str, Any], switches: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The table's recent switches, newest first: its ``status.tracker.recentSwitches``, else its
+    ReplicaModeChanged events."""
+    if table["tracker"]["recentSwitches"]:
+        return list(table["tracker"]["recentSwitches"])
+    return [s for s in switches if s.get("table") == table["name"]
+            and (s.get("namespace") is None or s.get("namespace") == table["namespace"])]
+
+
+def _render_table_tracker(table: Mapping[str, Any], switches: Iterable[Mapping[str, Any]], console: Console) -> None:
+    """The tracker's lines of a table: its last decision (or that it made none yet), what its latest
+    check saw, and the table's last few switches."""
+    tracker = table["tracker"]
+    if not tracker["enabled"] and not tracker["lastDecision"]:
+        return
+    if tracker["lastDecision"]:
+        console.print(Text(f"  tracker: {tracker['lastDecision']} ({_dash(tracker['reason'])}) at "
+                           f"{_dash(tracker['time'])}"))
+    else:
+        console.print("  tracker: enabled, no switch yet", highlight=False)
+    if tracker.get("summary"):
+        console.print(Text(f"  tracker now: {tracker['summary']}", style="dim"))
+    recent = _table_switches(table, switches)[:SWITCHES_SHOWN]
+    if recent:
+        console.print("  recent switches (newest first):", highlight=False)
+        for switch in recent:
+            replica = switch.get("replica") or switch.get("replicaId") or "-"
+            console.print(Text(f"    {_dash(switch.get('time'))}  {replica} -> {_dash(switch.get('mode'))}: "
+                               f"{_dash(switch.get('reason'))}"))
 
 
 def render_tracker(view: Mapping[str, Any], console: Console) -> None:
     """Each table's tracker state and last decision, then the recent switches (newest first) and why."""
     view = _escaped(view)
     grid = Table(title="Tracker", title_justify="left", show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for column in ("Table", "Tracker", "Sync replicas", "Last decision", "Reason", "Time"):
+    for column in ("Table", "Tracker", "Sync replicas", "Last decision", "Reason", "Time", "Latest check"):
         grid.add_column(column, overflow="fold")
     for table in view.get("tables", []):
         tracker = table["tracker"]
-        _row(grid, _display(table["namespace"], table["name"]), "enabled" if tracker["enabled"] else "disabled",
+        _row(grid, display_name(table["namespace"], table["name"]), "enabled" if tracker["enabled"] else "disabled",
              ", ".join(table["syncReplicas"]) or "-", _dash(tracker["lastDecision"]),
-             _dash(tracker["reason"]), _dash(tracker["time"]))
+             _dash(tracker["reason"]), _dash(tracker["time"]), _dash(tracker.get("summary")))
     console.print(grid)
     console.print()
     switches = view.get("trackerSwitches", [])
+    title = "Recent switches (ReplicaModeChanged events, newest first)"
+    if not switches:  # the events are gone (Kubernetes keeps them an hour): the tables' status keeps the last ones
+        switches = sorted(({**s, "namespace": t["namespace"], "table": t["name"]} for t in view.get("tables", [])
+                           for s in t["tracker"]["recentSwitches"]), key=lambda s: str(s["time"]), reverse=True)
+        title = "Recent switches (status.tracker.recentSwitches, newest first)"
     if not switches:
-        console.print("No recent tracker switches (ReplicaModeChanged events).")
+        console.print("No recent tracker switches (ReplicaModeChanged events, status.tracker.recentSwitches).")
         return
-    grid = Table(title="Recent switches (ReplicaModeChanged events, newest first)", title_justify="left",
-                 show_edge=False, pad_edge=False, box=None, header_style="bold")
+    grid = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, box=None, header_style="bold")
     for column in ("Time", "Table", "Replica", "Now", "Why"):
         grid.add_column(column, overflow="fold")
     for switch in switches:
         replica = switch["replica"] or switch["replicaId"] or "-"
-        _row(grid, _dash(switch["time"]), _display(switch["namespace"], _dash(switch["table"])), replica,
+        _row(grid, _dash(switch["time"]), display_name(switch["namespace"], _dash(switch["table"])), replica,
              _dash(switch["mode"]), _dash(switch["reason"]))
     console.print(grid)
 
@@ -524,7 +308,8 @@ def render_tracker(view: Mapping[str, Any], console: Console) -> None:
 def render_bootstrap(view: Mapping[str, Any], console: Console, replica: str) -> None:
     """The bootstrap of one replica (``"REPLICA"`` or ``"TABLE/REPLICA"``): phase, rows, job, errors, next attempt."""
     table, rep = (_escaped(found) for found in find_replica(view, replica))
-    title = f"TableReplica {_display(table['namespace'], rep['name'])} of {table['name']} on {_dash(rep['cluster'])}"
+    title = (f"TableReplica {display_name(table['namespace'], rep['name'])} of {table['name']} "
+             f"on {_dash(rep['cluster'])}")
     console.print(Text(title, style="bold"))
     boot = rep["bootstrap"]
     if not boot:

@@ -78,11 +78,13 @@ from .common import (
     ResourceInfo,
     Scope,
     StatusModel,
+    Unreachable,
     YPath,
     format_duration,
     parse_duration,
 )
 from .replicated_table import (
+    MAX_TRACKER_SWITCHES,
     Column,
     ColumnType,
     ReplicaSummary,
@@ -95,6 +97,7 @@ from .replicated_table import (
     SchemaMigrationStatus,
     SortOrder,
     TrackerStatus,
+    TrackerSwitch,
 )
 from .table_cluster import (
     LocalEngineSpec,
@@ -135,12 +138,13 @@ __all__ = [
     "MAX_COLUMNS", "MAX_TABLETS", "MAX_TIMESTAMP", "ApiModel", "StatusModel", "BaseStatus", "BaseResource",
     "ObjectMeta", "PrinterColumn", "ResourceInfo", "Scope", "Duration", "IntOrString", "NameSet", "ObjectName",
     "YPath", "DeletionPolicy", "Condition", "ConditionStatus", "ConditionType", "ReplicaMode", "ReplicaState",
-    "format_duration", "parse_duration",
+    "Unreachable", "format_duration", "parse_duration",
     # the kinds
     "TableCluster", "TableClusterSpec", "TableClusterStatus", "SecretKeySelector", "LocalEngineSpec",
     "StorageSecretSelector",
     "ReplicatedTable", "ReplicatedTableSpec", "ReplicatedTableStatus", "ReplicatedTableOptions",
-    "ReplicationThrottler", "ReplicaSummary", "TrackerStatus", "Column", "ColumnType", "SortOrder",
+    "ReplicationThrottler", "ReplicaSummary", "TrackerStatus", "TrackerSwitch",
+    "MAX_TRACKER_SWITCHES", "Column", "ColumnType", "SortOrder",
     "SchemaMigrationPhase", "SchemaMigrationStatus",
     "TableReplica", "TableReplicaSpec", "TableReplicaStatus", "Atomicity", "Bootstrap", "BootstrapPhase",
     "BootstrapStatus", "ReplicaError", "TabletsSummary",

@@ -197,6 +197,17 @@ class Condition(StatusModel):
 CONDITIONS_LIST: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 
 
+class Unreachable(StatusModel):
+    """A cluster the status could not be read from: what the status does not claim to know, and since when."""
+
+    cluster: StrictStr
+    """The TableCluster that does not answer."""
+    since: datetime
+    """When the operator first found it unreachable (it has not answered since)."""
+    message: StrictStr | None = None
+    """The last error."""
+
+
 class BaseStatus(StatusModel):
     """The fields every kind's status has (each kind's status model adds its own)."""
 

@@ -34,6 +34,7 @@ from .common import (
     ResourceInfo,
     Scope,
     StatusModel,
+    Unreachable,
     YPath,
     immutable,
 )
@@ -41,7 +42,7 @@ from .common import (
 __all__ = [
     "Column", "ColumnType", "ReplicaSummary", "ReplicatedTable", "ReplicatedTableOptions", "ReplicatedTableSpec",
     "ReplicatedTableStatus", "ReplicationThrottler", "SchemaMigrationPhase", "SchemaMigrationStatus", "SortOrder",
-    "TrackerStatus",
+    "TrackerStatus", "TrackerSwitch", "MAX_TRACKER_SWITCHES",
 ]
 
 
@@ -203,15 +204,42 @@ class ReplicaSummary(StatusModel):
     """Replication lag in seconds (0 for a sync replica)."""
 
 
+class TrackerSwitch(StatusModel):
+    """One mode change the replicated table tracker made."""
+
+    time: datetime
+    """When it was applied."""
+    replica: StrictStr
+    """The TableReplica (its replica object id when no TableReplica names it)."""
+    replica_id: StrictStr | None = None
+    """Object id of the table_replica on the meta-cluster."""
+    cluster: StrictStr | None = None
+    """The replica's cluster."""
+    mode: ReplicaMode
+    """The mode it was switched to."""
+    reason: StrictStr | None = None
+    """Why, e.g. the replica's cluster is unhealthy."""
+
+
+MAX_TRACKER_SWITCHES = 10
+"""``status.tracker.recentSwitches`` keeps at most this many switches, the newest first."""
+
+
 class TrackerStatus(StatusModel):
-    """The replicated table tracker's last change for this table."""
+    """The replicated table tracker's last change for this table, its recent switches and its latest check."""
 
     last_decision: StrictStr | None = None
-    """The mode changes made, e.g. "orders-remote-1: sync -> async; orders-remote-0: async -> sync"."""
+    """The mode changes of the last decision that changed something, e.g. "orders-remote-1: sync -> async;
+    orders-remote-0: async -> sync"."""
     reason: StrictStr | None = None
     """Why, e.g. which replica turned bad."""
     time: datetime | None = None
-    """When the decision was applied."""
+    """When that decision was applied."""
+    recent_switches: list[TrackerSwitch] = Field(default_factory=list, max_length=MAX_TRACKER_SWITCHES)
+    """The last mode changes the tracker made, newest first."""
+    summary: StrictStr | None = None
+    """What the latest check saw: the sync replicas, the minimum and maximum it keeps (counting sync
+    replicas it does not own), and why nothing moved."""
 
 
 class SchemaMigrationPhase(StrEnum):
@@ -249,7 +277,10 @@ class ReplicatedTableStatus(BaseStatus):
     max_lag_seconds: StrictInt | None = Field(default=None, ge=0)
     """The largest replication lag of the enabled replicas, in seconds."""
     tracker: TrackerStatus | None = None
-    """The tracker's last decision."""
+    """The tracker's last decision, recent switches and latest check."""
+    unreachable: Unreachable | None = None
+    """Set while the meta-cluster does not answer: the replicas' modes and lags are unknown then (absent),
+    never the last ones seen."""
     schema_migration: SchemaMigrationStatus | None = None
     """Progress of the last schema edit (value columns added, required relaxed)."""
 

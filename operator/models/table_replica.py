@@ -26,6 +26,7 @@ from .common import (
     ResourceInfo,
     Scope,
     StatusModel,
+    Unreachable,
     YPath,
     immutable,
 )
@@ -187,15 +188,20 @@ class TableReplicaStatus(BaseStatus):
     state: ReplicaState | None = None
     """disabled, enabling, enabled or disabling."""
     mode: ReplicaMode | None = None
-    """Current mode (the tracker may have changed it)."""
+    """Current mode, as the meta-cluster reports it (the tracker may have changed it); absent while the
+    meta-cluster does not answer."""
     lag_seconds: StrictInt | None = Field(default=None, ge=0)
-    """Replication lag in seconds (YT's replication_lag_time, coarse)."""
+    """Replication lag in seconds (YT's replication_lag_time, coarse), as the meta-cluster reports it."""
     tablets: TabletsSummary | None = None
     """Tablet summary."""
     errors: list[ReplicaError] = Field(default_factory=list, max_length=100)
     """Current replication errors."""
     bootstrap: BootstrapStatus | None = None
     """The initial copy."""
+    unreachable: Unreachable | None = None
+    """Set while the replica's cluster (or the meta-cluster) does not answer. With the replica cluster
+    down, mode, lag and rows behind still come from the meta-cluster; with the meta-cluster down they
+    are unknown (absent), never the last ones seen."""
 
 
 class TableReplica(BaseResource):

@@ -10,8 +10,16 @@ must survive between checks (warm-up, the lag cap, how long a cluster has been b
 The tricky parts, all reproduced from YTsaurus:
 
 * Effective counts: neither option set means exactly one sync replica; only ``max`` means
-  ``min = max``; only ``min`` means ``max`` = the number of *tracked* replicas. Only tracked replicas
-  (enabled, with their own ``enable_replicated_table_tracker``) are counted or ever switched.
+  ``min = max``; only ``min`` means ``max`` = the number of replicas that can be sync (the tracked
+  ones and the sync ones it does not own). Only tracked replicas (enabled, with their own
+  ``enable_replicated_table_tracker``) are ever switched.
+* Replicas the tracker does not own (opted out with ``enable_replicated_table_tracker = false``, or
+  non-atomic) are left in the mode their owner chose, but a *sync* one (enabled or enabling: it takes
+  part in every commit) holds one of the table's sync slots. The tracker fills only the slots left
+  (``max`` minus those), so the table never has more than ``max_sync_replica_count`` sync replicas
+  because of the tracker; when the pinned ones alone exceed ``max``, every tracked sync replica is
+  demoted and the summary says so. They count towards ``min`` too. In a collocation a pinned sync
+  replica fixes its table's cluster, and the collocated tables follow it there.
 * One decision per check, in a fixed order: promote good async replicas, smallest lag first, up to
   ``max``; keep just enough bad sync replicas to stay at ``min`` and demote the rest; demote good
   sync replicas above ``max``; never promote a bad async replica.
@@ -87,6 +95,8 @@ class TrackedReplica:
     """Seconds of ``replication_lag_time``; ``None`` when unknown."""
     table_exists: bool = True
     """The replica table exists on its cluster and is mounted."""
+    enabling: bool = False
+    """The engine is enabling it (not tracked yet; a sync one already takes part in commits)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,8 @@ class Decision:
 
 
 def effective_sync_counts(options: TableOptions, tracked: int) -> tuple[int, int]:
-    """``(min, max)`` sync replicas the tracker maintains for a table with ``tracked`` tracked replicas."""
+    """``(min, max)`` sync replicas the tracker maintains for a table with ``tracked`` replicas that can be
+    sync (tracked ones, and sync ones it does not own)."""
     low, high = options.min_sync_replica_count, options.max_sync_replica_count
     for name, value in (("min_sync_replica_count", low), ("max_sync_replica_count", high)):
         if value is not None and value < 0:
@@ -165,7 +176,8 @@ def decide(
 
     collocations: dict[str, list[_Plan]] = {}
     for plan in plans:
-        if plan.candidates and plan.table.collocation_id is not None:
+        if plan.decided and (plan.candidates or plan.pinned) and plan.table.collocation_id is not None:
+            # (also a table whose replicas are all pinned: its sync cluster binds the others)
             collocations.setdefault(plan.table.collocation_id, []).append(plan)
         elif plan.candidates:
             _rank(plan, _cluster_priorities([plan]), frozenset(plan.table.options.preferred_sync_replica_clusters))
@@ -173,7 +185,8 @@ def decide(
         priorities = _cluster_priorities(members)
         preferred = _collocation_preferred_clusters(members)
         for plan in members:
-            _rank(plan, priorities, preferred)
+            if plan.candidates:
+                _rank(plan, priorities, preferred)
 
     changes: list[ModeChange] = []
     sync_replicas: dict[str, tuple[str, ...]] = {}
@@ -270,6 +283,12 @@ def _is_tracked(table: TrackedTable, replica: TrackedReplica) -> bool:
     return table.options.tracker_enabled and replica.enabled and replica.tracker_enabled
 
 
+def _is_pinned_sync(table: TrackedTable, replica: TrackedReplica) -> bool:
+    """A sync replica the tracker does not own that takes part in commits: it holds a sync slot."""
+    return (not _is_tracked(table, replica) and replica.mode is ReplicaMode.SYNC
+            and (replica.enabled or replica.enabling))
+
+
 @dataclass
 class _Candidate:
     """A tracked replica while its table is being decided; ``state`` moves as the steps run."""
@@ -292,8 +311,30 @@ class _Plan:
     note: str = ""
     """Set when the table is not decided at all (tracker off, invalid options, nothing tracked)."""
     counts: tuple[int, int] = (0, 0)
+    """The effective ``(min, max)`` of the table, counting the sync replicas it does not own."""
     candidates: list[_Candidate] = field(default_factory=list)
     warming_up: tuple[str, ...] = ()
+    pinned: list[TrackedReplica] = field(default_factory=list)
+    """Sync replicas the tracker does not own (each holds a sync slot; never switched)."""
+    decided: bool = False
+    """The tracker applies to the table (on, valid options): its replicas, owned or not, bind a collocation."""
+
+    @property
+    def slots(self) -> tuple[int, int]:
+        """``(min, max)`` sync replicas among the tracked ones: the counts less the pinned sync replicas."""
+        low, high = self.counts
+        return max(0, low - len(self.pinned)), max(0, high - len(self.pinned))
+
+    def sync_clusters(self) -> set[str]:
+        """Clusters where the table has a sync replica after the count steps (good tracked, or pinned)."""
+        return {c.replica.cluster for c in self.in_state(ReplicaStanding.GOOD_SYNC)} | \
+            {r.cluster for r in self.pinned}
+
+    def good_clusters(self) -> set[str]:
+        """Clusters that could hold the table's sync replica: its sync ones, and its good async ones when
+        the tracker has a sync slot to give (with every slot pinned, the table stays where it is pinned)."""
+        spare = {c.replica.cluster for c in self.in_state(ReplicaStanding.GOOD_ASYNC)} if self.slots[1] else set()
+        return self.sync_clusters() | spare
 
     def in_state(self, state: ReplicaStanding) -> list[_Candidate]:
         return [c for c in self.candidates if c.state is state]
@@ -318,6 +359,12 @@ class _Plan:
         clusters = {r.replica_id: r.cluster for r in self.table.replicas}
         sync = ", ".join(f"{rid}@{clusters[rid]}" for rid in self.sync_replica_ids()) or "none"
         parts = [f"sync: {sync} (min {low}, max {high})"]
+        if self.pinned:
+            pinned = ", ".join(f"{r.replica_id}@{r.cluster}" for r in self.pinned)
+            parts.append(f"not owned by the tracker: {pinned} (sync, counted)")
+            if len(self.pinned) > high:
+                parts.append(f"the {len(self.pinned)} sync replicas the tracker does not own exceed "
+                             f"max_sync_replica_count {high}: only their owner can change their mode")
         parts += [f"{c.replica_id} -> {c.new_mode}: {c.reason}" for c in changes]
         parts += [
             f"kept bad sync {c.replica.replica_id} to reach min {low}: {c.problem}"
@@ -335,32 +382,42 @@ def _plan(table: TrackedTable, clusters: Mapping[str, ClusterHealth], warming_up
     if not table.options.tracker_enabled:
         return _Plan(table, note="replicated table tracker disabled for this table")
     tracked = [r for r in table.replicas if _is_tracked(table, r)]
-    if not tracked:
-        return _Plan(table, note="no tracked replicas (all disabled or opted out of the tracker)")
+    pinned = [r for r in table.replicas if _is_pinned_sync(table, r)]
     try:
-        low, high = effective_sync_counts(table.options, len(tracked))
+        low, high = effective_sync_counts(table.options, len(tracked) + len(pinned))
     except ValueError as error:
         return _Plan(table, note=f"invalid replicated_table_options: {error}")
+    if not tracked:
+        note = "no tracked replicas (all disabled or opted out of the tracker)"
+        if pinned:
+            note += "; sync, not owned by the tracker: " + ", ".join(f"{r.replica_id}@{r.cluster}" for r in pinned)
+        return _Plan(table, note=note, counts=(low, high), pinned=pinned, decided=True)
 
     plan = _Plan(
         table,
         counts=(low, high),
         candidates=[_assess(r, table.options, clusters, r.replica_id in warming_up) for r in tracked],
         warming_up=tuple(r.replica_id for r in tracked if r.replica_id in warming_up),
+        pinned=pinned,
+        decided=True,
     )
+    # the tracker fills the sync slots its replicas may have: the counts less the pinned sync replicas
+    low_slots, high_slots = plan.slots
+    because = f" {high} (counting {len(pinned)} sync replica(s) the tracker does not own)" if pinned else f" {high}"
 
-    sync_count = min(high, len(plan.in_state(ReplicaStanding.GOOD_SYNC)))
-    promoted = sorted(plan.in_state(ReplicaStanding.GOOD_ASYNC), key=_by_lag)[: max(0, high - sync_count)]
+    sync_count = min(high_slots, len(plan.in_state(ReplicaStanding.GOOD_SYNC)))
+    promoted = sorted(plan.in_state(ReplicaStanding.GOOD_ASYNC), key=_by_lag)[: max(0, high_slots - sync_count)]
     for c in promoted:
-        c.move(ReplicaStanding.GOOD_SYNC, f"promoted to reach max_sync_replica_count {high} (lag {c.replica.lag:g}s)")
+        c.move(ReplicaStanding.GOOD_SYNC,
+               f"promoted to reach max_sync_replica_count{because} (lag {c.replica.lag:g}s)")
     sync_count += len(promoted)
 
-    kept_bad = max(0, low - sync_count)
+    kept_bad = max(0, low_slots - sync_count)
     for c in sorted(plan.in_state(ReplicaStanding.BAD_SYNC), key=_by_lag)[kept_bad:]:
         c.move(ReplicaStanding.BAD_ASYNC, c.problem)
 
-    for c in sorted(plan.in_state(ReplicaStanding.GOOD_SYNC), key=_by_lag)[high:]:
-        c.move(ReplicaStanding.GOOD_ASYNC, f"above max_sync_replica_count {high}")
+    for c in sorted(plan.in_state(ReplicaStanding.GOOD_SYNC), key=_by_lag)[high_slots:]:
+        c.move(ReplicaStanding.GOOD_ASYNC, f"above max_sync_replica_count{because}")
     return plan
 
 
@@ -400,8 +457,8 @@ def _cluster_priorities(plans: Sequence[_Plan]) -> dict[str, int]:
     good: set[str] | None = None
     good_sync: set[str] | None = None
     for plan in plans:
-        table_sync = {c.replica.cluster for c in plan.in_state(ReplicaStanding.GOOD_SYNC)}
-        table_good = table_sync | {c.replica.cluster for c in plan.in_state(ReplicaStanding.GOOD_ASYNC)}
+        table_sync = plan.sync_clusters()
+        table_good = plan.good_clusters()
         good = table_good if good is None else good & table_good
         good_sync = table_sync if good_sync is None else good_sync & table_sync
     return {cluster: 2 if cluster in (good_sync or set()) else 1 for cluster in good or set()}

@@ -3,8 +3,10 @@
 One check: probe every TableCluster's engine with a short timeout (a read-only cluster counts as
 unhealthy), read ``@replicas`` of every tracked ReplicatedTable from its meta-cluster (and whether
 each replica table exists and is mounted), let ``TrackerState``/``decide`` pick the sync replicas,
-send ``alter_table_replica`` for the replicas whose mode changes, and remember the decision and its
-reason per table for the table's status. Only the active operator runs checks (see ``handlers.py``).
+send ``alter_table_replica`` for the replicas whose mode changes, and record per table what the
+check saw and the switches it made in the world's :class:`~..controllers.world.TrackerJournal`,
+which the table's status shows (``status.tracker``), replicas named by their TableReplicas. Only
+the active operator runs checks (see ``handlers.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from reptables.engine.errors import YtError
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.tablets import TabletState
 
-from ..controllers.world import Resource, World, describe_error
+from ..controllers.world import Resource, TrackerJournal, TrackerSwitch, World, describe_error
 from ..metrics import MODE_SWITCHES, TRACKER_CHECKS
 from ..models import Atomicity
 from . import decision as tk
@@ -55,6 +57,8 @@ class TrackerLoop:
         self.state = tk.TrackerState()
         self.verdicts: dict[tuple[str | None, str], TableVerdict] = {}
         self._on_switch = on_switch
+        #: where each check's summary and switches go (the world's, so that statuses show them)
+        self.journal = world.tracker_journal if world.tracker_journal is not None else TrackerJournal()
         self._lock = threading.Lock()
         self._last_check = 0.0
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tracker-probe")
@@ -77,6 +81,8 @@ class TrackerLoop:
             return
         decision = tk.decide(*self.state.observe(tables, clusters, now))
         by_id = {t.table_id: owners[t.table_id] for t in tables}
+        names = self._replica_names()
+        applied: dict[str, list[tuple[tk.ModeChange, float]]] = {}
         # promotions first: demoting the dead sync replica before its successor is promoted would
         # leave a moment with no sync replica at all (writes would get "no synchronous replicas")
         ordered = sorted(decision.changes, key=lambda c: c.new_mode is not ReplicaMode.SYNC)
@@ -89,6 +95,7 @@ class TrackerLoop:
                 log.warning("tracker could not switch replica", extra={
                     "table": owner.display, "replica_id": change.replica_id, "error": describe_error(exc)})
                 continue
+            applied.setdefault(change.table_id, []).append((change, time.time()))
             MODE_SWITCHES.labels(owner.namespace or "", owner.name, change.new_mode.value).inc()
             log.info("tracker switched replica", extra={"table": owner.display, "replica_id": change.replica_id,
                                                         "cluster": change.cluster, "mode": change.new_mode.value,
@@ -101,6 +108,23 @@ class TrackerLoop:
             text = ", ".join(f"{c.replica_id} -> {c.new_mode.value}" for c in changes) or "no change"
             self.verdicts[(owner.namespace, owner.name)] = TableVerdict(
                 text, decision.reasons.get(table_id, ""), wall, decision.sync_replicas.get(table_id, ()))
+            self._record(owner, decision.reasons.get(table_id, ""), applied.get(table_id, []), names)
+
+    def _record(self, owner: Resource, summary: str, done: list[tuple[tk.ModeChange, float]],
+                names: dict[tuple[str | None, str], str]) -> None:
+        """The check's summary and the switches applied, replicas named by their TableReplicas."""
+        key = (owner.namespace, owner.name)
+        mine = {replica_id: name for (ns, replica_id), name in names.items() if ns == owner.namespace}
+        self.journal.checked(key, _named(summary, mine))
+        switches = [TrackerSwitch(at, mine.get(c.replica_id, c.replica_id), c.replica_id, c.cluster,
+                                  (ReplicaMode.ASYNC if c.new_mode is ReplicaMode.SYNC else ReplicaMode.SYNC).value,
+                                  c.new_mode.value, _named(c.reason, mine)) for c, at in done]
+        self.journal.switched(key, switches, "; ".join(f"{s.replica}: {s.reason}" for s in switches))
+
+    def _replica_names(self) -> dict[tuple[str | None, str], str]:
+        """(namespace, replica id) -> the name of the TableReplica that manages it."""
+        return {(r.namespace, str(r.status["replicaId"])): r.name for r in self.world.of_kind("TableReplica")
+                if r.status.get("replicaId")}
 
     def _probe_clusters(self) -> dict[str, tk.ClusterHealth]:
         refs = self.world.engines.clusters()
@@ -169,7 +193,7 @@ class TrackerLoop:
                 exists = self._replica_table_mounted(r["cluster_name"], r["replica_path"])
             out.append(tk.TrackedReplica(
                 replica_id=str(replica_id), cluster=r["cluster_name"], mode=ReplicaMode(r["mode"]),
-                enabled=r["state"] == ReplicaState.ENABLED,
+                enabled=r["state"] == ReplicaState.ENABLED, enabling=r["state"] == ReplicaState.ENABLING,
                 tracker_enabled=bool(r["replicated_table_tracker_enabled"])
                 # a non-atomic replica can only be asynchronous: the tracker leaves it alone
                 and r.get("atomicity", Atomicity.FULL) == Atomicity.FULL,
@@ -187,3 +211,10 @@ class TrackerLoop:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _named(text: str, names: dict[str, str]) -> str:
+    """``text`` (a decision's summary or reason), each replica id in it replaced by its TableReplica's name."""
+    for replica_id, name in names.items():
+        text = text.replace(replica_id, name)
+    return text

@@ -515,6 +515,57 @@ def test_build_view_reads_switch_events_newest_first() -> None:
     assert len(statusview.build_view(_objects(), events, table="staging/orders")["trackerSwitches"]) == 1
 
 
+def test_a_replicas_mode_is_its_own_status_never_the_tables_older_summary() -> None:
+    """Issue 26: the view fell back to the table's ``status.replicas`` when a TableReplica's status left
+    the mode out, so a replica whose meta-cluster is unreachable showed the last mode seen. A
+    TableReplica that exists is shown from its own status; the summary is for one whose object is gone."""
+    orders = table("orders", "shop")
+    orders["status"] = {"syncReplicas": [], "replicas": [
+        {"name": "orders-remote-0", "cluster": "remote-0", "mode": "sync", "state": "enabled", "lagSeconds": 0},
+        {"name": "gone", "cluster": "remote-1", "mode": "async", "state": "enabled", "lagSeconds": 4}]}
+    rep = replica("orders-remote-0", "shop", "orders", "remote-0")
+    rep["status"] = {"replicaId": "1-2-3-a", "unreachable": {"cluster": "primary", "since": T0, "message": "refused"},
+                     "conditions": [condition("Ready", "False", "ClusterUnreachable",
+                                              f"meta-cluster primary unreachable since {T0}: refused")]}
+    view = statusview.build_view([orders, rep])
+    replicas = {r["name"]: r for r in view["tables"][0]["replicas"]}
+    assert (replicas["orders-remote-0"]["mode"], replicas["orders-remote-0"]["state"]) == (None, None)
+    assert replicas["orders-remote-0"]["unreachable"] == {"cluster": "primary", "since": T0, "message": "refused"}
+    assert (replicas["gone"]["mode"], replicas["gone"]["lagSeconds"]) == ("async", 4)
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    statusview.render(view, console)
+    row = next(line.split() for line in console.export_text().splitlines() if line.startswith("orders-remote-0 "))
+    assert row[3:6] == ["-", "-", "(unreachable)"], row
+
+
+def test_render_shows_the_trackers_latest_check_recent_switches_and_events() -> None:
+    orders = table("orders", "shop")
+    switch = {"replica": "orders-remote-1", "replicaId": "1-2-3-b", "cluster": "remote-1", "mode": "sync",
+              "reason": "promoted to reach max_sync_replica_count 1"}
+    orders["status"] = {"tracker": {
+        "lastDecision": "orders-remote-1: async -> sync", "reason": "orders-remote-1: promoted", "time": T0,
+        "summary": "sync: orders-remote-1@remote-1 (min 1, max 1); no changes",
+        "recentSwitches": [{**switch, "time": T0}, {**switch, "mode": "async", "time": "2026-11-20T09:00:00Z",
+                                                    "reason": "cluster remote-1 unhealthy"}]}}
+    events = [{"type": "Normal", "reason": "Created", "message": "made", "lastTimestamp": T0,
+               "involvedObject": {"kind": "ReplicatedTable", "namespace": "shop", "name": "orders"}},
+              {"type": "Warning", "reason": "ReplicaClusterUnavailable", "message": "down", "lastTimestamp": T0,
+               "involvedObject": {"kind": "TableReplica", "namespace": "shop", "name": "orders-remote-0"}}]
+    view = statusview.build_view([orders], events)
+    assert [e["reason"] for e in view["recentEvents"]] == ["ReplicaClusterUnavailable", "Created"]  # newest first
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    statusview.render(view, console)
+    statusview.render_tracker(view, console)
+    text = console.export_text()
+    assert f"tracker: orders-remote-1: async -> sync (orders-remote-1: promoted) at {T0}" in text
+    assert "tracker now: sync: orders-remote-1@remote-1 (min 1, max 1); no changes" in text
+    assert f"    {T0}  orders-remote-1 -> sync: promoted to reach max_sync_replica_count 1" in text
+    assert "2026-11-20T09:00:00Z  orders-remote-1 -> async: cluster remote-1 unhealthy" in text
+    assert "Recent events (newest first)" in text and "ReplicaClusterUnavailable" in text
+    # the switch Events are gone (Kubernetes keeps them an hour): kubectl reptables tracker shows the status' ones
+    assert "Recent switches (status.tracker.recentSwitches, newest first)" in text
+
+
 def test_render_is_plain_text_for_a_file() -> None:
     console = Console(width=160, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     view = statusview.build_view(_objects())

@@ -312,15 +312,56 @@ def test_tracker_moves_collocated_sync_replicas_off_a_dead_cluster(env: Env) -> 
     env.engines[dead].kill()
     try:
         env.wait(lambda: sync_clusters() == {"ta": [survivor], "tb": [survivor]}, 60, "sync replicas moved together")
-        reason = env.status("replicatedtables", "ta").get("tracker", {}).get("reason", "")
-        assert reason
         metrics = httpx.get(f"http://127.0.0.1:{env.operator.metrics_port}/metrics").text
         assert 'reptables_tracker_mode_switches_total{mode="sync",namespace="test",table="ta"}' in metrics
         env.client("primary").insert_rows("//home/ta", [{"k": 1, "v": "after failover"}])
         assert env.client(survivor).lookup_rows("//home/ta", [{"k": 1}]) == [{"k": 1, "v": "after failover"}]
+
+        # status from the source of truth (issue 26): the dead replica's TableReplica says what the
+        # meta-cluster says (async now), and that its cluster is unreachable; the table's status.tracker
+        # holds the decision and the switches, named by TableReplica
+        expected = f"ta-{survivor}: async -> sync; ta-{dead}: sync -> async"
+        tracker = env.wait(lambda: (t := env.status("replicatedtables", "ta").get("tracker") or {})
+                           .get("lastDecision") == expected and t, 30, "status.tracker.lastDecision")
+        assert f"ta-{dead}: cluster {dead} unhealthy" in tracker["reason"], tracker
+        assert [(s["replica"], s["mode"]) for s in tracker["recentSwitches"][:2]] == [
+            (f"ta-{dead}", "async"), (f"ta-{survivor}", "sync")], tracker
+        replica_status = env.wait(lambda: (s := env.status("tablereplicas", f"ta-{dead}")).get("mode") == "async"
+                                  and s.get("unreachable") and s, 30, f"ta-{dead}'s mode from the meta-cluster")
+        assert replica_status["unreachable"]["cluster"] == dead
+        text = subprocess.run([str(Path(sys.executable).with_name("kubectl-reptables")), "--kubeconfig",
+                               str(env.operator.kubeconfig), "status", "ta", "-n", NS], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "COLUMNS": "250"})
+        assert text.returncode == 0, text.stderr
+        assert f"tracker: {expected} (" in text.stdout, text.stdout
+        assert f"ta-{dead} -> async: cluster {dead} unhealthy" in text.stdout, text.stdout
+        row = next(line.split() for line in text.stdout.splitlines() if line.split()[:2] == [f"ta-{dead}", dead])
+        assert row[3:6] == ["async", "enabled", "(unreachable)"], text.stdout
+        assert f"cluster {dead} unreachable since {replica_status['unreachable']['since']}" in text.stdout
     finally:
         env.engines[dead].start()
         env.wait(lambda: env.ready("tableclusters", dead), 60, f"{dead} back")
+
+
+def test_removing_the_throttler_from_the_manifest_lifts_it_as_a_configuration_change(env: Env) -> None:
+    """Issue 26: after ``replicationThrottler`` was removed, ``@replication_throttler`` stayed and the change
+    was logged as DriftCorrected. The field's removal restores the engine's default (no limit), and the
+    event names it as the configuration change it is."""
+    doc = table("throttled", "//home/throttled")
+    doc["spec"]["replicationThrottler"] = {"period": 1000, "limit": 2000}
+    env.api.create(doc)
+    meta = env.client("primary")
+    env.wait(lambda: meta.exists("//home/throttled")
+             and meta.get("//home/throttled/@").get("replication_throttler") == {"period": 1000, "limit": 2000},
+             what="the throttler on the engine")
+    env.wait(lambda: env.status("replicatedtables", "throttled").get("observedGeneration") == 1,
+             what="the first generation reconciled")
+    env.api.patch("replicatedtables", "throttled", {"spec": {"replicationThrottler": None}}, NS)
+    env.wait(lambda: "replication_throttler" not in meta.get("//home/throttled/@"), 30, "the throttler lifted")
+    changed = env.wait(lambda: env.api.events(NS, involved_name="throttled", reason="ConfigurationChanged"),
+                       what="a ConfigurationChanged event")
+    assert "spec.replicationThrottler removed (the default: no limit)" in changed[-1]["message"], changed
+    assert not env.api.events(NS, involved_name="throttled", reason="DriftCorrected")
 
 
 def test_deletion_honours_the_deletion_policy(env: Env) -> None:

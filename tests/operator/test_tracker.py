@@ -203,13 +203,17 @@ def test_disabled_replica_is_never_switched():
     assert decision.reasons["t"].startswith("no tracked replicas")
 
 
-def test_replica_with_tracking_disabled_is_never_switched_nor_counted():
+def test_replica_with_tracking_disabled_is_never_switched_but_its_sync_mode_counts():
+    """r1 is pinned sync (its owner's choice, even on a bad cluster): it holds the one sync slot, so the
+    tracker demotes its own sync replica rather than keep two."""
     t = table(rep("r1", "a", SYNC, tracker_enabled=False), rep("r2", "b", SYNC), rep("r3", "c"))
 
     decision = decide([t], healthy("b", "c", down={"a": "safe mode"}))
 
-    assert decision.changes == ()
-    assert decision.sync_replicas == {"t": ("r1", "r2")}
+    assert moves(decision) == {("r2", ASYNC)}
+    assert decision.changes[0].reason == ("above max_sync_replica_count 1 (counting 1 sync replica(s) the tracker "
+                                          "does not own)")
+    assert decision.sync_replicas == {"t": ("r1",)}
 
 
 def test_table_with_tracking_disabled_is_never_switched():
@@ -501,3 +505,160 @@ def test_health_grace_is_configurable():
     state = TrackerState(max_iterations_without_acceptable_health=0)
 
     assert not state.observe([], healthy(down={"a": "read-only"}), now=0.0).clusters["a"].healthy
+
+
+# Replicas the tracker does not own (docs/operations.md, "Replicas the tracker does not own")
+
+
+def test_a_pinned_sync_replica_fills_max_so_the_tracked_replica_is_not_promoted():
+    """Issue 26: two replicas managed by hand (one sync, one async) and a tracked third, max 1."""
+    options = replace(TRACKED, min_sync_replica_count=1, max_sync_replica_count=1)
+    t = table(rep("r0", "c0", SYNC, tracker_enabled=False), rep("r1", "c1", tracker_enabled=False), rep("r2", "c2"),
+              options=options)
+
+    decision = decide([t], healthy("c0", "c1", "c2"))
+
+    assert decision.changes == ()
+    assert decision.sync_replicas == {"t": ("r0",)}
+    assert "not owned by the tracker: r0@c0 (sync, counted)" in decision.reasons["t"]
+
+
+def test_pinned_async_replicas_leave_the_sync_slot_to_the_tracker():
+    t = table(rep("r0", "c0", tracker_enabled=False), rep("r1", "c1", tracker_enabled=False), rep("r2", "c2"))
+
+    decision = decide([t], healthy("c0", "c1", "c2"))
+
+    assert moves(decision) == {("r2", SYNC)}
+
+
+def test_a_tracked_sync_replica_is_demoted_when_a_pinned_one_takes_the_slot():
+    """The owner of r1 makes it sync by hand while the tracker's r0 is sync: r0 goes back to async."""
+    t = table(rep("r0", "a", SYNC), rep("r1", "b", SYNC, tracker_enabled=False), rep("r2", "c"))
+
+    decision = decide([t], healthy("a", "b", "c"))
+
+    assert moves(decision) == {("r0", ASYNC)}
+    assert decide(applied((t,), decision), healthy("a", "b", "c")).changes == ()
+
+
+def test_pinned_sync_replicas_above_max_demote_every_tracked_one_and_say_why():
+    options = replace(TRACKED, max_sync_replica_count=1)
+    t = table(rep("p0", "a", SYNC, tracker_enabled=False), rep("p1", "b", SYNC, tracker_enabled=False),
+              rep("r2", "c", SYNC), rep("r3", "d"), options=options)
+
+    decision = decide([t], healthy("a", "b", "c", "d"))
+
+    assert moves(decision) == {("r2", ASYNC)}
+    assert decision.sync_replicas == {"t": ("p0", "p1")}
+    assert ("the 2 sync replicas the tracker does not own exceed max_sync_replica_count 1: only their owner can "
+            "change their mode") in decision.reasons["t"]
+
+
+def test_pinned_sync_replicas_count_towards_min():
+    """min = max = 2 with one pinned sync: the tracker keeps one more, a good one before a bad one."""
+    options = replace(TRACKED, min_sync_replica_count=2, max_sync_replica_count=2)
+    t = table(rep("p", "a", SYNC, tracker_enabled=False), rep("bad", "b", SYNC, table_exists=False), rep("good", "c"),
+              options=options)
+
+    decision = decide([t], healthy("a", "b", "c"))
+
+    assert moves(decision) == {("good", SYNC), ("bad", ASYNC)}
+    assert decision.sync_replicas == {"t": ("p", "good")}
+
+
+def test_a_pinned_sync_replica_being_enabled_already_holds_its_slot():
+    enabling = replace(rep("p", "a", SYNC, enabled=False, tracker_enabled=False), enabling=True)
+    t = table(enabling, rep("r", "b"))
+
+    assert decide([t], healthy("a", "b")).changes == ()
+
+
+def test_a_disabled_pinned_sync_replica_holds_no_slot():
+    t = table(rep("p", "a", SYNC, enabled=False, tracker_enabled=False), rep("r", "b"))
+
+    assert moves(decide([t], healthy("a", "b"))) == {("r", SYNC)}
+
+
+def test_only_min_counts_pinned_sync_replicas_in_the_default_max():
+    """Only min set: max is every replica that can be sync, the pinned sync ones included."""
+    options = replace(TRACKED, min_sync_replica_count=1)
+    t = table(rep("p", "a", SYNC, tracker_enabled=False), rep("r1", "b"), rep("r2", "c"), options=options)
+
+    decision = decide([t], healthy("a", "b", "c"))
+
+    assert moves(decision) == {("r1", SYNC), ("r2", SYNC)}
+    assert "(min 1, max 3)" in decision.reasons["t"]
+
+
+def test_a_non_atomic_replica_is_never_switched_and_never_counted_as_async():
+    """atomicity none means the tracker leaves the replica alone (tracker_enabled False in the loop)."""
+    t = table(rep("na", "a", tracker_enabled=False), rep("r", "b"))
+
+    assert moves(decide([t], healthy("a", "b"))) == {("r", SYNC)}
+
+
+def test_collocated_tables_follow_a_pinned_sync_replica():
+    """events' owner pins its replica on b as sync: events' tracked sync on a is demoted (the slot is
+    taken) and audit moves to b with it, in the same check: the collocation is never split."""
+    events = table(rep("e-a", "a", SYNC), rep("e-b", "b", SYNC, tracker_enabled=False), table_id="events",
+                   collocation_id="col")
+    audit = table(rep("a-a", "a", SYNC), rep("a-b", "b"), table_id="audit", collocation_id="col")
+    clusters = healthy("a", "b")
+
+    decision = decide([events, audit], clusters)
+
+    assert moves(decision) == {("e-a", ASYNC), ("a-b", SYNC), ("a-a", ASYNC)}
+    assert decision.sync_replicas == {"events": ("e-b",), "audit": ("a-b",)}
+    assert decide(applied((events, audit), decision), clusters).changes == ()
+
+
+def test_a_collocated_table_whose_replicas_are_all_pinned_binds_the_others():
+    events = table(rep("e-a", "a", tracker_enabled=False), rep("e-b", "b", SYNC, tracker_enabled=False),
+                   table_id="events", collocation_id="col")
+    audit = table(rep("a-a", "a", SYNC), rep("a-b", "b"), table_id="audit", collocation_id="col")
+
+    decision = decide([events, audit], healthy("a", "b"))
+
+    assert moves(decision) == {("a-b", SYNC), ("a-a", ASYNC)}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_tracker_never_exceeds_max_nor_splits_a_collocation(seed: int):
+    """Random tables of one collocation on three clusters, some replicas pinned (the same pinned sync
+    cluster for every table that pins one): after each decision is applied no table has more sync
+    replicas than max unless its pinned ones alone do, and once the decisions settle every table has
+    its sync replica on one cluster whenever the pins allow it (some cluster where each table either
+    is pinned sync or has a replica the tracker owns; with a pinned sync replica, that one's)."""
+    import random
+
+    rng = random.Random(seed)
+    names = ("a", "b", "c")
+    pinned_sync_cluster = rng.choice(names)
+    tables = []
+    for t in range(rng.randint(1, 3)):
+        replicas = []
+        for cluster in names:
+            pinned = rng.random() < 0.3
+            mode = SYNC if (pinned and cluster == pinned_sync_cluster) or rng.random() < 0.3 else ASYNC
+            replicas.append(rep(f"t{t}-{cluster}", cluster, mode, lag=rng.choice([0.0, 1.0, 5.0]),
+                                tracker_enabled=not pinned))
+        tables.append(table(*replicas, table_id=f"t{t}", collocation_id="col"))
+    state = tuple(tables)
+    clusters = healthy(*names)
+    for _ in range(4):
+        decision = decide(state, clusters)
+        state = applied(state, decision)
+        for t in state:
+            pinned = [r for r in t.replicas if not r.tracker_enabled and r.mode is SYNC]
+            sync = [r for r in t.replicas if r.mode is SYNC]
+            assert len(sync) <= max(1, len(pinned)), (seed, t)
+    assert decide(state, clusters).changes == (), seed
+
+    def possible(cluster: str, t: TrackedTable) -> bool:
+        pinned = {r.cluster for r in t.replicas if not r.tracker_enabled and r.mode is SYNC}
+        return pinned == {cluster} if pinned else any(r.tracker_enabled for r in t.replicas if r.cluster == cluster)
+
+    feasible = [c for c in names if all(possible(c, t) for t in tables)]
+    placements = {frozenset(r.cluster for r in t.replicas if r.mode is SYNC) for t in state}
+    if feasible:
+        assert len(placements) == 1 and next(iter(placements)) <= set(feasible), (seed, feasible, state)

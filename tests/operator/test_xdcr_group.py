@@ -163,8 +163,10 @@ def test_paused_refuses_client_writes_on_every_member_and_resume_takes_them(env:
         assert refused.value.code == 605 and "paused" in refused.value.message
     assert all(p["paused"] for p in env.group(group)["status"]["pairs"])
     assert env.condition(group)["status"] == "True"  # paused pairs still deliver: not degraded
-    env.api.patch("xdcrgroups", group, {"spec": {"paused": False}})
+    env.api.patch("xdcrgroups", group, {"spec": {"paused": None}})  # the field removed: its default, false
     env.wait(lambda: env.group(group)["status"].get("paused") is False, 30, "status.paused false")
+    resumed = env.api.events(None, involved_name=group, reason="Resumed")
+    assert resumed and all("spec.paused is false" in e["message"] for e in resumed), resumed
     with env.client("sf") as sf:
         sf.insert_rows(USERS, [{"id": 3, "name": "after resume"}])
     env.wait(lambda: 3 in {r["id"] for r in env.rows("chicago")}, 30, "the row written after resume")
