@@ -360,7 +360,9 @@ def test_promote_disable_and_enable_edit_the_manifest_and_up_applies_them(up: Up
     assert enabled.returncode == 0 and "edited: spec.enabled: true" in enabled.stdout, enabled.stderr
     wait_on_up(lambda: '"while-disabled"' in yt(remote, "select-rows", query, "--format", "json").stdout, 30,
                "the row written while disabled on remote-1", up)
-    assert replica_view(up, "orders", "orders-remote-1")["state"] == "enabled"
+    # the status follows the meta-cluster (enabling until its first pass over every tablet is done)
+    wait_on_up(lambda: replica_view(up, "orders", "orders-remote-1")["state"] == "enabled", 30,
+               "orders-remote-1 enabled", up)
 
     unknown = edit(up, "disable", "no-such-replica")
     assert unknown.returncode == 1 and "TableReplica no-such-replica not found" in unknown.stderr
