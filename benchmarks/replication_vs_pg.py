@@ -690,7 +690,8 @@ def storage_lines(reps: dict[str, dict[str, Any]]) -> list[Line]:
     return lines
 
 
-def print_lines(lines: list[Line], out: Any = sys.stdout) -> None:
+def print_lines(lines: list[Line], out: Any = None) -> None:
+    out = sys.stdout if out is None else out  # looked up per call: a test's capture replaces sys.stdout
     head = Line("figure", "reptables", "PostgreSQL 15", "ratio", "target", "", storage="storage")
     cols = ("figure", "storage", "reptables", "postgres", "ratio", "target", "status")
     widths = [max(len(getattr(x, c)) for x in [head, *lines]) for c in cols]
