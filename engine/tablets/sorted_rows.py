@@ -198,8 +198,9 @@ def _xdcr_versions(table: SortedTable, conn: sa.Connection, keyed: dict[Any, Row
         origin = write.origin if write is not None else None
         cur = write.here if write is not None and write.here_known else current.get(key)
         if origin is None:
-            version: xdcr.Version = (table.xdcr_clock.next(), own)
             parent = None if cur is None else cur.version
+            # after the version it replaces (stored here, so within the bound every peer checks)
+            version: xdcr.Version = (table.xdcr_clock.next(0 if parent is None else parent[0]), own)
         else:
             version, parent = origin, write.origin_parent if write is not None else None
         deleted = image is None

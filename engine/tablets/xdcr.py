@@ -54,9 +54,13 @@ class VersionClock:
         self._lock = threading.Lock()
         self._last = 0
 
-    def next(self) -> int:
+    def next(self, after: int = 0) -> int:
+        """A new version timestamp: later than every one taken or observed, and than ``after`` (the
+        version of the row a change replaces). The wall clock alone is not enough: a process starts
+        with nothing taken, and a clock set back across a restart would give a change a version
+        before the one it replaces, which every peer refuses (``parse_apply``)."""
         with self._lock:
-            self._last = max(time.time_ns() // 1000, self._last + 1)
+            self._last = max(time.time_ns() // 1000, self._last + 1, after + 1)
             return self._last
 
     def read(self) -> int:

@@ -15,6 +15,9 @@ import pytest
 
 from reptables.engine.errors import YtError
 from reptables.testing import KV_SCHEMA, EngineSet, wait_for
+from reptables.testing.chaos.cluster import ChaosRun
+
+from .conftest import needs_netns
 
 
 @pytest.fixture
@@ -140,3 +143,32 @@ def test_an_unresharded_replicated_table_keeps_its_queue_across_a_meta_restart(e
     except YtError as exc:
         pytest.fail(f"a write after the restart failed: {exc}")
     assert engines.rows("remote_0", path) == [{"k": 11, "v": "before"}, {"k": 12, "v": "after"}]
+
+
+@needs_netns
+def test_an_xdcr_write_after_a_restart_with_the_clock_set_back_replaces_the_newer_version(tmp_path: Path) -> None:
+    """xdcr-clock (seed 2027, 10 minutes): a member killed and restarted with its clock jumped back
+    took its next row versions from the wall clock alone, lower than the versions its rows already
+    had; every peer refused those changes ("e ... is not before the change's version") and shipping
+    stalled for good. A change's version is now always after the one it replaces."""
+    schema = [{"name": "id", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]
+    with ChaosRun(tmp_path) as run:
+        engines = run.engines(["a", "b"], cluster_ids=True, clocks={"a": 0.0, "b": 0.0})
+        engines.connect()
+        for name in ("a", "b"):
+            engines.client(name).create("table", "//tmp/t", recursive=True,
+                                        attributes={"dynamic": True, "schema": schema, "xdcr": True})
+            engines.client(name).mount_table("//tmp/t")
+        a, b = engines.client("a"), engines.client("b")
+        b.insert_rows("//tmp/t", [{"id": 1, "v": "first"}])
+        wait_for(lambda: a.lookup_rows("//tmp/t", [{"id": 1}]) == [{"id": 1, "v": "first"}], 15, "the insert on a")
+
+        engines.clocks["b"].set(-30.0)  # b's clock set back half a minute, then b crashes
+        engines.restart("b")
+        b = engines.client("b")
+        b.insert_rows("//tmp/t", [{"id": 1, "v": "second"}])
+        b.insert_rows("//tmp/t", [{"id": 2, "v": "after it"}])
+        wait_for(lambda: a.select_rows("* from [//tmp/t]") == [{"id": 1, "v": "second"}, {"id": 2, "v": "after it"}],
+                 15, "b's changes made after the restart on a")
+        peers = b.dr_status()["peers"]
+        assert all(p["queued_rows"] == 0 for p in peers.values()), peers
