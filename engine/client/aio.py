@@ -29,12 +29,12 @@ class AsyncClient:
 
     ``transport`` is an ``httpx.AsyncBaseTransport``; use as ``async with``, or ``await close()``;
     ``transaction`` is an async context manager. A long pull's timeout is extended to its
-    ``wait_timeout`` plus 15 s, as :class:`Client`'s is.
+    ``wait_timeout`` plus 15 s, as :class:`Client`'s is; ``follow_unlisted`` as :class:`Client`'s.
     """
 
     def __init__(self, proxy_url: str | Sequence[str], token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._config = ClientConfig(proxy_url, token, timeout)
+                 transport: httpx.AsyncBaseTransport | None = None, follow_unlisted: bool = True) -> None:
+        self._config = ClientConfig(proxy_url, token, timeout, follow_unlisted)
         self._http = httpx.AsyncClient(headers=self._config.headers, timeout=self._config.timeout,
                                        transport=transport)
 

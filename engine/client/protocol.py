@@ -19,7 +19,6 @@ import builtins
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -34,6 +33,7 @@ from ..errors import (
     YtError,
 )
 from ..httpconn import has_non_finite
+from .route import LeaderRoute, normal_url, split_urls
 
 #: JSON with strings as plain Unicode (see the module docstring on ``encode_utf8``)
 _JSON_FORMAT: dict[str, Any] = {"$value": "json", "$attributes": {"encode_utf8": False}}
@@ -615,15 +615,9 @@ class Build:
         return Request.command("dr_join_write", {"path": path, "page": page}, entries)
 
 
-def _normal_url(url: str) -> str:
-    url = url.strip()
-    return (url if "://" in url else f"http://{url}").rstrip("/")
-
-
 def proxy_urls(proxy_url: str | Sequence[str]) -> list[str]:
     """The engines a client may send to: one URL, several separated by commas, or a list of them."""
-    given = [proxy_url] if isinstance(proxy_url, str) else list(proxy_url)
-    urls = list(dict.fromkeys(_normal_url(u) for g in given for u in g.split(",") if u.strip()))
+    urls = list(dict.fromkeys(normal_url(u) for u in split_urls(proxy_url)))
     if not urls:
         raise ValueError("A client needs the URL of at least one engine")
     return urls
@@ -635,20 +629,18 @@ def never_sent(error: TransportError) -> bool:
     return isinstance(error.cause, ConnectionRefusedError | httpx.ConnectError)
 
 
-class ClientConfig:
+class ClientConfig(LeaderRoute):
     """What :class:`Client` and :class:`AsyncClient` make of their constructor arguments.
 
     Several engines of one table cluster (a leader and its standbys, docs/storage.md "Leadership and
     fencing"): requests go to one of them, :attr:`proxy_url`, until :meth:`resend_to` says to go to
-    another. The list and the current one change by reference assignments (threads share a client;
-    two that move it at once both leave it at a URL of the list)."""
+    another (the rules are :class:`~.route.LeaderRoute`'s, shared with the engine's calls to peers).
+    ``follow_unlisted``: whether a leader an engine names outside the URLs given is followed."""
 
-    def __init__(self, proxy_url: str | Sequence[str], token: str | None, timeout: float) -> None:
-        #: the engines' URLs: the ones given, and leaders' addresses learned since
-        self.urls: list[str] = proxy_urls(proxy_url)
-        self._current = 0
-        #: when a request to an engine last got no answer through (a timeout, a reset, a refusal)
-        self._unanswered: dict[str, float] = {}
+    def __init__(self, proxy_url: str | Sequence[str], token: str | None, timeout: float,
+                 follow_unlisted: bool = True) -> None:
+        # an engine that got no answer through is not followed back to for the client's timeout
+        super().__init__(proxy_urls(proxy_url), suspect_seconds=timeout, follow_unlisted=follow_unlisted)
         token = token if token is not None else os.environ.get("YT_TOKEN")
         self.headers = {"Authorization": f"OAuth {token}"} if token else {}
         #: the per-request timeout, in seconds (httpx's form below)
@@ -656,12 +648,6 @@ class ClientConfig:
         self.timeout = httpx.Timeout(timeout)
         #: command descriptors; ``call`` adds the proxy's own on meeting an unknown command
         self.specs: dict[str, _Spec] = dict(_KNOWN_SPECS)
-
-    @property
-    def proxy_url(self) -> str:
-        """The URL requests go to now."""
-        urls = self.urls
-        return urls[self._current % len(urls)]
 
     def resend_to(self, error: YtError, sent_to: str, attempt: int) -> str | None:
         """Where to send again a request that failed with ``error`` at ``sent_to`` (its ``attempt``-th
@@ -677,46 +663,11 @@ class ClientConfig:
         answer through is not followed back to for the client's timeout, even if a standby still names
         it (its lease has not run out yet: a paused leader). At most twice around the URLs, then the
         last error is raised (a takeover in progress: retry later)."""
-        now = time.monotonic()
         if isinstance(error, TransportError):
-            self._unanswered[sent_to] = now
-            self._move_on(sent_to, now)
-            return self.proxy_url if never_sent(error) and self.proxy_url != sent_to and \
-                attempt <= 2 * len(self.urls) else None
-        if not error.attributes.get("not_leader") or attempt > 2 * len(self.urls) + 1:
+            return self.after_no_answer(sent_to, attempt, never_sent(error))
+        if not error.attributes.get("not_leader"):
             return None
-        leader = error.attributes.get("leader_url")
-        if isinstance(leader, str) and leader.strip() and _normal_url(leader) != sent_to \
-                and not self._suspect(_normal_url(leader), now):
-            leader = _normal_url(leader)
-            if leader not in self.urls:
-                self.urls = [*self.urls, leader]
-            self._current = self.urls.index(leader)
-            return leader
-        self._move_on(sent_to, now)
-        return self.proxy_url if self.proxy_url != sent_to else None
-
-    def answered(self, url: str) -> None:
-        """An engine answered (whatever it said): it is not suspected of being away any more."""
-        if url in self._unanswered:
-            self._unanswered.pop(url, None)
-
-    def _suspect(self, url: str, now: float) -> bool:
-        failed = self._unanswered.get(url)
-        return failed is not None and now - failed < self.seconds
-
-    def _move_on(self, sent_to: str, now: float) -> None:
-        """The next URL after ``sent_to`` that got answers lately becomes the current one (unless another
-        thread moved on already)."""
-        urls = self.urls
-        if len(urls) < 2 or self.proxy_url != sent_to or sent_to not in urls:
-            return
-        at = urls.index(sent_to)
-        for step in range(1, len(urls)):
-            candidate = (at + step) % len(urls)
-            if not self._suspect(urls[candidate], now):
-                self._current = candidate
-                return
+        return self.after_not_leader(sent_to, attempt, error.attributes.get("leader_url"))
 
     def read_timeout(self, req: Request) -> float:
         """How long ``req`` may wait for its answer: the client's timeout, and for a long pull at least

@@ -35,13 +35,15 @@ class Client:
     one URL follows a leader an engine names too;
     ``token`` defaults to ``$YT_TOKEN``; ``timeout`` is per request, in seconds (a long pull may take
     its ``wait_timeout`` plus 15 s whatever the timeout, see :meth:`pull_changes`); ``transport`` is
-    passed to ``httpx`` (tests, proxies, retries). Each method runs the YT command of the same name
-    and takes YT's parameter names as keyword arguments. Use as a context manager, or ``close()``.
+    passed to ``httpx`` (tests, proxies, retries); ``follow_unlisted=False`` keeps requests (and the
+    token) at the URLs given: a leader an engine names elsewhere is not followed (an engine's calls to a
+    peer cluster). Each method runs the YT command of the same name and takes YT's parameter names as
+    keyword arguments. Use as a context manager, or ``close()``.
     """
 
     def __init__(self, proxy_url: str | Sequence[str], token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self._config = ClientConfig(proxy_url, token, timeout)
+                 transport: httpx.BaseTransport | None = None, follow_unlisted: bool = True) -> None:
+        self._config = ClientConfig(proxy_url, token, timeout, follow_unlisted)
         self._timeout = timeout
         # keep-alive connections on http.client (engine/httpconn.py says why), one pool per engine, or
         # httpx with the caller's transport
