@@ -23,13 +23,20 @@ What is tricky:
 * two processes can race for a port that was free a moment ago: a start that loses the race is
   retried on fresh ports, for every engine of the set (the others were stopped by ``start_all``);
 * a set is stopped by :meth:`EngineSet.stop` (``with`` blocks and ``atexit`` call it too, so a
-  benchmark that dies leaves no engine behind); stopping again does nothing.
+  benchmark that dies leaves no engine behind); stopping again does nothing;
+* a member may be a leader and standbys over one PostgreSQL database (``standbys``, docs/ha.md):
+  its engines are all started with ``--standby``, whichever wins the lease leads (:meth:`EngineSet.leader`),
+  the directories name every engine of it (``proxy_url`` a list: no Service in front of it), and the
+  set's client of it is given every URL; :meth:`EngineSet.revive` starts its dead engines again as
+  standbys, as their supervisor would.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
@@ -119,6 +128,13 @@ class EngineSet:
     #: the timeout of the shared clients
     client_timeout: float = 30.0
     start_timeout: float = 30.0
+    #: members served by a leader and standbys, by name: how many standby engines beside the first.
+    #: Their engines share one PostgreSQL database (``storage``'s URL, else a new one of the run's server)
+    standbys: Mapping[str, int] = field(default_factory=dict)
+    #: ``--leader-lease`` of the engines of those members (None: the engine's default)
+    leader_lease: float | None = None
+    #: the other engines of each member that has standbys (``engines[name]`` is its first)
+    standby_engines: dict[str, list[EngineProcess]] = field(default_factory=dict)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -137,11 +153,13 @@ class EngineSet:
                 for index, name in enumerate(self.names, start=1):  # fresh ports on every attempt
                     self.engines[name] = self._engine(name, index, env, extra_args, own_tokens)
                 try:
-                    start_all(self.engines.values(), self.start_timeout)
+                    start_all([e for n, e in self.engines.items() if n not in self.standbys], self.start_timeout)
+                    self._start_groups()
                     break
                 except RuntimeError as exc:
                     if attempt == START_ATTEMPTS or "address already in use" not in str(exc).lower():
                         raise
+                    self._stop_engines()
             self.publish_directory()
         except BaseException:
             self.stop()
@@ -154,6 +172,18 @@ class EngineSet:
         token = f"token-{name}-0123456789abcdef" if own_tokens else self.token
         storage = self.storage.get(name, backends.current())
         args = [*cluster_id, *(extra_args or [])]
+        if name in self.standbys:
+            if not storage.startswith("postgresql://"):
+                storage = backends.run_server().create_database(f"{name}_group")
+            lease = ["--leader-lease", str(self.leader_lease)] if self.leader_lease is not None else []
+            group = []
+            for i in range(self.standbys[name] + 1):
+                engine = EngineProcess(name, self.base / (name if i == 0 else f"{name}-standby{i}"), token=token,
+                                       env=dict(env or {}), log_level=self.log_level)
+                engine.extra_args = [*args, "--storage", storage, "--standby", "--advertise-url", engine.url, *lease]
+                group.append(engine)
+            self.standby_engines[name] = group[1:]
+            return group[0]
         if storage.startswith("postgresql://"):
             args += ["--storage", storage]
             storage = backends.current()
@@ -161,11 +191,45 @@ class EngineSet:
             return EngineProcess(name, self.base / name, token=token, env=dict(env or {}), log_level=self.log_level,
                                  extra_args=args)
 
+    def _start_groups(self) -> None:
+        """Start the engines of the members with standbys side by side, and wait until each group leads."""
+        group = [e for name in self.standbys for e in self.group(name)]
+        for engine in group:
+            engine.spawn()
+        for engine in group:
+            engine.wait_up(self.start_timeout)
+        for name in self.standbys:
+            self.leader(name, self.start_timeout)
+
+    def group(self, name: str) -> list[EngineProcess]:
+        """The engines of member ``name``: one, or its leader and standbys (in the order started)."""
+        return [self.engines[name], *self.standby_engines.get(name, [])]
+
+    def urls(self, name: str) -> str | list[str]:
+        """How the directories name member ``name``: its engine's URL, or the list of its engines' URLs."""
+        engines = self.group(name)
+        return engines[0].url if len(engines) == 1 else [e.url for e in engines]
+
+    def leader(self, name: str, timeout: float = 30.0) -> EngineProcess:
+        """The engine of member ``name`` that serves (``/readyz`` 200), waited for."""
+        return wait_for(lambda: next((e for e in self.group(name) if e.alive() and _ready(e)), None), timeout,
+                        f"a leader of {name}")
+
+    def revive(self, name: str) -> list[EngineProcess]:
+        """Start every engine of member ``name`` that is not running again, as a standby (as a supervisor
+        restarts an engine that was killed or that stepped down): the engines started, up."""
+        dead = [e for e in self.group(name) if not e.alive()]
+        for engine in dead:
+            engine.spawn()
+        for engine in dead:
+            engine.wait_up(self.start_timeout)
+        return dead
+
     def publish_directory(self) -> None:
-        """Write ``//sys/clusters`` into every engine: every engine's URL, with the credential with which
-        *this* engine calls it (one per ordered pair)."""
+        """Write ``//sys/clusters`` into every engine: every engine's URL (every engine of a member with
+        standbys), with the credential with which *this* engine calls it (one per ordered pair)."""
         for name in self.engines:
-            directory = {n: {"proxy_url": e.url, "token": peer_credential(e.read_token(), name)}
+            directory = {n: {"proxy_url": self.urls(n), "token": peer_credential(e.read_token(), name)}
                          for n, e in self.engines.items()}
             self.client(name).set("//sys/clusters", directory)
 
@@ -186,8 +250,16 @@ class EngineSet:
         for client in self.clients.values():
             client.close()
         self.clients.clear()
+        self._stop_engines()
+
+    def _stop_engines(self) -> None:
         errors: list[str] = []
-        for engine in reversed(list(self.engines.values())):
+        engines = [e for name in self.engines for e in self.group(name)]
+        for engine in engines:  # a paused engine (SIGSTOP) cannot stop
+            if engine.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(engine.pid, signal.SIGCONT)
+        for engine in reversed(engines):
             try:
                 engine.stop()
             except Exception as exc:  # stop the others, then say which did not stop
@@ -210,7 +282,7 @@ class EngineSet:
         client = self.clients.get(name)
         if client is None:
             engine = self.engines[name]
-            client = self.clients[name] = Client(engine.url, engine.read_token(),
+            client = self.clients[name] = Client([e.url for e in self.group(name)], engine.read_token(),
                                                  timeout=self.client_timeout if timeout is None else timeout)
         return client
 
@@ -300,3 +372,10 @@ class EngineSet:
         """Whether table ``path`` holds the same rows on each of ``names`` (by default all)."""
         contents = [self.rows(n, path) for n in names or self.names]
         return all(c == contents[0] for c in contents)
+
+
+def _ready(engine: EngineProcess) -> bool:
+    try:
+        return httpx.get(f"{engine.url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

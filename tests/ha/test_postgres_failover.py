@@ -15,6 +15,10 @@ postmaster under two writers checks what docs/ha-postgres.md promises:
 
 The failover window (from the kill to the end of the longest stretch without an acknowledged
 write) is printed (run with ``-s``); docs/ha-postgres.md gives the figures measured this way.
+
+The third fault of the HA XDCR tests (test_ha_xdcr.py: an XDCR member served by a leader engine and a
+standby, under writes on every member) is here too: the primary of that member's database killed.
+It lives in this module because the run starts one Patroni cluster (tests/ha/conftest.py).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import httpx
 from reptables.engine.client import Client
 from reptables.engine.client.protocol import TransportError
 from reptables.engine.errors import ErrorCode, YtError
+from reptables.engine.storage.leadership import EXIT_STEPPED_DOWN
 from reptables.testing import KV_SCHEMA, TEST_TOKEN, EngineProcess, EngineSet, wait_for
 from reptables.testing.patroni import PatroniCluster
+from tests.ha.xdcr_load import MEMBERS, Load, build, check_group, directories
 
 
 class Writer(threading.Thread):
@@ -168,3 +174,32 @@ def _inserted(client: Client, path: str, key: int) -> bool:
             return False
         raise
     return True
+
+
+def test_xdcr_member_survives_the_primary_of_its_database_killed(patroni: PatroniCluster, tmp_path: Path) -> None:
+    """Member a of an XDCR group is a leader engine and a standby over a database of the Patroni
+    cluster; writes run on every member (and on a's replicated table with its sync replica, and b's
+    with its sync replica on a) while a's database primary is killed. The engines of a answer 105
+    meanwhile and serve again by themselves (the leader renews its lease once there is a primary, or
+    the standby took the lease first and the old leader stepped down: then it is started again as a
+    standby, as its supervisor would); every acknowledged write is everywhere once (test_ha_xdcr.py)."""
+    url = patroni.create_database("xdcr_a")
+    with EngineSet(tmp_path, names=MEMBERS, cluster_ids=True, standbys={"a": 1}, storage={"a": url},
+                   client_timeout=60, start_timeout=60) as group:
+        build(group)
+        before = directories(group)
+        with Load(group, 3) as load:
+            load.acked_after(20, 60)
+            killed = patroni.kill_primary()
+            killed_at = time.monotonic()
+            patroni.wait_for_primary(60, other_than=killed)
+            # writes acknowledged again on every table, a's included, with nothing done to the engines
+            load.acked_after(10, 90)
+            back = load.first_ack_after(killed_at, group.leader("a").url)
+        stepped_down = [e for e in group.group("a") if not e.alive()]
+        for engine in stepped_down:
+            assert engine.proc is not None and engine.proc.returncode == EXIT_STEPPED_DOWN, engine.proc.returncode
+        print(f"\nprimary kill: a acknowledged writes again {back:.2f} s after it; engines of a that stepped "
+              f"down: {len(stepped_down)}")
+        group.revive("a")
+        check_group(group, load, before)
