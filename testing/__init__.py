@@ -7,7 +7,9 @@ what they share lives here. The product never imports it (an import-linter contr
 
 * :mod:`reptables.testing.engines`: one engine (:class:`EngineProcess`) and a set of engines that
   know each other (:class:`EngineSet`: replicated tables, XDCR groups);
-* :mod:`reptables.testing.waits`: the one bounded wait (:func:`wait_for`).
+* :mod:`reptables.testing.waits`: the one bounded wait (:func:`wait_for`);
+* :mod:`reptables.testing.service`: a Kubernetes Service in front of a leader/standby group, on
+  loopback (:class:`~reptables.testing.service.LeaderService`: readiness is leadership).
 """
 
 from .engines import KV_SCHEMA, TEST_TOKEN, USERS_SCHEMA, EngineProcess, EngineSet, free_port

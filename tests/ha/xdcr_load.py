@@ -65,6 +65,10 @@ def build(engines: EngineSet) -> EngineSet:
     wait_for(lambda: inbox_sync in b.get_in_sync_replicas(INBOX, b.generate_timestamp()), 60,
              "the inbox's sync replica in sync")
     wait_for(lambda: engines.converged(USERS), 60, "the shared keys everywhere")
+    # the replica tables' change streams show a change applied twice: they keep a log (an XDCR table
+    # always does)
+    for name, path in (("b", ORDERS), ("c", ORDERS), ("a", INBOX), ("a", INBOX_ASYNC)):
+        engines.client(name).set(f"{path}/@enable_change_log", True)
     return engines
 
 
