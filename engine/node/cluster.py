@@ -50,6 +50,7 @@ from ..storage import (
     read_locks_table,
     tablets_table,
     view_name,
+    xdcr_rows_table,
 )
 from ..storage.leadership import Leadership
 from ..storage.migrations import migrate
@@ -289,6 +290,10 @@ class Cluster:
             counts.setdefault(t.table_id, {})[t.tablet_index] = [t.row_count, t.trimmed_row_count]
         with self.storage.read() as conn:
             locked = {r[0] for r in conn.execute(sa.select(read_locks_table.c.table_id).distinct())}
+            # XDCR versions go on after every version stored here, whatever the wall clock says
+            # now (a restart with the clock set back): versions stay unique and causal per cluster
+            newest_version = conn.execute(sa.select(sa.func.max(xdcr_rows_table.c.timestamp))).scalar()
+        self.xdcr_clock.observe(int(newest_version or 0))
         present = self.storage.table_names()
         lost: list[str] = []
         for node in self.cypress.by_id.values():

@@ -48,17 +48,18 @@ class VersionClock:
     second, so two clusters' commits of one second compare by how busy each was. A version's
     timestamp is the wall clock instead, never going back and always past every version this
     cluster has seen (``observe``): a change made after seeing another is later than it, on every
-    cluster. ``_lock`` guards ``_last``: a **leaf**, taken under the storage writer by commits."""
+    cluster. At start the engine observes the newest version it stores, so a restart with the clock
+    set back neither reuses a version nor goes back. ``_lock`` guards ``_last``: a **leaf**, taken
+    under the storage writer by commits."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last = 0
 
     def next(self, after: int = 0) -> int:
-        """A new version timestamp: later than every one taken or observed, and than ``after`` (the
-        version of the row a change replaces). The wall clock alone is not enough: a process starts
-        with nothing taken, and a clock set back across a restart would give a change a version
-        before the one it replaces, which every peer refuses (``parse_apply``)."""
+        """A new version timestamp: later than every one taken or observed, and than ``after`` - the
+        version of the row the change replaces, which every peer checks it is later than
+        (``parse_apply``)."""
         with self._lock:
             self._last = max(time.time_ns() // 1000, self._last + 1, after + 1)
             return self._last
