@@ -43,6 +43,7 @@ from .. import __version__
 from ..credentials import is_peer_credential, verify_peer_credential
 from ..errors import AuthenticationError, ErrorCode, UnavailableError, YtError
 from ..node import Cluster
+from ..node.serving import leader_status
 from ..storage.leadership import Leadership
 from .body import read_body
 from .commands import BODY_BYTES, COMMANDS, Command
@@ -160,7 +161,8 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
     On PostgreSQL the engine serves only while it holds its database (``storage/leadership.py``):
     a leader whose lease ran out by its own clock, or that another engine replaced, answers every
     command and internal call 105 naming the leader (``not_leader``: it did nothing with the request)
-    and ``/readyz`` 503."""
+    and ``/readyz`` 503. ``/leadership`` (the API token) says which lease it holds and which database
+    server it reached (``node/serving.py``)."""
     engine_metrics = cluster.metrics
     #: who serves the database (None: SQLite); asked on every request (a reference and a clock read)
     lead = cluster.storage.leadership
@@ -267,6 +269,20 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         # a worker thread: the state collector reads SQL (engine/metrics.py), never on the event loop
         return Response(await run_in_threadpool(generate_latest, engine_metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
+
+    async def leadership(request: Request) -> Response:
+        # who serves the cluster and on which database server (node/serving.py): behind the API
+        # token, like /metrics on this port; a standby never gets here (standby_app answers 105)
+        request_id = os.urandom(8).hex()
+        try:
+            if lead is not None and not lead.serving():
+                raise lead.not_serving_error()
+            authenticate(request)
+            return JSONResponse(await run_in_threadpool(leader_status, cluster.name, cluster.storage))
+        except YtError as error:
+            return error_response(error, request_id)
+        except _STORAGE_ERRORS as exc:
+            return error_response(_storage_error("GET /leadership", exc), request_id)
 
     async def command(request: Request) -> Response:
         name = request.path_params["command"]
@@ -466,6 +482,7 @@ def create_app(cluster: Cluster, token: str) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/leadership", leadership, methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
