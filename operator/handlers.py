@@ -111,8 +111,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
             from .jobs.spark_applications import SparkApplicationLauncher  # the kubernetes client, only when jobs run
 
             launcher = SparkApplicationLauncher(ours.spark_jobs, default_namespace=ours.operator_namespace)
+        from .cnpg import CloudNativePGClusters  # (its API client is made at its first read)
+
         memo[RUNTIME_KEY] = Runtime.start(ours.operator_namespace, ours.tracker_period,
-                                          CredentialPolicy(ours.secret_namespaces), launcher=launcher)
+                                          CredentialPolicy(ours.secret_namespaces), launcher=launcher,
+                                          database_clusters=CloudNativePGClusters(ours.operator_namespace))
     if not memo.get(TIMERS_KEY):
         _register_timers(ours)
         memo[TIMERS_KEY] = True

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .controllers.world import ClusterRef, Engines, Resource, TrackerJournal, World
+from .controllers.world import ClusterRef, DatabaseClusters, Engines, Resource, TrackerJournal, World
 from .jobs.launcher import Launcher
 from .models import InvalidResourceError, parse_resource
 
@@ -119,6 +119,8 @@ class Registry:
         self.policy = policy if policy is not None else CredentialPolicy(frozenset({default_namespace}))
         #: runs bootstrap jobs; handed to the reconcile core in every World (None: none can run)
         self.launcher: Launcher | None = None
+        #: reads CloudNativePG Clusters for ``status.leadership`` (set by the kopf front end; None locally)
+        self.database_clusters: DatabaseClusters | None = None
         #: what the tracker decided per ReplicatedTable; its loop writes it, the tables' status shows it
         self.tracker_journal = TrackerJournal()
         #: guards the two maps below (a leaf: nothing else is taken while holding it)
@@ -256,5 +258,5 @@ class Registry:
 
     def world(self) -> World:
         return World(engines=self.engines, resources=self.of_kind, launcher=self.launcher,
-                     tracker_journal=self.tracker_journal)
+                     tracker_journal=self.tracker_journal, database_clusters=self.database_clusters)
 

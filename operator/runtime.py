@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .controllers.clusters import credentials_refused
-from .controllers.world import Engines, Outcome, Resource, World
+from .controllers.world import DatabaseClusters, Engines, Outcome, Resource, World
 from .jobs.launcher import Launcher
 from .registry import CredentialPolicy, Registry
 from .tracker.loop import CHECK_PERIOD, TrackerLoop
@@ -50,15 +50,18 @@ class Runtime:
 
     @classmethod
     def start(cls, namespace: str, tracker_period: float = CHECK_PERIOD,
-              policy: CredentialPolicy | None = None, launcher: Launcher | None = None) -> Runtime:
+              policy: CredentialPolicy | None = None, launcher: Launcher | None = None,
+              database_clusters: DatabaseClusters | None = None) -> Runtime:
         """A runtime whose Secrets default to ``namespace`` and whose tracker checks every ``tracker_period`` s.
 
         ``policy`` says which Secrets TableClusters may use (default: labelled ones in ``namespace``);
-        ``launcher`` runs the bootstrap jobs of new replicas (default: none, they wait).
+        ``launcher`` runs the bootstrap jobs of new replicas (default: none, they wait);
+        ``database_clusters`` reads CloudNativePG Clusters for ``status.leadership`` (default: none).
         """
         engines = Engines()
         registry = Registry(engines, namespace, policy)
         registry.launcher = launcher
+        registry.database_clusters = database_clusters
         switches: deque[ModeSwitch] = deque(maxlen=MAX_PENDING_SWITCHES)
 
         def queue_switch(table: Resource, replica_id: str, mode: str, reason: str) -> None:
@@ -94,4 +97,7 @@ class Runtime:
         self.tracker.close()
         if self.registry.launcher is not None:
             self.registry.launcher.close()
+        closing = getattr(self.registry.database_clusters, "close", None)
+        if closing is not None:
+            closing()
         self.engines.close()

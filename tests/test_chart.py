@@ -392,6 +392,7 @@ def test_rbac_template_rules_without_helm() -> None:
         for peering in (False, True):
             cluster, role = expected_rbac(all_namespaces, peering)
             union |= cluster | role
+    union |= CNPG_RULES  # (an HA engine on a CloudNativePG Cluster: a Role of its own)
     for doc in docs:
         if doc["kind"] in ("ClusterRole", "Role"):
             assert flatten_rules(doc["rules"]) <= union, doc["kind"]
@@ -979,8 +980,16 @@ def test_helm_ha_engines_run_a_leader_and_standbys(tmp_path: Path) -> None:
         service = services[name]
         assert service["spec"]["selector"] == spec["selector"]["matchLabels"] and "publishNotReadyAddresses" not in \
             service["spec"]
-        assert one(docs, "TableCluster", engine["name"])["spec"]["endpoint"] == \
-            f"http://{name}.reptables-system.svc.cluster.local:9012"
+        table_cluster = one(docs, "TableCluster", engine["name"])["spec"]
+        assert table_cluster["endpoint"] == f"http://{name}.reptables-system.svc.cluster.local:9012"
+        # every pod's advertised address, for status.leadership (who leads, who stands by)
+        assert table_cluster["members"] == [f"http://{_pod_dns_name(sts, i)}:9012" for i in range(replicas)]
+        # the CloudNativePG Cluster whose currentPrimary the status shows (none with a database of your own)
+        if "cloudnativepg" in engine["storage"]["postgresql"]:
+            assert table_cluster["databaseCluster"] == {"name": f"{name}-pg", "namespace": "reptables-system"}
+            assert one(docs, "Cluster", f"{name}-pg")["metadata"]["namespace"] == "reptables-system"
+        else:
+            assert "databaseCluster" not in table_cluster
         # voluntary disruptions never take the leader, the one Ready pod
         pdb = pdbs[name]
         assert pdb["metadata"]["namespace"] == "reptables-system"
@@ -1003,6 +1012,7 @@ def test_helm_ha_engines_run_a_leader_and_standbys(tmp_path: Path) -> None:
         assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
         _assert_hardened(spec["template"]["spec"], container)
     # an engine without ha: one pod, a rolling update, no standby, no budget, no anti-affinity
+    assert not {"members", "databaseCluster"} & set(one(docs, "TableCluster", "remote-1")["spec"])
     sts, container = _engine(docs, "remote-1")
     assert sts["spec"]["replicas"] == 1 and sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
     assert "podManagementPolicy" not in sts["spec"] and "affinity" not in sts["spec"]["template"]["spec"]
@@ -1025,6 +1035,43 @@ def test_helm_ha_engines_run_a_leader_and_standbys(tmp_path: Path) -> None:
     # with TLS the advertised address is https (the certificate must name the pods: docs/install.md)
     assert container["args"][-1] == \
         "--advertise-url=https://$(POD_NAME).rt-reptables-meta-headless.reptables-system.svc.cluster.local:9012"
+
+
+#: status.leadership of an HA engine on a CloudNativePG Cluster: its currentPrimary (operator/cnpg.py)
+CNPG_RULES: set[Rule] = {("postgresql.cnpg.io", "clusters", "get")}
+
+
+@needs_helm
+@pytest.mark.parametrize("all_namespaces", [False, True], ids=["namespaced", "all-namespaces"])
+def test_helm_rbac_grants_get_on_cloudnativepg_clusters_only_for_ha_engines_on_one(
+        tmp_path: Path, all_namespaces: bool) -> None:
+    """The operator reads the currentPrimary of an HA engine's CloudNativePG Cluster: get, on clusters of
+    postgresql.cnpg.io, in the release namespace (where the chart makes them), by a Role of its own - and
+    nothing of the kind without such an engine."""
+    watch = {"operator": {"watch": {"allNamespaces": all_namespaces, "namespaces": ["shop"]}}}
+    docs = render(tmp_path, {**watch, "engines": HA_ENGINES}, namespace="ops")
+    assert isinstance(docs, list)
+    role = one(docs, "Role", "rt-reptables-operator-databases")
+    assert role["metadata"]["namespace"] == "ops" and flatten_rules(role["rules"]) == CNPG_RULES
+    binding = one(docs, "RoleBinding", "rt-reptables-operator-databases")
+    assert binding["metadata"]["namespace"] == "ops"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "rt-reptables-operator-databases"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rt-reptables-operator", "namespace": "ops"}]
+    # the other rules are unchanged, and CloudNativePG is granted nowhere else
+    cluster, roles = expected_rbac(all_namespaces, peering=False)
+    assert flatten_rules(one(docs, "ClusterRole")["rules"]) == cluster
+    for other in by_kind(docs, "Role"):
+        if other is not role:
+            assert flatten_rules(other["rules"]) == roles
+    # PostgreSQL without ha, a database of your own with ha, or no TableClusters made: no such Role
+    own_database = [HA_ENGINES[1], HA_ENGINES[2]]
+    for values in ({"engines": POSTGRESQL_ENGINES}, {"engines": own_database},
+                   {"engines": HA_ENGINES, "tableClusters": {"create": False}}):
+        docs = render(tmp_path, {**watch, **values}, namespace="ops")
+        assert isinstance(docs, list)
+        assert not [d for d in by_kind(docs, "Role") + by_kind(docs, "ClusterRole")
+                    if CNPG_RULES & flatten_rules(d["rules"])], values
 
 
 @needs_helm

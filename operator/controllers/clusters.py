@@ -1,4 +1,5 @@
-"""TableCluster reconciliation: probe the engine, keep its ``//sys/clusters`` to what it needs.
+"""TableCluster reconciliation: probe the engine, keep its ``//sys/clusters`` to what it needs, and
+say who leads an HA table cluster (``leadership.py``).
 
 Each engine's directory lists only the clusters its tables and replicas link it to
 (``directory.py`` says which, and how changes are detected without reading tokens back). The
@@ -21,6 +22,7 @@ from ..models.common import now_text
 from . import conditions
 from .conditions import Cond
 from .directory import sync_directory
+from .leadership import leadership_text, observe
 from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
 
 PROBE_TIMEOUT = 2.0
@@ -70,6 +72,14 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
         status["version"] = version
     if latency is not None:
         status["latencyMs"] = latency
+    leadership: dict[str, Any] | None = None
+    if res.spec.members:
+        # an HA table cluster: who leads, who stands by, where the database's primary is (leadership.py)
+        leadership, changes = observe(res, world, ref.token)
+        status["leadership"] = leadership
+        out.events.extend(changes)
+    elif res.status.get("leadership") is not None:
+        status["leadership"] = None  # members removed from the spec: a merge patch with null removes it
     conds: list[Cond] = []
     if not healthy:
         conds.append(Cond(ConditionType.READY, False, "Unreachable", f"engine at {ref.endpoint}: {reason}"))
@@ -85,8 +95,9 @@ def reconcile_table_cluster(res: Resource, world: World) -> Outcome:
                                    "read_only" in res.spec.model_fields_set)
             if event is not None:
                 out.events.append(event)
+            led = f"; {leadership_text(leadership)}" if leadership is not None else ""
             conds.append(Cond(ConditionType.READY, True, "Healthy",
-                              f"engine {version} answers in {latency} ms; directory lists {listed}"))
+                              f"engine {version} answers in {latency} ms; directory lists {listed}{led}"))
         except (YtError, httpx.HTTPError, ClusterNotFound) as exc:
             conds.append(Cond(ConditionType.READY, False, "DirectorySyncFailed", describe_error(exc)))
             out.retry_after = 5.0

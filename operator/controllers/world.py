@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
@@ -268,6 +268,20 @@ class TrackerJournal:
         return out
 
 
+class DatabaseClusterError(Exception):
+    """A database cluster's state could not be read (its message names the cluster and says why)."""
+
+
+class DatabaseClusters(Protocol):
+    """Reads the clusters that keep table clusters' databases available (CloudNativePG's ``Cluster``):
+    the kopf front end reads them through the Kubernetes API (``operator/cnpg.py``)."""
+
+    def current_primary(self, namespace: str | None, name: str) -> str | None:
+        """The Cluster's ``status.currentPrimary`` (None: not reported yet); ``namespace`` None is the
+        operator's own. Raises :class:`DatabaseClusterError`."""
+        ...
+
+
 @dataclass
 class World:
     """Everything the reconcilers may look at besides the resource being reconciled."""
@@ -278,6 +292,8 @@ class World:
     launcher: Launcher | None = None
     #: what the tracker decided per table, for ``status.tracker`` (None: no tracker runs)
     tracker_journal: TrackerJournal | None = None
+    #: reads a CloudNativePG Cluster's primary for ``status.leadership`` (None: this front end cannot)
+    database_clusters: DatabaseClusters | None = None
 
     def of_kind(self, kind: str, namespace: str | None = None) -> list[Resource]:
         return [r for r in self.resources(kind) if namespace is None or r.namespace == namespace]

@@ -3,7 +3,8 @@
 Both faces show the same thing — the CloudNativePG ``kubectl cnpg status`` idea: a summary per
 replicated table and a per-replica table with mode, state, lag and bootstrap progress; per XDCR group
 the same shape, a summary and a row per ordered peer pair; under each table the tracker's last
-decision, its latest check and its recent switches, and at the end the recent events — so the view is
+decision, its latest check and its recent switches; per HA table cluster its leader, standbys and
+database primary; and at the end the recent events — so the view is
 built once, from Kubernetes-shaped dicts (what the API server returns for the reptables kinds, and
 core v1 Events), and nothing here talks to Kubernetes or an engine. :func:`build_view` (:mod:`.view`)
 turns the objects into a plain JSON-able dict (what ``-o json``/``-o yaml`` print, so scripts read the
@@ -215,6 +216,7 @@ def render(view: Mapping[str, Any], console: Console) -> None:
                  _dash(cluster["version"]), Text(cluster["ready"], style=_status_style(cluster["ready"])),
                  "" if cluster["ready"] == ConditionStatus.TRUE else _dash(ready.get("message")))
         console.print(grid)
+        _render_leadership(view["clusters"], console)
     if view.get("collocations"):
         console.print()
         grid = Table(title="TableCollocations", title_justify="left", show_edge=False, pad_edge=False, box=None,
@@ -240,6 +242,36 @@ def render(view: Mapping[str, Any], console: Console) -> None:
             about = f"{_dash(event['kind'])} {display_name(event['namespace'], _dash(event['name']))}"
             _row(grid, _dash(event["time"]), kind, _dash(event["reason"]), about, _dash(event["message"]))
         console.print(grid)
+
+
+def _render_leadership(clusters: Iterable[Mapping[str, Any]], console: Console) -> None:
+    """The HA table clusters (``spec.members``): a row each with the leader, its epoch, the standbys and
+    the database's primary, then a line per member that neither leads nor stands by."""
+    ha = [c for c in clusters if c.get("leadership")]
+    if not ha:
+        return
+    console.print()
+    grid = Table(title="Leaders and standbys", title_justify="left", show_edge=False, pad_edge=False, box=None,
+                 header_style="bold")
+    for column in ("Cluster", "Leader", "Epoch", "Standbys", "Database primary", "Observed"):
+        grid.add_column(column, no_wrap=column not in ("Standbys", "Database primary"), overflow="fold")
+    for cluster in ha:
+        lead = cluster["leadership"]
+        leader = Text(lead["leader"], style="green") if lead["leader"] else \
+            Text("none" if lead["observedAt"] else "-", style="red" if lead["observedAt"] else "")
+        primary = _dash(lead["databasePrimary"])
+        if lead["databaseCluster"] and lead["databasePrimary"] and not lead["databaseClusterError"]:
+            primary += f" (CloudNativePG {lead['databaseCluster']})"
+        _row(grid, cluster["name"], leader, _dash(lead["epoch"]), ", ".join(lead["standbys"]) or "none", primary,
+             _dash(lead["observedAt"]))
+    console.print(grid)
+    for cluster in ha:
+        lead = cluster["leadership"]
+        for lost in lead["unreachable"]:
+            console.print(Text(f"  ! {cluster['name']}: member {_dash(lost['member'])} neither leads nor stands by "
+                               f"since {_dash(lost['since'])}: {_dash(lost['message'])}", style="red"))
+        if lead["databaseClusterError"]:
+            console.print(Text(f"  ! {cluster['name']}: {lead['databaseClusterError']}", style="yellow"))
 
 
 def _table_switches(table: Mapping[str, Any], switches: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -5,8 +5,9 @@ json``/``-o yaml`` and what :mod:`.statusview` renders as text: per replicated t
 condition, sync replicas, tracker (last decision, recent switches, latest check) and per replica
 its mode, state, lag, rows behind and bootstrap — each replica from its TableReplica's status, which
 the operator writes from the meta-cluster (and leaves out what it cannot know, with
-``unreachable`` saying since when) — per XDCR group its pairs, the clusters, the collocations, the
-tracker's switch Events and the other recent Events. Nothing here talks to Kubernetes or an
+``unreachable`` saying since when) — per XDCR group its pairs, the clusters (an HA table cluster's
+leader, standbys and database primary), the collocations, the tracker's switch Events and the other
+recent Events. Nothing here talks to Kubernetes or an
 engine, and everything is sorted so that the output is deterministic.
 """
 
@@ -166,13 +167,30 @@ def _status_switch(switch: Mapping[str, Any]) -> dict[str, Any]:
             "cluster": switch.get("cluster"), "mode": switch.get("mode"), "reason": switch.get("reason")}
 
 
+def _leadership(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An HA table cluster's ``status.leadership`` (who leads, who stands by, the database's primary);
+    None for a cluster without ``spec.members``. Members the operator has not asked yet are left out."""
+    if not spec.get("members"):
+        return None
+    lead = _section(status, "leadership")
+    lost = [{"member": u.get("member"), "since": u.get("since"), "message": u.get("message")}
+            for u in lead.get("unreachable") or [] if isinstance(u, Mapping)]
+    database = _section(spec, "databaseCluster")
+    return {"members": sorted(spec.get("members") or []), "leader": lead.get("leader"), "epoch": lead.get("epoch"),
+            "standbys": sorted(lead.get("standbys") or []), "databasePrimary": lead.get("databasePrimary"),
+            "databaseCluster": display_name(database.get("namespace"), database["name"]) if database.get("name")
+            else None, "databaseClusterError": lead.get("databaseClusterError"),
+            "unreachable": sorted(lost, key=lambda u: str(u["member"])), "observedAt": lead.get("observedAt")}
+
+
 def _cluster(obj: Mapping[str, Any]) -> dict[str, Any]:
     spec, status = _section(obj, "spec"), _section(obj, "status")
     conditions = _conditions(status)
     return {"name": _meta(obj).get("name"), "endpoint": spec.get("endpoint"), "clusterId": spec.get("clusterId"),
             "readOnly": bool(spec.get("readOnly", False)), "healthy": status.get("healthy"),
             "version": status.get("version"), "latencyMs": status.get("latencyMs"),
-            "lastProbeTime": status.get("lastProbeTime"), "ready": _ready(conditions), "conditions": conditions}
+            "lastProbeTime": status.get("lastProbeTime"), "ready": _ready(conditions), "conditions": conditions,
+            "leadership": _leadership(spec, status)}
 
 
 def _collocation(obj: Mapping[str, Any]) -> dict[str, Any]:

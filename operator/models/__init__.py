@@ -100,7 +100,11 @@ from .replicated_table import (
     TrackerSwitch,
 )
 from .table_cluster import (
+    MAX_MEMBERS,
+    DatabaseClusterRef,
+    Leadership,
     LocalEngineSpec,
+    MemberUnreachable,
     SecretKeySelector,
     StorageSecretSelector,
     TableCluster,
@@ -141,7 +145,7 @@ __all__ = [
     "Unreachable", "format_duration", "parse_duration",
     # the kinds
     "TableCluster", "TableClusterSpec", "TableClusterStatus", "SecretKeySelector", "LocalEngineSpec",
-    "StorageSecretSelector",
+    "StorageSecretSelector", "DatabaseClusterRef", "Leadership", "MemberUnreachable", "MAX_MEMBERS",
     "ReplicatedTable", "ReplicatedTableSpec", "ReplicatedTableStatus", "ReplicatedTableOptions",
     "ReplicationThrottler", "ReplicaSummary", "TrackerStatus", "TrackerSwitch",
     "MAX_TRACKER_SWITCHES", "Column", "ColumnType", "SortOrder",

@@ -17,9 +17,18 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .common import (
@@ -29,6 +38,7 @@ from .common import (
     HIDDEN_INPUT_ERROR,
     POSTGRESQL_URL_PATTERN,
     READY_COLUMN,
+    SET_LIST,
     URL_PATTERN,
     ApiModel,
     BaseResource,
@@ -36,11 +46,17 @@ from .common import (
     PrinterColumn,
     ResourceInfo,
     Scope,
+    StatusModel,
     immutable,
+    unique_entries,
 )
 
-__all__ = ["LocalEngineSpec", "SecretKeySelector", "StorageSecretSelector", "TableCluster", "TableClusterSpec",
-           "TableClusterStatus"]
+__all__ = ["MAX_MEMBERS", "DatabaseClusterRef", "Leadership", "LocalEngineSpec", "MemberUnreachable",
+           "SecretKeySelector", "StorageSecretSelector", "TableCluster", "TableClusterSpec", "TableClusterStatus"]
+
+#: engines of one HA table cluster the operator asks who leads (a leader and standbys)
+MAX_MEMBERS = 9
+EngineUrl = Annotated[StrictStr, Field(max_length=2048, pattern=URL_PATTERN)]
 
 
 class SecretKeySelector(ApiModel):
@@ -110,6 +126,15 @@ class LocalEngineSpec(ApiModel):
         return self
 
 
+class DatabaseClusterRef(ApiModel):
+    """A CloudNativePG Cluster (``postgresql.cnpg.io/v1``) holding the table cluster's database."""
+
+    name: StrictStr = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Name of the Cluster (the chart's: the engine's StatefulSet name and ``-pg``)."""
+    namespace: StrictStr | None = Field(default=None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Namespace of the Cluster; defaults to the namespace the operator runs in."""
+
+
 class TableClusterSpec(ApiModel):
     """An engine cluster: where it listens, how to authenticate, and its cluster id."""
 
@@ -124,9 +149,56 @@ class TableClusterSpec(ApiModel):
     """A read-only cluster refuses client row writes (the operator sets the engine's ``//sys/@read_only``;
     ``insert_rows`` and ``delete_rows`` fail with code 605) while replication into its replica tables
     goes on; the replicated table tracker treats it as unhealthy, so no sync replica stays there."""
+    members: Annotated[list[EngineUrl], Field(min_length=1, max_length=MAX_MEMBERS),
+                       AfterValidator(unique_entries)] | None = Field(default=None, json_schema_extra=SET_LIST)
+    """An HA table cluster (docs/ha.md): the address of each of its engines, the leader and the
+    standbys (each one's ``--advertise-url``). The operator asks each which one leads and shows it in
+    ``status.leadership``; requests still go to ``endpoint``, which must reach the leader (a Service
+    over the engines). ``reptables up`` starts one engine per member, with ``--standby``, and listens on
+    ``endpoint`` itself, forwarding to the leader (``local`` must name a PostgreSQL database)."""
+    database_cluster: DatabaseClusterRef | None = None
+    """The CloudNativePG Cluster holding this table cluster's database: ``status.leadership``
+    shows its ``status.currentPrimary`` as the database's primary (the operator needs ``get`` on it).
+    Without it, the primary shown is the server the leader engine's sessions reached."""
     local: LocalEngineSpec | None = None
     """``reptables up`` only: how it runs this cluster's engine (its storage). The operator on Kubernetes
     ignores it; there, the Helm chart's engine values say where an engine keeps its data."""
+
+
+class MemberUnreachable(StatusModel):
+    """A member that neither leads nor stands by: what it answered, and since when."""
+
+    member: StrictStr
+    """The member's address (``spec.members``)."""
+    since: datetime
+    """When the operator first found it so (it has not led nor stood by since)."""
+    message: StrictStr | None = None
+    """Its last answer or error."""
+
+
+class Leadership(StatusModel):
+    """Who serves an HA table cluster (``spec.members``): the leader, the standbys, the database's
+    primary. Read on every status refresh; what could not be read is absent, never the last value
+    seen."""
+
+    leader: StrictStr | None = None
+    """The address of the engine that serves (its ``/readyz`` answers 200 and it holds the lease);
+    absent while none does (a takeover under way, every member down)."""
+    epoch: StrictInt | None = Field(default=None, ge=0)
+    """The leader's lease epoch, the fencing token: it moves on at every takeover."""
+    standbys: list[StrictStr] = Field(default_factory=list, max_length=MAX_MEMBERS, json_schema_extra=SET_LIST)
+    """The members standing by (``/readyz`` 503 ``standby``), ready to take over."""
+    database_primary: StrictStr | None = None
+    """The PostgreSQL primary: the CloudNativePG Cluster's ``currentPrimary`` (``spec.databaseCluster``),
+    else the server (``host:port``) the leader's database sessions reached."""
+    database_cluster_error: StrictStr | None = None
+    """Why the CloudNativePG Cluster's primary could not be read (then ``databasePrimary`` is the
+    server the leader reached, if it said)."""
+    unreachable: list[MemberUnreachable] = Field(default_factory=list, max_length=MAX_MEMBERS)
+    """Members that did not answer, or answered that they serve nothing (a leader whose lease ran
+    out, one that stepped down)."""
+    observed_at: datetime | None = None
+    """When the operator last asked the members (written at least once a minute, at once on a change)."""
 
 
 class TableClusterStatus(BaseStatus):
@@ -140,6 +212,8 @@ class TableClusterStatus(BaseStatus):
     """When the cluster was last probed."""
     healthy: StrictBool | None = None
     """Whether the last probe succeeded and the cluster is writable."""
+    leadership: Leadership | None = None
+    """An HA table cluster (``spec.members``): the leader, the standbys and the database's primary."""
 
 
 class TableCluster(BaseResource):
@@ -149,6 +223,8 @@ class TableCluster(BaseResource):
         PrinterColumn("Endpoint", "string", ".spec.endpoint", "URL of the engine's HTTP proxy"),
         PrinterColumn("ID", "integer", ".spec.clusterId", "Cluster id", priority=1),
         PrinterColumn("Version", "string", ".status.version", "Engine version", priority=1),
+        PrinterColumn("Leader", "string", ".status.leadership.leader", "The engine that serves an HA table cluster",
+                      priority=1),
         READY_COLUMN, AGE_COLUMN))
 
     kind: Literal["TableCluster"]
