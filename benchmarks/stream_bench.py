@@ -279,7 +279,8 @@ def check_exactly_once(acks: dict[tuple[int, int], float], events: list[list[Any
 
 
 def new_table(client: Client, path: str) -> None:
-    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA}, recursive=True)
+    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True},
+                  recursive=True)
     client.mount_table(path)
 
 

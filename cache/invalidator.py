@@ -133,6 +133,7 @@ class Invalidator:
 
     def reset(self, timestamp: int | None = None) -> Checkpoint:
         """Empty the table's entries and follow the stream from ``timestamp`` (default: now)."""
+        self.client.keep_change_log(self.path)  # (a start before the log began would be refused)
         if timestamp is None:
             timestamp = self.client.generate_timestamp()
         deleted = self.cache.reset(self.table, timestamp)

@@ -53,6 +53,8 @@ class ErrorCode(IntEnum):
     CHANGES_TRIMMED = 1760
     #: reptables: advance_consumer's old_offset is not the consumer's stored offset
     CONSUMER_OFFSET_CONFLICT = 1761
+    #: reptables: a change stream of a table that keeps no change log (``@enable_change_log`` is false)
+    NO_CHANGE_LOG = 1762
     #: reptables: an XDCR table's schema differs between two clusters (replication waits)
     XDCR_SCHEMA_MISMATCH = 1770
     #: reptables: an XDCR connection is not configured on both sides (replication waits)

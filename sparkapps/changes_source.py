@@ -266,6 +266,7 @@ class ChangesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     start = opts.from_event_token
                 else:
                     table_id = str(client.get(f"{opts.path}/@id"))
+                    client.keep_change_log(opts.path)  # (a start chosen before the switch would be refused)
                     timestamp = opts.from_timestamp if opts.from_timestamp is not None else \
                         client.generate_timestamp()
                     start = position_token(timestamp, table_id)

@@ -278,6 +278,7 @@ def prepare(args: argparse.Namespace, token: str | None) -> tuple[MirrorState, P
                         "of the mirror that filled it)")
                 layout.create(conn)
             if state is None:
+                client.keep_change_log(args.path)  # StartTime after the switch: every later change is logged
                 state = MirrorState(proxy=args.proxy, path=args.path, table_id=table_id, pg_table=args.pg_table,
                                     start_timestamp=client.generate_timestamp(), consumer=consumer_name(args.pg_table))
                 state.save(checkpoint)

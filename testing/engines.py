@@ -313,14 +313,16 @@ class EngineSet:
         return path
 
     def replica(self, table_path: str, cluster: str, replica_path: str, mode: str = "async",
-                schema: list[dict[str, Any]] = KV_SCHEMA, enable: bool = True, **attrs: Any) -> str:
+                schema: list[dict[str, Any]] = KV_SCHEMA, enable: bool = True,
+                table_attributes: dict[str, Any] | None = None, **attrs: Any) -> str:
         """A replica the way a user makes one: the ``table_replica`` on the meta-cluster (``attrs``
         are more of its attributes), the replica table on ``cluster`` (with ``upstream_replica_id``
-        unless ``preserve_timestamps`` is false), mounted; enabled (and waited for) with ``enable``."""
+        unless ``preserve_timestamps`` is false, and ``table_attributes``), mounted; enabled (and
+        waited for) with ``enable``."""
         replica_id: str = self.meta.call("create", {"type": "table_replica", "attributes": {
             "table_path": table_path, "cluster_name": cluster, "replica_path": replica_path, "mode": mode,
             **attrs}})["node_id"]
-        table_attrs: dict[str, Any] = {"dynamic": True, "schema": schema}
+        table_attrs: dict[str, Any] = {"dynamic": True, "schema": schema, **(table_attributes or {})}
         if attrs.get("preserve_timestamps", True):
             table_attrs["upstream_replica_id"] = replica_id
         self.client(cluster).create("table", replica_path, attributes=table_attrs, recursive=True)

@@ -249,6 +249,15 @@ class Client:
                     yield event
             answer = self.pull_changes(path, answer["event_token"], None, max_row_count, wait_timeout)
 
+    def keep_change_log(self, path: str) -> bool:
+        """Make sure the sorted or ordered table at ``path`` keeps a change log (``@enable_change_log``:
+        a table nobody streams keeps none) before a stream's start is chosen: changes are logged from
+        the switch on. True if it was switched on now. A replicated table always streams its queue."""
+        if self.get(f"{path}/@type") == "replicated_table" or self.get(f"{path}/@enable_change_log") is True:
+            return False
+        self.set(f"{path}/@enable_change_log", True)
+        return True
+
     def register_queue_consumer(self, queue_path: str, consumer_path: str, vital: bool = False,
                                 from_timestamp: int | None = None) -> None:
         self._send(Build.register_queue_consumer(queue_path, consumer_path, vital, from_timestamp))

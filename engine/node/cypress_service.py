@@ -47,7 +47,7 @@ from ..replication import (
     validate_throttler,
 )
 from ..schema import TableSchema
-from ..storage import Storage, meta_table, on_commit, on_rollback, tablets_table
+from ..storage import Storage, consumers_table, meta_table, on_commit, on_rollback, tablets_table
 from ..tablets import (
     TabletState,
     parse_pivot_keys,
@@ -67,6 +67,7 @@ from .node_checks import (
 )
 from .node_reads import NodeReads
 from .tables import (
+    CHANGE_LOG_ATTRIBUTE,
     CLUSTERS_PATH,
     READ_ONLY_ATTRIBUTES,
     SCALAR_TYPES,
@@ -171,9 +172,15 @@ class CypressService:
             raise YtError(f"Cannot make {node.path} an XDCR table: it holds rows (only an empty table can become "
                           "one; load data on one cluster after the group is set up)", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": node.path})
-        before = table.xdcr_cluster_id
+        before = (table.xdcr_cluster_id, table.change_log)
         table.xdcr_cluster_id = self.tables.cluster_id
-        on_rollback(conn, lambda: setattr(table, "xdcr_cluster_id", before))
+        # its changes are shipped from its log (empty: nothing was left out of it)
+        table.change_log = True
+
+        def undo() -> None:
+            table.xdcr_cluster_id, table.change_log = before
+
+        on_rollback(conn, undo)
 
     def create_system_table(self, conn: sa.Connection, name: str, schema: list[dict[str, Any]]) -> Node:
         """A table under //sys the engine keeps itself (XDCR's conflict log), mounted; inside the
@@ -314,6 +321,9 @@ class CypressService:
         container: Any = node.attributes
         for key in attr[:-1]:
             container = container.get(key) if isinstance(container, dict) else None
+        if attr == (CHANGE_LOG_ATTRIBUTE,) and node.table is not None and not node.table.replicated:
+            self._switch_change_log(conn, node, False)  # removed: the default, no log
+            return
         if not isinstance(container, dict) or attr[-1] not in container:
             if force:
                 return
@@ -510,11 +520,39 @@ class CypressService:
             table.atomicity = value
         if table is not None and name == "xdcr":
             self._set_xdcr(conn, node, table, value)
+        if table is not None and name == CHANGE_LOG_ATTRIBUTE:
+            if len(attr_path) != 1 or not isinstance(value, bool):
+                raise YtError(f"Attribute \"{name}\" of {node.path} must be %true or %false",
+                              code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+            self._switch_change_log(conn, node, value)
+            return
         if table is not None and name in ("min_data_ttl", "change_retention") and (
                 len(attr_path) != 1 or isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise YtError(f"Attribute \"{name}\" of {node.path} must be a non-negative number of milliseconds",
                           code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
         self._set_in_attributes(conn, node, attr_path, value)
+
+    def _switch_change_log(self, conn: sa.Connection, node: Node, on: bool) -> None:
+        """``@enable_change_log`` of a sorted or ordered table (docs/streams.md, "Which tables keep a
+        change log"): switched off only when nothing needs the log."""
+        table = node.table
+        assert table is not None
+        if table.replicated:
+            raise YtError(f"Attribute \"{CHANGE_LOG_ATTRIBUTE}\" of {node.path} cannot be set: a replicated table "
+                          "streams its replication queue, which it always keeps", code=ErrorCode.INVALID_PARAMETER,
+                          attributes={"path": node.path})
+        if not on and table.xdcr_cluster_id is not None:
+            raise YtError(f"Cannot switch off the change log of {node.path}: it is an XDCR table, whose changes "
+                          "are shipped from its log", code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
+        if not on:
+            c = consumers_table.c
+            consumers = conn.execute(sa.select(c.consumer_path).where(c.table_id == table.table_id)
+                                     .order_by(c.consumer_path).limit(3)).scalars().all()
+            if consumers:
+                raise YtError(f"Cannot switch off the change log of {node.path}: consumers are registered "
+                              f"({', '.join(consumers)}); unregister them first", code=ErrorCode.INVALID_PARAMETER,
+                              attributes={"path": node.path, "consumer_paths": list(consumers)})
+        self.tables.switch_change_log(conn, node, on)
 
     def _set_in_attributes(self, conn: sa.Connection, node: Node, attr_path: tuple[str, ...], value: Any) -> None:
         """Set a user attribute (or a key inside one); the parents it names must exist as maps."""

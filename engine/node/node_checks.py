@@ -90,6 +90,13 @@ def validate_table_attributes(attrs: dict[str, Any], path: str, cluster_name: st
         if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0:
             raise YtError(f"Cannot create table {path}: {name} must be a non-negative number of "
                           "milliseconds", code=ErrorCode.INVALID_PARAMETER)
+    if "enable_change_log" in attrs:
+        if not isinstance(attrs["enable_change_log"], bool):
+            raise YtError(f"Cannot create table {path}: enable_change_log must be %true or %false",
+                          code=ErrorCode.INVALID_PARAMETER)
+        if replicated:
+            raise YtError(f"Cannot create replicated table {path} with enable_change_log: a replicated table "
+                          "streams its replication queue, which it always keeps", code=ErrorCode.INVALID_PARAMETER)
     upstream = attrs.get("upstream_replica_id")
     if upstream is not None and not isinstance(upstream, str):
         raise YtError(f"Cannot create table {path}: upstream_replica_id must be a replica id string",

@@ -162,6 +162,7 @@ class NodeReads:
             if not table.replicated:
                 # (a replicated table keeps its queue as replication needs it, longer only if set)
                 attrs.setdefault("change_retention", DEFAULT_CHANGE_RETENTION_MS)
+                attrs["enable_change_log"] = table.change_log
             if table.sorted:
                 attrs["pivot_keys"] = table.pivot_keys
             else:

@@ -118,7 +118,17 @@ class StreamService:
             return heartbeat_position(table.trimmed_timestamp) if table.trimmed_timestamp else (0, 0)
         return table.changes_trimmed
 
+    @staticmethod
+    def _check_logged(table: DynamicTable, table_path: str) -> None:
+        """A sorted or ordered table streams only while it keeps a change log (``@enable_change_log``)."""
+        if not table.replicated and not table.change_log:
+            raise YtError(f"Cannot stream table {table_path}: it keeps no change log; set "
+                          f"{table_path}/@enable_change_log to %true (or register a queue consumer, which does) "
+                          "and stream the changes committed after that", code=ErrorCode.NO_CHANGE_LOG,
+                          attributes={"path": table_path})
+
     def _check_kept(self, table: DynamicTable, table_path: str, start: Position) -> None:
+        self._check_logged(table, table_path)
         trimmed = self._trimmed(table)
         if start < trimmed:
             oldest = encode_token(trimmed, table.table_id)
@@ -335,10 +345,15 @@ class StreamService:
 
     def register_queue_consumer(self, queue_path: Any, consumer_path: Any, vital: bool = False,
                                 from_timestamp: Any = None) -> None:
-        table, table_path, _ = self.tables.table(queue_path)
+        table, table_path, node = self.tables.table(queue_path)
         consumer = self._consumer_name(consumer_path)
         start = self._start(table, table_path, None, from_timestamp)
         with self.storage.write() as conn:
+            if not table.replicated and not table.change_log:
+                # a consumer streams the table: its log starts now (a consumer "from now" starts with it)
+                self.tables.switch_change_log(conn, node, True)
+                if from_timestamp is None:
+                    start = max(start, table.changes_trimmed)
             self._check_kept(table, table_path, start)
             c = consumers_table.c
             if self._consumer_row(conn, table, consumer) is not None:
@@ -455,7 +470,7 @@ class StreamService:
         removed = 0
         for node in list(self.cypress.by_id.values()):
             table = node.table
-            if table is None or table.replicated:
+            if table is None or table.replicated or not table.change_log:
                 continue
             retention = node.attributes.get("change_retention", DEFAULT_CHANGE_RETENTION_MS)
             horizon = self.timestamps.last - _ms_to_ts(int(retention))

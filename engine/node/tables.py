@@ -26,7 +26,7 @@ from ..errors import ErrorCode, YtError
 from ..query import ParsedQuery
 from ..replication import TRIMMED_TIMESTAMP_ATTRIBUTE
 from ..schema import TableSchema
-from ..storage import Storage, UserTables
+from ..storage import Storage, UserTables, on_rollback
 from ..tablets import DynamicTable, TabletState, changes
 from ..tablets.changes import ChangeFeed
 from ..tablets.xdcr import VersionClock
@@ -52,6 +52,8 @@ COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
 #: a table's node attribute holding ``DynamicTable.layout_revision`` (how many reshards it had)
 LAYOUT_REVISION_ATTRIBUTE = "_rt_layout_revision"
+#: the attribute that switches a sorted or ordered table's change log on (``switch_change_log``)
+CHANGE_LOG_ATTRIBUTE = "enable_change_log"
 #: the default ``change_retention`` of sorted and ordered tables (ms): changes are streamed from this far back
 DEFAULT_CHANGE_RETENTION_MS = 60 * 60 * 1000
 #: a read timestamp may run ahead of this cluster's clock by at most this much
@@ -166,7 +168,36 @@ class Tables:
         table.xdcr_clock = self.xdcr_clock
         if flag(attrs.get("xdcr")) and table.sorted and not replicated:
             table.xdcr_cluster_id = self.cluster_id
+        # an XDCR table ships from its log: it always keeps one
+        table.change_log = not replicated and (flag(attrs.get(CHANGE_LOG_ATTRIBUTE)) or flag(attrs.get("xdcr")))
         return table
+
+    def switch_change_log(self, conn: sa.Connection, node: Node, on: bool) -> None:
+        """Switch a sorted or ordered table's change log on or off (``@enable_change_log``), inside
+        the caller's write transaction (under Storage.write_lock, so no commit applies meanwhile).
+
+        On: commits from now on log their changes, and a stream may start only after every
+        timestamp this engine has given or applied so far (``changes_trimmed``): a commit applied
+        later has a later timestamp, or one a stream from that start skips as before it - never a
+        gap after the start. Off: the log is dropped (the callers refuse while a consumer is
+        registered or the table is an XDCR table)."""
+        table = node.table
+        assert table is not None and not table.replicated
+        before = (table.change_log, table.changes_trimmed)
+        if on and not table.change_log:
+            start = changes.heartbeat_position(max(self.timestamps.last, table.applied_ts))
+            table.changes_trimmed = max(table.changes_trimmed, start)
+            node.attributes[CHANGES_TRIMMED_ATTRIBUTE] = list(table.changes_trimmed)
+        elif not on and table.change_log:
+            changes.drop_changes(conn, table.table_id)
+        table.change_log = on
+        node.attributes[CHANGE_LOG_ATTRIBUTE] = on
+
+        def undo() -> None:
+            table.change_log, table.changes_trimmed = before
+
+        on_rollback(conn, undo)
+        self.cypress.save(conn, node)
 
     def new_node(self, conn: sa.Connection, parent: Node, name: str, node_type: str,
                  attributes: dict[str, Any], value: Any = None) -> Node:

@@ -1,8 +1,11 @@
 """Change streams (seed 004): the change log of a table, its positions, and reading it back.
 
-Every commit that changes a sorted or ordered table appends one row per changed row to
-``_rt_changes`` in the same SQL transaction, so the log holds exactly the committed history, in
-commit order. A change's *position* is ``(commit timestamp, seq)``: the meta-cluster's commit
+Every commit that changes a sorted or ordered table that keeps a change log (``@enable_change_log``,
+always an XDCR table) appends one row per changed row to ``_rt_changes`` in the same SQL
+transaction, so the log holds exactly the committed history, in commit order, from the moment the
+log was switched on (``Tables.switch_change_log``: a stream can start no earlier). A table nobody
+streams keeps no log: it would double the rows each commit writes (measured: about two fifths of a
+replica's apply). A change's *position* is ``(commit timestamp, seq)``: the meta-cluster's commit
 timestamp first (two changes of one key always have different timestamps, so per key the stream
 is in commit order whatever happened to the tablets), then ``seq``, which grows per table. The log
 is per table, not per tablet, so a reshard changes nothing a consumer can see: positions are
@@ -107,6 +110,7 @@ class ChangeTable(Protocol):
     replicated: bool
     tablet_rows: dict[int, list[int]]
     change_seq: int
+    change_log: bool
     queue_tail: dict[int, tuple[int, list[QueueEntry]]]
 
     @property
@@ -419,6 +423,11 @@ def newest_before(conn: sa.Connection, table_id: str, ts: int) -> Position | Non
     row = conn.execute(sa.select(c.timestamp, c.seq).where(c.table_id == table_id, c.timestamp <= ts)
                        .order_by(c.timestamp.desc(), c.seq.desc()).limit(1)).first()
     return None if row is None else (int(row[0]), int(row[1]))
+
+
+def drop_changes(conn: sa.Connection, table_id: str) -> None:
+    """A table's logged changes (its log switched off)."""
+    conn.execute(changes_table.delete().where(changes_table.c.table_id == table_id))
 
 
 def drop_log(conn: sa.Connection, table_id: str) -> None:

@@ -35,16 +35,17 @@ from .writes import RowWrite
 
 def append(table: ChangeTable, conn: sa.Connection, writes: list[RowWrite], commit_ts: int,
            tablet_index: int) -> int:
-    """Append the rows of ``writes`` to one tablet with ``commit_ts``, logging each as a change;
-    returns the number of rows written."""
+    """Append the rows of ``writes`` to one tablet with ``commit_ts``, logging each as a change when
+    the table keeps a change log; returns the number of rows written."""
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
     start = counts[0]
     names = [c.name for c in table.schema.columns]
     rows = [(tablet_index, start + i, commit_ts, *(w.row.get(n) for n in names)) for i, w in enumerate(writes)]
     if rows:
         table.sql.bulk("insert:data", conn).run(conn, rows, [TABLET_INDEX, ROW_INDEX, TS, *names])
-        changes.record(table, conn, commit_ts, (
-            (tablet_index, "append", dict(zip(names, r[3:], strict=True)), None, r[1]) for r in rows))
+        if table.change_log:
+            changes.record(table, conn, commit_ts, (
+                (tablet_index, "append", dict(zip(names, r[3:], strict=True)), None, r[1]) for r in rows))
         conn.execute(tablets_table.update().where(
             tablets_table.c.table_id == table.table_id,
             tablets_table.c.tablet_index == tablet_index).values(row_count=start + len(rows)))

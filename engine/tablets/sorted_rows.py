@@ -70,6 +70,7 @@ class SortedTable(Protocol):
     replicated: bool
     tablet_rows: dict[int, list[int]]
     change_seq: int
+    change_log: bool
     queue_tail: dict[int, tuple[int, list[QueueEntry]]]
     pivot_keys: list[list[Any]]
     compacted_until: int
@@ -166,7 +167,7 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
             pass
         table.sql.bulk("insert:versions", conn).run(conn, tombstones, [*names, TS, DELETED, LOCK_MASK])
     table.sql.bulk("upsert:data", conn).run(conn, upserts, [*names, TS, LOCK_MASK])
-    if logged:
+    if logged and (table.change_log or versioned):
         single = len(table.pivot_keys) == 1
         extras = _xdcr_versions(table, conn, keyed, logged, commit_ts, before, names) if versioned else None
         changes.record(table, conn, commit_ts, (

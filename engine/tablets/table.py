@@ -116,6 +116,13 @@ class DynamicTable:
     #: stream may start only after it. Changed only under Storage.write_lock; kept on the table's
     #: node (``_rt_changes_trimmed``)
     changes_trimmed: tuple[int, int] = (0, 0)
+    #: change streams: whether commits log their changes (``@enable_change_log``; always on an XDCR
+    #: table, whose shipping reads the log). A table nobody streams writes no log: the log would
+    #: double the rows every commit writes. Changed only under Storage.write_lock
+    change_log: bool = False
+    #: the newest commit timestamp applied to the table (a log switched on starts after it);
+    #: under Storage.write_lock
+    applied_ts: int = 0
     #: called after every commit that changed the table (wakes stream pulls waiting for changes);
     #: runs under Storage.write_lock and takes only a leaf lock
     on_change: Callable[[], None] | None = None
@@ -253,6 +260,8 @@ class DynamicTable:
             return queue.append(self, conn, writes, commit_ts, tablet_index or 0)
         seq = self.change_seq
         on_rollback(conn, lambda: setattr(self, "change_seq", seq))
+        if commit_ts > self.applied_ts:
+            self.applied_ts = commit_ts  # (not put back on a rollback: a start too late skips nothing kept)
         if self.sorted:
             if keyed is None:
                 key_of = self.key_of

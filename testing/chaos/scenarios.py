@@ -69,7 +69,8 @@ def replicated_cluster(ctx: RunContext, extra: tuple[str, ...] = (), set_schema:
         meta.mount_table(path)
         replicas = {}
         for cluster, mode in ((SYNC, "sync"), (ASYNC, "async")):
-            replica_id = engines.replica(path, cluster, path, mode=mode, schema=schema)
+            replica_id = engines.replica(path, cluster, path, mode=mode, schema=schema,
+                                         table_attributes={"enable_change_log": True})  # streamed
             replicas[replica_id] = (cluster, path)
         tables.replicas[path] = replicas
         engines.wait_in_sync(next(iter(replicas)))

@@ -73,7 +73,7 @@ def test_an_acknowledged_write_reaches_the_async_replica_after_a_meta_restart(en
 def _stream_after_reshard(engines: EngineSet, path: str, reshard: bool) -> tuple[list[str], list[str]]:
     """The replica's rows, and what its change stream delivered from before the rows were written:
     tablet 1 gets 8 rows (its pushes throttled), tablet 0 then one, while the replica is down."""
-    engines.replica(path, "remote_1", path, mode="async")
+    engines.replica(path, "remote_1", path, mode="async", table_attributes={"enable_change_log": True})
     engines.meta.insert_rows(path, [{"k": 1, "v": "first"}], require_sync_replica=False)
     wait_for(lambda: len(engines.rows("remote_1", path)) == 1, 20, "the first row on the replica")
     time.sleep(2.5)  # idle tablets: the heartbeats tell the replica how many tablets the table has

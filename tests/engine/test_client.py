@@ -53,7 +53,8 @@ def client(engine: EngineProcess) -> Iterator[Client]:
 
 
 def mounted_table(client: Client, path: str = TABLE, schema: list[dict[str, Any]] | None = None) -> str:
-    client.create("table", path, attributes={"dynamic": True, "schema": schema or SCHEMA}, recursive=True)
+    client.create("table", path, attributes={"dynamic": True, "schema": schema or SCHEMA,
+                                             "enable_change_log": True}, recursive=True)
     client.mount_table(path)
     return path
 
@@ -235,7 +236,8 @@ def test_call_of_an_unknown_command_raises_no_such_method(client):
 def test_async_client_round_trip_and_transaction(engine):
     async def scenario() -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
         async with AsyncClient(engine.url, token=engine.token) as c:
-            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA}, recursive=True)
+            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True},
+                           recursive=True)
             await c.mount_table(TABLE)
             await c.insert_rows(TABLE, [ROW])
             async with c.transaction() as tx:
@@ -298,7 +300,8 @@ def test_a_long_pull_beyond_the_client_timeout_answers_with_its_heartbeat(engine
 def test_the_async_client_long_pull_beyond_its_timeout_answers_with_its_heartbeat(engine: EngineProcess) -> None:
     async def scenario() -> dict[str, Any]:
         async with AsyncClient(engine.url, token=engine.token, timeout=2) as c:
-            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA}, recursive=True)
+            await c.create("table", TABLE, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True},
+                           recursive=True)
             await c.mount_table(TABLE)
             return await c.pull_changes(TABLE, wait_timeout=4000)
 

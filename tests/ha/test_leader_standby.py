@@ -148,7 +148,7 @@ def group(postgres: RunServer, tmp_path: Path) -> Iterator[Group]:
             meta.mount_table(PATH)
             g.replica_id = meta.create("table_replica", attributes={
                 "table_path": PATH, "cluster_name": "replica", "replica_path": PATH, "mode": "sync"})
-            r.create("table", PATH, attributes={"dynamic": True, "schema": KV_SCHEMA,
+            r.create("table", PATH, attributes={"dynamic": True, "schema": KV_SCHEMA, "enable_change_log": True,
                                                 "upstream_replica_id": g.replica_id}, recursive=True)
             r.mount_table(PATH)
         meta.alter_table_replica(g.replica_id, enabled=True)

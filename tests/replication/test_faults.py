@@ -490,8 +490,9 @@ def test_a_resharded_table_delivers_every_acknowledged_row_once_across_a_meta_si
     SIGKILLed after it goes on appending to their queues where they ended, and sends the rows an
     async replica had not received yet (docs/reliability.md, "Found by the fault runs")."""
     path = clusters.replicated_table(TABLE)
-    sync = clusters.replica(path, SYNC_CLUSTER, REPLICA, mode="sync")
-    async_ = clusters.replica(path, ASYNC_CLUSTER, REPLICA, mode="async")
+    logged = {"enable_change_log": True}  # the replica tables' streams are checked
+    sync = clusters.replica(path, SYNC_CLUSTER, REPLICA, mode="sync", table_attributes=logged)
+    async_ = clusters.replica(path, ASYNC_CLUSTER, REPLICA, mode="async", table_attributes=logged)
     clusters.wait_in_sync(sync)
     meta = clusters.meta
     start = meta.generate_timestamp()
@@ -546,7 +547,8 @@ def test_a_meta_cluster_restores_the_queue_counts_an_older_reshard_did_not_save(
     queue trimmed empty. Writes to those tablets then go on where their queues ended, and every
     replica gets every row once."""
     path = clusters.replicated_table(TABLE, attributes={"min_replication_log_ttl": 0})
-    replicas = {clusters.replica(path, cluster, REPLICA): cluster for cluster in (SYNC_CLUSTER, ASYNC_CLUSTER)}
+    replicas = {clusters.replica(path, cluster, REPLICA, table_attributes={"enable_change_log": True}): cluster
+                for cluster in (SYNC_CLUSTER, ASYNC_CLUSTER)}
     meta = clusters.meta
     meta.unmount_table(path)
     meta.reshard_table(path, pivot_keys=RESHARD_PIVOTS)

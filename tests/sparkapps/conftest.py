@@ -59,9 +59,12 @@ def client_of(engine: EngineProcess) -> Client:
 
 
 def create_table(engine: EngineProcess, path: str, schema: list[dict[str, Any]],
-                 pivot_keys: list[list[Any]] | None = None, tablet_count: int | None = None) -> None:
+                 pivot_keys: list[list[Any]] | None = None, tablet_count: int | None = None,
+                 change_log: bool = False) -> None:
+    """A mounted dynamic table (``change_log``: keeping a change log from the start, for streams of it)."""
     with client_of(engine) as client:
-        client.create("table", path, attributes={"dynamic": True, "schema": schema}, recursive=True)
+        client.create("table", path, attributes={"dynamic": True, "schema": schema, "enable_change_log": change_log},
+                      recursive=True)
         if pivot_keys is not None or tablet_count is not None:
             client.reshard_table(path, pivot_keys=pivot_keys, tablet_count=tablet_count)
         client.mount_table(path)

@@ -77,7 +77,7 @@ def collect_stream(spark: SparkSession, engine: EngineProcess, path: str, checkp
 def test_change_stream_source_delivers_changes_in_order_and_resumes_after_its_checkpoint(
         spark: SparkSession, engine: EngineProcess, tmp_path: Path) -> None:
     path = table_name("changes")
-    create_table(engine, path, SCHEMA[:3])
+    create_table(engine, path, SCHEMA[:3], change_log=True)
     with client_of(engine) as client:
         client.insert_rows(path, [{"k": 1, "name": "before", "score": 0.0}])  # before the start: not streamed
         start = client.generate_timestamp()
@@ -108,7 +108,7 @@ def test_a_replayed_micro_batch_reads_the_same_changes_again(engine: EngineProce
     """After a restart Spark replays a logged batch whose changes are no longer in memory: the task pulls
     the range (start, end] again and gets exactly the changes the first pull had."""
     path = table_name("replayed")
-    create_table(engine, path, SCHEMA[:3])
+    create_table(engine, path, SCHEMA[:3], change_log=True)
     with client_of(engine) as client:
         start = client.generate_timestamp()
         for i in range(5):
@@ -290,7 +290,7 @@ def test_a_stopped_mirror_holds_its_position_past_change_retention_until_release
     unregisters the consumer, and a released checkpoint never resumes."""
     path, clock = table_name("held"), table_name("retention_clock")
     create_table(engine, path, SCHEMA[:3])
-    create_table(engine, clock, SCHEMA[:2])
+    create_table(engine, clock, SCHEMA[:2], change_log=True)
     with client_of(engine) as client:
         for table in (path, clock):
             client.set(f"{table}/@change_retention", 1)  # 1 ms: every background pass trims what nothing holds

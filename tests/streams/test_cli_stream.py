@@ -101,7 +101,8 @@ def streams() -> Iterator[list[Stream]]:
 def create_table(engine: EngineProcess) -> int:
     """The table to stream, mounted; the timestamp to stream from (before any of its changes)."""
     with Client(engine.url, engine.token) as client:
-        client.create("table", PATH, attributes={"dynamic": True, "schema": SCHEMA}, force=True)
+        client.create("table", PATH, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True},
+                      force=True)
         client.mount_table(PATH)
         return client.generate_timestamp()
 

@@ -52,7 +52,8 @@ def replicated(cs: EngineSet, mode: str = "async") -> tuple[str, str, str]:
     n = next(_counter)
     path = cs.replicated_table(f"//tmp/r{n}", SCHEMA)
     replica_path = f"//tmp/r{n}_replica"
-    replica_id = cs.replica(path, "remote_0", replica_path, mode=mode, schema=SCHEMA)
+    replica_id = cs.replica(path, "remote_0", replica_path, mode=mode, schema=SCHEMA,
+                            table_attributes={"enable_change_log": True})
     return path, replica_path, replica_id
 
 
@@ -163,7 +164,7 @@ def test_reptables_stream_killed_and_resumed_writes_exactly_the_history(clusters
     engine = clusters.engines["primary"]
     meta = clusters.meta
     path = f"//tmp/log{next(_counter)}"
-    meta.create("table", path, attributes={"dynamic": True, "schema": SCHEMA})
+    meta.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True})
     meta.mount_table(path)
     start = meta.generate_timestamp()
     log = tmp_path / "changes.jsonl"

@@ -46,7 +46,7 @@ _counter = iter(range(1_000_000))
 
 def table(client: Client, schema: list[dict[str, Any]] = SCHEMA, **attrs: Any) -> str:
     path = f"//tmp/s{next(_counter)}"
-    client.create("table", path, attributes={"dynamic": True, "schema": schema, **attrs})
+    client.create("table", path, attributes={"dynamic": True, "schema": schema, "enable_change_log": True, **attrs})
     client.mount_table(path)
     return path
 
@@ -160,7 +160,8 @@ def test_a_waiting_pull_is_answered_as_soon_as_a_change_commits(client: Client, 
 
 def test_ordered_table_appends_carry_tablet_and_row_index(client: Client) -> None:
     path = f"//tmp/o{next(_counter)}"
-    client.create("table", path, attributes={"dynamic": True, "schema": ORDERED, "tablet_count": 2})
+    client.create("table", path, attributes={"dynamic": True, "schema": ORDERED, "tablet_count": 2,
+                                                "enable_change_log": True})
     client.mount_table(path)
     start = client.generate_timestamp()
     client.insert_rows(path, [{"$tablet_index": 1, "msg": "a"}, {"$tablet_index": 1, "msg": "b"}])
@@ -382,7 +383,7 @@ async def test_the_async_client_streams_too(engine: EngineProcess) -> None:
 
     async with AsyncClient(engine.url, engine.token) as client:
         path = f"//tmp/async{next(_counter)}"
-        await client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA})
+        await client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True})
         await client.mount_table(path)
         start = await client.generate_timestamp()
         await client.insert_rows(path, [{"k": i, "v": "a", "n": i} for i in range(3)])
@@ -509,7 +510,8 @@ def test_waiting_pulls_on_a_replica_table_are_bounded_too(client: Client, engine
     import httpx
 
     path = f"//tmp/replica{next(_counter)}"
-    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "upstream_replica_id": "1-2-3-4"})
+    client.create("table", path, attributes={"dynamic": True, "schema": SCHEMA, "upstream_replica_id": "1-2-3-4",
+                                                "enable_change_log": True})
     client.mount_table(path)
     results: list[float] = []
 
@@ -538,3 +540,94 @@ def test_change_retention_reads_its_default_until_set(client: Client) -> None:
     assert client.get(f"{path}/@change_retention") == 3_600_000
     client.set(f"{path}/@change_retention", 60_000)
     assert client.get(f"{path}/@change_retention") == 60_000
+
+
+# -- which tables keep a change log (docs/streams.md) -------------------------------------------------
+
+
+def test_a_table_nobody_streams_keeps_no_log_and_one_switched_on_streams_what_came_after(client: Client) -> None:
+    """A table keeps a change log only when asked (the log would double what every commit writes):
+    a stream of one without is refused naming the attribute; switched on, it streams every change
+    committed after the switch, and a start before the switch is refused (1760), never a gap."""
+    path = table(client, enable_change_log=False)
+    assert client.get(f"{path}/@enable_change_log") is False
+    client.insert_rows(path, [{"k": 1, "v": "before"}])
+    before = client.generate_timestamp()
+    with pytest.raises(YtError) as refused:
+        client.pull_changes(path, wait_timeout=0)
+    assert refused.value.code == 1762
+    assert f"{path}/@enable_change_log" in str(refused.value) and refused.value.attributes["path"] == path
+
+    assert client.keep_change_log(path) is True and client.keep_change_log(path) is False
+    assert client.get(f"{path}/@enable_change_log") is True
+    with pytest.raises(YtError) as trimmed:
+        client.pull_changes(path, from_timestamp=before, wait_timeout=0)
+    assert trimmed.value.code == 1760
+    oldest = trimmed.value.attributes["oldest_event_token"]
+    client.insert_rows(path, [{"k": 1, "v": "after"}, {"k": 2, "v": "after"}])
+    events, _ = drain(client, path, token=oldest)
+    assert [(e["kind"], e["key"]["k"], e["row"]["v"]) for e in events] == [("update", 1, "after"),
+                                                                             ("insert", 2, "after")]
+
+    # off again: the log is gone, streams are refused; on again: from then on
+    client.set(f"{path}/@enable_change_log", False)
+    with pytest.raises(YtError) as off:
+        client.pull_changes(path, from_event_token=oldest, wait_timeout=0)
+    assert off.value.code == 1762
+    client.remove(f"{path}/@enable_change_log")  # removing it is the default: off
+    assert client.get(f"{path}/@enable_change_log") is False
+    with pytest.raises(YtError, match="must be %true or %false"):
+        client.set(f"{path}/@enable_change_log", "yes")
+
+
+def test_registering_a_consumer_switches_the_log_on_and_the_log_stays_while_one_is_registered(
+        client: Client) -> None:
+    path = table(client, enable_change_log=False)
+    client.insert_rows(path, [{"k": 1, "v": "unlogged"}])
+    client.register_queue_consumer(path, "//consumers/c1")
+    assert client.get(f"{path}/@enable_change_log") is True
+    client.insert_rows(path, [{"k": 2, "v": "logged"}])
+    answer = client.pull_consumer("//consumers/c1", path, wait_timeout=0)
+    assert [e["row"]["v"] for e in answer["events"] if e["kind"] != "heartbeat"] == ["logged"]
+    with pytest.raises(YtError) as refused:
+        client.set(f"{path}/@enable_change_log", False)
+    assert "//consumers/c1" in str(refused.value) and "unregister" in str(refused.value)
+    assert client.get(f"{path}/@enable_change_log") is True
+    client.unregister_queue_consumer(path, "//consumers/c1")
+    client.set(f"{path}/@enable_change_log", False)
+    assert client.get(f"{path}/@enable_change_log") is False
+
+
+def test_the_change_log_setting_is_refused_where_it_does_not_apply(client: Client) -> None:
+    replicated = f"//tmp/rep{next(_counter)}"
+    with pytest.raises(YtError, match="streams its replication queue"):
+        client.create("replicated_table", replicated,
+                      attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True})
+    client.create("replicated_table", replicated, attributes={"dynamic": True, "schema": SCHEMA})
+    with pytest.raises(YtError, match="streams its replication queue"):
+        client.set(f"{replicated}/@enable_change_log", True)
+    with pytest.raises(YtError, match="enable_change_log must be %true or %false"):
+        client.create("table", f"//tmp/bad{next(_counter)}",
+                      attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": 1})
+
+
+def test_the_switch_survives_a_restart(tmp_path: Path) -> None:
+    engine = EngineProcess("restart", tmp_path / "engine").start()
+    try:
+        with engine.client() as c:
+            on, off = table(c), table(c, enable_change_log=False)
+            c.set(f"{off}/@enable_change_log", True)
+            c.set(f"{off}/@enable_change_log", False)
+            start = c.generate_timestamp()
+        engine.stop()
+        engine.start()
+        with engine.client() as c:
+            c.insert_rows(on, [{"k": 1, "v": "x"}])
+            c.insert_rows(off, [{"k": 1, "v": "x"}])
+            events, _ = drain(c, on, ts=start)
+            assert [e["key"]["k"] for e in events] == [1]
+            with pytest.raises(YtError) as refused:
+                c.pull_changes(off, from_timestamp=start, wait_timeout=0)
+            assert refused.value.code == 1762
+    finally:
+        engine.stop()
