@@ -2,7 +2,7 @@
 guided tour, operator/local/tour.py), ``operator``,
 ``peer-credential`` (what one cluster's ``//sys/clusters`` entry for another holds), ``stream`` (a
 table's change stream as JSON lines, docs/streams.md), and the local
-mode's ``status``, ``cluster stop|start`` and ``env``, which talk to a running ``up`` through its
+mode's ``status``, ``cluster stop|start|kill`` and ``env``, which talk to a running ``up`` through its
 data directory (docs/local.md) the way ``kubectl reptables`` talks to the API server.
 
 The operator depends on the engine (never the reverse), so the top-level command lives here and
@@ -115,13 +115,23 @@ def status(
     statusview.render(view, console)
     engines = local["engines"] or {}
     for name, engine in sorted(engines.items()):
+        if engine.get("members"):  # an HA table cluster: its endpoint forwards to the leader
+            console.print(Text(display(f"engine {name}: {engine.get('endpoint')} forwards to the leader, "
+                                       f"{engine.get('leader') or 'none right now'}")))
+            for member in engine["members"]:
+                line = Text(display(f"  {member.get('url')} pid {member.get('pid')} "))
+                line.append(*(("running", "green") if member.get("running") else ("stopped", "red")))
+                if member.get("leads"):
+                    line.append(" leads", style="bold")
+                console.print(line)
+            continue
         line = Text(display(f"engine {name}: {engine.get('endpoint')} pid {engine.get('pid')} "))
         line.append(*(("running", "green") if engine.get("running") else ("stopped", "red")))
         console.print(line)
 
 
-cluster_app = typer.Typer(help="Stop or start an engine of the running `reptables up` (watch the tracker fail over)",
-                          no_args_is_help=True)
+cluster_app = typer.Typer(help="Stop, start or kill an engine of the running `reptables up` (watch the tracker or "
+                               "a standby take over)", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
 
@@ -153,6 +163,16 @@ def cluster_start(
 ) -> None:
     """Start the engine of TableCluster NAME again: the same port, data and token."""
     _control("start", name, data_dir)
+
+
+@cluster_app.command("kill")
+def cluster_kill(
+    name: Annotated[str, typer.Argument(help="The TableCluster whose serving engine to kill")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help=DATA_DIR_HELP)] = Path(".data/local"),
+) -> None:
+    """SIGKILL the engine that serves TableCluster NAME (a crash): of an HA cluster (spec.members) its leader,
+    which a standby replaces and `up` starts again as a standby; a single engine stays down until `start`."""
+    _control("kill", name, data_dir)
 
 
 @app.command()

@@ -488,3 +488,80 @@ def test_local_md_replica_edits_run_as_written(checkout: Checkout) -> None:
                  if d]
     replica = next(d for d in manifests if d["metadata"]["name"] == "events-remote-1")
     assert replica["spec"]["mode"] == "sync" and replica["spec"]["enabled"] is True
+
+
+# -- getting-started.md's second tour: the meta-cluster's leader killed under writes ------------------
+
+
+@pytest.mark.timeout(600)
+def test_the_second_tour_kills_the_meta_clusters_leader_under_writes_as_written(tmp_path: Path,
+                                                                                 postgres: Any) -> None:
+    """getting-started.md, "A second tour": the database made with the reader's psql, ``reptables up``
+    with examples/ha/tableclusters.yaml over the quickstart (primary as two engines over PostgreSQL), the
+    status naming the leader, the writer and the kill (writes go on; the status names the other engine,
+    at epoch 2), and every acknowledged write on the meta-cluster and both replicas. As in the
+    quickstart's tests, the engines listen on free ports and the database is the run's server."""
+    import json
+    import re
+
+    from reptables.engine.process import free_port
+
+    checkout = Checkout(tmp_path)
+    try:
+        members = {"9022": free_port(), "9032": free_port()}
+        ports = {"9012": checkout.ports["primary"], "9013": checkout.ports["remote-0"],
+                 "9014": checkout.ports["remote-1"], **members}
+        text = (ROOT / "examples" / "ha" / "tableclusters.yaml").read_text()
+        for port, free in ports.items():
+            text = text.replace(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free}")
+        text = text.replace("@127.0.0.1:5432/", f"@{postgres.host}:{postgres.port}/")
+        (checkout.root / "examples" / "ha").mkdir(parents=True)
+        (checkout.root / "examples" / "ha" / "tableclusters.yaml").write_text(text)
+        urls = sorted(f"http://127.0.0.1:{p}" for p in members.values())
+        checkout.use_postgres(postgres)
+
+        checkout.run("getting-started.md", "ha-tour-database")
+        up, log = checkout.start("getting-started.md", "ha-tour-up")
+        checkout.wait_on(up, log, lambda: "reconciling every second" in log.read_text(errors="replace"), 300,
+                         "reptables up to converge")
+        assert "engine primary: 2 engines over postgresql://reptables_ha@" in log.read_text(errors="replace")
+
+        def leadership() -> dict[str, Any]:
+            view = subprocess.run([".venv/bin/reptables", "status", "--data-dir", ".data/ha", "-o", "json"],
+                                  cwd=checkout.root, env=checkout.env, capture_output=True, text=True, timeout=60)
+            assert view.returncode == 0, view.stderr
+            return next(c for c in json.loads(view.stdout)["clusters"] if c["name"] == "primary")["leadership"]
+
+        first = checkout.wait_on(up, log, lambda: (lambda lead: lead if lead["standbys"] else None)(leadership()),
+                                 60, "a leader and a standby in the status")
+        assert sorted([first["leader"], *first["standbys"]]) == urls and first["epoch"] == 1
+        assert first["databasePrimary"] == f"{postgres.host}:{postgres.port}"
+        status = checkout.run("getting-started.md", "ha-tour-status")
+        assert "Leaders and standbys" in status.stdout and f"engine primary: http://127.0.0.1:{ports['9012']} " \
+            f"forwards to the leader, {first['leader']}" in status.stdout, status.stdout
+
+        kill = checkout.run("getting-started.md", "ha-tour-kill", timeout=180).stdout
+        counts = {int(m[1]): int(m[2]) for m in re.finditer(r"^second +(\d+): (\d+) writes acknowledged$", kill, re.M)}
+        assert sorted(counts) == list(range(1, 16)), kill
+        summary = re.search(r"^(\d+) writes acknowledged; the longest time without one: ([\d.]+) s$", kill, re.M)
+        assert summary is not None, kill
+        written = int(summary[1])
+        assert written == sum(counts.values())
+        assert f"engine primary at {first['leader']}" in kill and "killed (SIGKILL)" in kill, kill
+        assert sum(counts[s] for s in range(10, 16)) > 0, f"no write acknowledged after the kill:\n{kill}"
+        failed = len(re.findall(r"^write of id \d+: ", kill, re.M))
+        assert failed <= 2, kill  # at most the writes in flight at the killed engine
+        [row] = [line for line in kill.splitlines() if line.startswith("primary ")]
+        new = next(u for u in urls if u != first["leader"])
+        assert row.split()[1:3] == [new, "2"], kill
+        # up starts the killed engine again: it stands by
+        again = checkout.wait_on(up, log, lambda: (lambda lead: lead if lead["standbys"] else None)(leadership()),
+                                 60, "the killed engine standing by")
+        assert again["leader"] == new and again["standbys"] == [first["leader"]] and again["epoch"] == 2
+
+        check = checkout.run("getting-started.md", "ha-tour-check").stdout
+        rows = {m[1]: int(m[2]) for m in re.finditer(r"^(\S+): (\d+) rows$", check, re.M)}
+        assert set(rows) == {"primary", "remote-0", "remote-1"} and len(set(rows.values())) == 1, check
+        assert written <= rows["primary"] <= written + failed, (written, failed, check)
+    finally:
+        checkout.close()

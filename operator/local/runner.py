@@ -4,7 +4,9 @@ It reads the same manifests ``kubectl apply`` takes (Secrets, TableClusters, Rep
 TableReplicas, TableCollocations, XdcrGroups), starts one engine per TableCluster on the loopback
 port of its ``endpoint`` (a child process in its own process group, token from the Secret, XDCR
 cluster id from ``clusterId``, a PostgreSQL database from ``spec.local`` when it names one: the
-URL's password, if any, only in that engine's environment), and runs the same
+URL's password, if any, only in that engine's environment; a TableCluster with ``spec.members`` is
+several engines on that database, a leader and standbys, behind a forwarder on the endpoint's port:
+``group.py``), and runs the same
 reconcile core and tracker the operator runs — status is written back into the in-memory objects
 instead of the API server. Then it shows replication working with the official YTsaurus client:
 rows written to each replicated table through ``yt.wrapper`` appear on every replica (the first
@@ -28,7 +30,7 @@ for other commands to ask, so the running ``up`` keeps a *state directory* inste
 reconcile pass it writes ``DATA_DIR/state.json`` (the objects with their status, the recent events,
 its engines — never a Secret or token), which ``reptables status`` renders with the same
 :mod:`~reptables.operator.kubectl.statusview` the kubectl plugin uses; ``reptables cluster
-stop|start`` leave a request file in ``DATA_DIR/control/`` that the ``up`` loop carries out (only
+stop|start|kill`` leave a request file in ``DATA_DIR/control/`` that the ``up`` loop carries out (only
 that process holds the engines' pids). ``up`` also watches its manifest paths, like a ``kubectl
 apply``/``delete`` on each edit.
 
@@ -75,7 +77,9 @@ from ..runtime import Runtime
 from ..terminal import display
 from ..tracker.loop import TrackerLoop
 from .demo import demo
+from .group import LocalGroup
 from .manifests import ManifestError, load_file, manifest_files
+from .service import LocalService
 from .state import (
     CONTROL_DIR,
     LOOPBACK,
@@ -125,6 +129,8 @@ class LocalRunner:
         self.runtime = Runtime.start(namespace, policy=CredentialPolicy(None, require_label=False),
                                      launcher=LocalLauncher(base_dir=data_dir))
         self.processes: dict[str, LocalEngine] = {}
+        #: the HA TableClusters (``spec.members``): their engines and the service in front (``group.py``)
+        self.groups: dict[str, LocalGroup] = {}
         self.bodies: dict[tuple[str, str | None, str], dict[str, Any]] = {}
         #: recent events, oldest first, as Kubernetes Event dicts (what state.json and the status view show)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
@@ -185,12 +191,56 @@ class LocalRunner:
         self.registry.upsert(doc)
 
     def start_engines(self) -> None:
-        """Start an engine for every TableCluster without one, side by side (``start_all``)."""
-        self._start([self._engine_for(res.name) for res in self.registry.of_kind("TableCluster")
-                     if res.name not in self.processes])
+        """Start an engine for every TableCluster without one, side by side (``start_all``); the engines of
+        an HA TableCluster (``spec.members``) as a group with its service."""
+        clusters = [res for res in self.registry.of_kind("TableCluster")
+                    if res.name not in self.processes and res.name not in self.groups]
+        self._start([self._engine_for(res.name) for res in clusters if not res.spec.members])
+        for res in clusters:
+            if res.spec.members:
+                self._start_engine(res.name)
 
     def _start_engine(self, name: str) -> None:
-        self._start([self._engine_for(name)])
+        body = self.bodies.get(("TableCluster", None, name))
+        if body is None or not self.registry.resource(body).spec.members:
+            self._start([self._engine_for(name)])
+            return
+        group = self._group_for(name)
+        group.start()
+        self.groups[name] = group
+        print(display(f"engine {name}: {len(group.members)} engines over {_data_of(group.members[0])} "
+                      f"({', '.join(group.member_urls)}, with --standby); {group.url} forwards to the leader, "
+                      f"now {group.service.leader}"))
+
+    def _group_for(self, name: str) -> LocalGroup:
+        """The engines of an HA TableCluster: one per member (its loopback port, ``--standby``, advertised as
+        the member), on the PostgreSQL database of ``spec.local``; the service on the endpoint's port."""
+        problem = self.registry.refresh_cluster(name)
+        if problem is not None:
+            raise RuntimeError(f"TableCluster {name}: {problem}")
+        ref = self.engines.ref(name)
+        spec = self.registry.resource(self.bodies[("TableCluster", None, name)]).spec
+        endpoint = urlparse(ref.endpoint)
+        ports = []
+        for member in [ref.endpoint, *spec.members]:
+            url = urlparse(member)
+            if url.scheme != "http" or url.hostname not in LOOPBACK or url.port is None:
+                raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; {member} "
+                                   "is not http://127.0.0.1:<port>")
+            ports.append(url.port)
+        if len(set(ports)) != len(ports):
+            raise RuntimeError(f"TableCluster {name}: the endpoint and each member need a port of their own "
+                               f"(up listens on the endpoint's, {endpoint.port}, and forwards to the leader)")
+        args, env = self._storage_for(name)
+        if not args and not env.get("REPTABLES_STORAGE"):
+            raise RuntimeError(f"TableCluster {name}: spec.members needs a PostgreSQL database in spec.local "
+                               "(storage or storageSecret): the engines of an HA table cluster share one database")
+        engines = [LocalEngine(name, self.data_dir / name / f"member-{port}", port=port, token=ref.token, env=env,
+                               extra_args=["--cluster-id", str(ref.cluster_id), *args, "--standby",
+                                           "--advertise-url", f"http://127.0.0.1:{port}"])
+                   for port in ports[1:]]
+        assert endpoint.port is not None
+        return LocalGroup(name, engines, LocalService(name, endpoint.port, [e.url for e in engines]))
 
     def _start(self, engines: list[LocalEngine]) -> None:
         for engine in start_all(engines):
@@ -236,6 +286,9 @@ class LocalRunner:
                             "lastTimestamp": _now()})
 
     def reconcile_all(self) -> None:
+        for group in self.groups.values():  # up restarts the engines of an HA cluster as its supervisor
+            for line in group.supervise():
+                print(display(line))
         self._finalize_deleted()
         for kind in ORDER:
             for res in self.registry.of_kind(kind):
@@ -275,6 +328,8 @@ class LocalRunner:
                     self._deleting.discard(key)
                     if kind == "TableCluster" and key[2] in self.processes:
                         self.processes.pop(key[2]).stop()
+                    if kind == "TableCluster" and key[2] in self.groups:
+                        self.groups.pop(key[2]).stop()
                     print(display(f"{res.display} deleted"))
 
     def delete(self, key: Key) -> None:
@@ -383,7 +438,7 @@ class LocalRunner:
     # -- requests from other commands ---------------------------------------------------------------
 
     def handle_control(self) -> None:
-        """Carry out the ``reptables cluster stop|start`` requests waiting in DATA_DIR/control/."""
+        """Carry out the ``reptables cluster stop|start|kill`` requests waiting in DATA_DIR/control/."""
         control = self.data_dir / CONTROL_DIR
         if not control.is_dir():
             return
@@ -402,9 +457,18 @@ class LocalRunner:
                           json.dumps({"ok": ok, "message": message}))
 
     def _control(self, action: str, cluster: str) -> tuple[bool, str]:
+        group = self.groups.get(cluster)
+        if group is not None:
+            return group.control(action)
         engine = self.processes.get(cluster)
         if engine is None:
             return False, f"TableCluster {cluster}: no engine of that name runs under this `reptables up`"
+        if action == "kill":
+            if not engine.alive():
+                return True, f"engine {cluster} is already stopped"
+            pid = engine.pid
+            engine.kill()
+            return True, f"engine {cluster} (pid {pid}) killed (SIGKILL); `reptables cluster start {cluster}` starts it"
         if action == "stop":
             if not engine.alive():
                 return True, f"engine {cluster} is already stopped"
@@ -419,7 +483,7 @@ class LocalRunner:
             except RuntimeError as exc:
                 return False, f"engine {cluster} did not start: {str(exc).splitlines()[0]}"
             return True, f"engine {cluster} started again on {engine.url} (pid {engine.pid})"
-        return False, f"unknown action {action!r} (stop or start)"
+        return False, f"unknown action {action!r} (stop, start or kill)"
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -429,6 +493,8 @@ class LocalRunner:
             ORDER.index(k[0]) if k[0] in ORDER else len(ORDER), k[1] or "", k[2]))]
         engines = {name: {"endpoint": e.url, "pid": e.proc.pid if e.proc is not None else None,
                           "running": e.alive()} for name, e in sorted(self.processes.items())}
+        engines.update({name: g.state() for name, g in sorted(self.groups.items())})
+        engines = dict(sorted(engines.items()))
         return {"pid": os.getpid(), "dataDir": str(self.data_dir.resolve()),
                 "manifests": [str(p.resolve()) for p in self.manifest_paths], "updated": _now(),
                 "objects": objects, "events": list(self.events), "engines": engines}
@@ -484,6 +550,8 @@ class LocalRunner:
         self.runtime.close()
         for engine in self.processes.values():
             engine.stop()
+        for group in self.groups.values():
+            group.stop()
         with contextlib.suppress(OSError):
             self.write_state()  # every engine shows running: false
 

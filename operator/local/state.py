@@ -1,7 +1,7 @@
 """The state directory of ``reptables up``, as the other local commands see it.
 
 ``reptables up`` keeps ``state.json`` (objects with status, recent events, engines, its pid) and a
-``control/`` directory in its data directory; ``reptables status``, ``cluster stop|start`` and ``env``
+``control/`` directory in its data directory; ``reptables status``, ``cluster stop|start|kill`` and ``env``
 are separate processes that read the one and write requests into the other (docs/local.md). This
 module is that shared ground: the file names, the private data directory, atomic private writes,
 whether the ``up`` process still runs, and the readers' side. It imports nothing of the runner, so
@@ -28,11 +28,11 @@ from urllib.parse import urlparse
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: the state file ``reptables up`` keeps in its data directory (read by ``reptables status``/``env``)
 STATE_FILE = "state.json"
-#: where ``reptables cluster stop|start`` leave their requests for the running ``up``
+#: where ``reptables cluster stop|start|kill`` leave their requests for the running ``up``
 CONTROL_DIR = "control"
 #: the record of the demo rows ``up`` wrote, in the first run on the data directory (never again)
 DEMO_FILE = "demo.json"
-#: how long ``reptables cluster stop|start`` waits for the running ``up`` to carry a request out
+#: how long ``reptables cluster stop|start|kill`` waits for the running ``up`` to carry a request out
 CONTROL_TIMEOUT = 30.0
 
 
@@ -162,9 +162,9 @@ def _table_cluster(state: dict[str, Any], name: str, data_dir: Path) -> None:
 
 def request_control(data_dir: Path, action: str, cluster: str,
                     timeout: float = CONTROL_TIMEOUT) -> tuple[bool, str]:
-    """Ask the running ``up`` to stop or start a cluster's engine; wait for its answer (ok, message)."""
-    if action not in ("stop", "start"):
-        raise LocalStateError(f"unknown action {action!r} (stop or start)")
+    """Ask the running ``up`` to stop, start or kill a cluster's engine; wait for its answer (ok, message)."""
+    if action not in ("stop", "start", "kill"):
+        raise LocalStateError(f"unknown action {action!r} (stop, start or kill)")
     state = read_state(data_dir)
     _table_cluster(state, cluster, data_dir)
     control = data_dir / CONTROL_DIR
@@ -201,6 +201,8 @@ def env_lines(data_dir: Path, cluster: str) -> list[str]:
     if urlparse(endpoint).hostname not in LOOPBACK:
         raise LocalStateError(f"TableCluster {cluster}: {endpoint} is not a loopback endpoint of the local runner")
     token_file = data_dir / cluster / "token"
+    if engine.get("members"):  # an HA table cluster: each of its engines has the token (group.py)
+        token_file = next(iter(sorted((data_dir / cluster).glob("member-*/token"))), token_file)
     try:
         token = token_file.read_text().strip()
     except OSError as exc:
