@@ -1,0 +1,56 @@
+"""Smoke test of benchmarks/scale_bench.py: a few tiny points of two dimensions, in a subprocess.
+
+What a reader of the benchmark relies on: it exits 0, every point it measured holds the figures the
+README's table shows (threads, RSS and idle CPU per engine, creation time, commit and lookup p50, the
+fan-out time of one row into every table or member, verified), the goals are printed against the
+largest point of ``tables``, and every engine it started is gone. Timing is not asserted: the
+machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(150)
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "scale_bench.py"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_tiny_points_report_every_figure_and_stop_their_engines(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--dimensions", "tables,members", "--tables", "2,4",
+                           "--members", "2", "--batch", "2", "--settle-seconds", "0.5", "--idle-seconds", "1",
+                           "--samples", "10", "--json", str(out), "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    points = data["points"]
+    assert [(p["dimension"], p["size"]) for p in points] == [("tables", 2), ("tables", 4), ("members", 2)]
+    for p in points:
+        assert p["verified"] and not p["notes"], p
+        names = {"meta", "r0", "r1"} if p["dimension"] == "tables" else {"x0", "x1"}
+        assert set(p["threads"]) == set(p["rss_mib"]) == set(p["idle_cpu_pct"]) == set(p["pids"]) == names
+        assert all(t > 0 for t in p["threads"].values()) and all(r > 0 for r in p["rss_mib"].values())
+        assert all(c >= 0 for c in p["idle_cpu_pct"].values())
+        assert p["create_s"] > 0 and 0 < p["commit_p50_ms"] and 0 < p["lookup_p50_ms"] and 0 < p["fan_out_s"] < 60
+        assert not any(_alive(pid) for pid in p["pids"].values())
+    tables = [p for p in points if p["dimension"] == "tables"]
+    assert all(p["first_batch_s_per_table"] > 0 and p["last_batch_s_per_table"] > 0 for p in tables)
+    # the goals are judged at the largest tables point, one line each
+    assert "at 4 tables" in proc.stdout and proc.stdout.count("PASS  ") + proc.stdout.count("MISS  ") == 6
+    assert isinstance(data["goals_met"], bool)
+    assert not list(tmp_path.glob("reptables-scale-*")), "the benchmark's temporary directory must be removed"
