@@ -68,6 +68,7 @@ class Runtime:
             switches.append(ModeSwitch(table, replica_id, mode, reason))
 
         tracker = TrackerLoop(registry.world(), period=tracker_period, on_switch=queue_switch)
+        tracker.start_watch()  # quick probes between checks, only while this operator runs the checks
         return cls(engines=engines, registry=registry, tracker=tracker, switches=switches)
 
     def world(self) -> World:

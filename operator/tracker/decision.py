@@ -125,6 +125,9 @@ class ClusterHealth:
     healthy: bool
     """Probe succeeded, not read-only or in safe mode, incoming replication allowed."""
     reason: str = ""
+    #: the failure leaves no doubt (the engine's address refused the connection: no process serves
+    #: there), so it is not tolerated for a check as a slow or lost probe is
+    definitive: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,7 @@ class TrackerState:
       An unknown lag is passed through and forgets the previous value.
     * Health grace: a cluster's bad health is reported as healthy until it has been bad for more
       than ``max_iterations_without_acceptable_health`` consecutive checks; one good check resets it.
+      A definitive failure (a refused connection) is not tolerated.
 
     State of replicas and clusters no longer observed is dropped.
 
@@ -270,7 +274,7 @@ class TrackerState:
             return health
         streak = self._bad_streaks.get(name, 0) + 1
         self._bad_streaks[name] = streak
-        if streak > self.max_iterations_without_acceptable_health:
+        if streak > self.max_iterations_without_acceptable_health or health.definitive:
             return health
         return ClusterHealth(
             healthy=True,

@@ -35,6 +35,9 @@ log = logging.getLogger("reptables.operator.tracker")
 #: default check period (YTsaurus checks every 3 s; its tests use 100 ms)
 CHECK_PERIOD = 1.0
 PROBE_TIMEOUT = 0.5
+#: between checks, the clusters are probed this often (``/healthz`` only): a cluster that refuses
+#: connections triggers a check at once instead of at the next period
+PROBE_PERIOD = 0.2
 
 
 
@@ -50,32 +53,85 @@ class TableVerdict:
 
 class TrackerLoop:
     def __init__(self, world: World, period: float = CHECK_PERIOD, probe_timeout: float = PROBE_TIMEOUT,
-                 on_switch: Callable[[Resource, str, str, str], None] | None = None) -> None:
+                 on_switch: Callable[[Resource, str, str, str], None] | None = None,
+                 probe_period: float = PROBE_PERIOD) -> None:
         self.world = world
         self.period = period
         self.probe_timeout = probe_timeout
+        self.probe_period = probe_period
         self.state = tk.TrackerState()
         self.verdicts: dict[tuple[str | None, str], TableVerdict] = {}
         self._on_switch = on_switch
         #: where each check's summary and switches go (the world's, so that statuses show them)
         self.journal = world.tracker_journal if world.tracker_journal is not None else TrackerJournal()
+        #: guards the checks and what follows: _last_check, _last_probe, _healthy, _active_until
         self._lock = threading.Lock()
         self._last_check = 0.0
+        self._last_probe = 0.0
+        #: the clusters healthy at the last probe (a check's or a quick one's)
+        self._healthy: set[str] = set()
+        #: the watch probes only while this operator runs checks (its timers call maybe_check): a
+        #: standby operator, whose timers kopf pauses, must not act
+        self._active_until = 0.0
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tracker-probe")
 
     def maybe_check(self) -> bool:
-        """Run a check if a period has passed since the last one (callable from many places)."""
+        """Run a check if a period has passed since the last one (callable from many places); between
+        checks, probe the clusters every ``probe_period`` and check at once when one that was healthy
+        now refuses connections (``quick_probe``). True if a check ran."""
         with self._lock:
             now = time.monotonic()
-            if now - self._last_check < self.period:
+            self._active_until = now + 2 * self.period + 1.0
+            if now - self._last_check >= self.period:
+                self._last_check = now
+                self.check(now)
+                return True
+        return self.quick_probe()
+
+    def quick_probe(self) -> bool:
+        """Probe the clusters (``/healthz`` only) if ``probe_period`` has passed; a cluster healthy at
+        the last probe that now refuses connections starts a check at once (a killed engine is
+        certain: no need to wait for the period, nor to tolerate one bad probe). True if it checked."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_probe < self.probe_period or now - self._last_check < self.probe_period:
                 return False
+            self._last_probe = now
+            clusters = self._probe_clusters()
+            lost = [name for name, health in clusters.items() if health.definitive and name in self._healthy]
+            self._healthy = {name for name, health in clusters.items() if health.healthy}
+            if not lost:
+                return False
+            log.info("tracker checks now: a cluster refuses connections", extra={"clusters": lost})
             self._last_check = now
-            self.check(now)
+            self.check(now, clusters)
             return True
 
-    def check(self, now: float) -> None:
+    def start_watch(self) -> None:
+        """Probe between checks from a thread of its own (``quick_probe`` every ``probe_period``), while
+        this operator is the active one; ``close`` stops it."""
+        if self._watch is not None:
+            return
+
+        def watch() -> None:
+            while not self._stop.wait(self.probe_period):
+                if time.monotonic() < self._active_until:
+                    try:
+                        self.quick_probe()
+                    except Exception:  # noqa: BLE001 - the watch must go on; the next check retries
+                        log.exception("tracker quick probe failed")
+
+        self._watch = threading.Thread(target=watch, name="tracker-watch", daemon=True)
+        self._watch.start()
+
+    def check(self, now: float, clusters: dict[str, tk.ClusterHealth] | None = None) -> None:
         TRACKER_CHECKS.inc()
-        clusters = self._probe_clusters()
+        if clusters is None:
+            clusters = self._probe_clusters()
+            self._last_probe = now
+            self._healthy = {name for name, health in clusters.items() if health.healthy}
         tables, owners = self._tracked_tables(clusters)
         if not tables:
             return
@@ -135,6 +191,11 @@ class TrackerLoop:
                 return tk.ClusterHealth(False, "cluster is read-only")
             try:
                 response = httpx.get(f"{refs[name].endpoint.rstrip('/')}/healthz", timeout=self.probe_timeout)
+            except httpx.ConnectError as exc:
+                # refused: no process at the address (a timeout or a reset may be a slow engine)
+                refused = "refused" in str(exc).lower() or isinstance(exc.__cause__, ConnectionRefusedError)
+                return tk.ClusterHealth(False, f"probe failed: {type(exc).__name__}"
+                                        + (" (connection refused)" if refused else ""), definitive=refused)
             except httpx.HTTPError as exc:
                 return tk.ClusterHealth(False, f"probe failed: {type(exc).__name__}")
             if response.status_code != 200:
@@ -210,6 +271,9 @@ class TrackerLoop:
             return False
 
     def close(self) -> None:
+        self._stop.set()
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

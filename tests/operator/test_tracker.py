@@ -501,6 +501,18 @@ def test_one_good_check_resets_the_bad_health_streak():
     assert not state.observe([], down, now=3.0).clusters["a"].healthy
 
 
+def test_a_refused_connection_is_acted_on_at_once():
+    """A cluster whose engine refuses connections is certainly down (no process at its address): the
+    first such probe demotes its sync replica, where a timeout is tolerated once."""
+    state = TrackerState()
+    tables = [table(rep("r1", "a", SYNC), rep("r2", "b"))]
+    state.observe(tables, healthy("a", "b"), now=0.0)
+    refused = {"a": ClusterHealth(False, "probe failed: ConnectError (connection refused)", definitive=True),
+               "b": ClusterHealth(True)}
+    decision = decide(*state.observe(tables, refused, now=0.2))
+    assert moves(decision) == {("r1", ASYNC), ("r2", SYNC)}
+
+
 def test_health_grace_is_configurable():
     state = TrackerState(max_iterations_without_acceptable_health=0)
 
