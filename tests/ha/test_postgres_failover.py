@@ -23,6 +23,8 @@ It lives in this module because the run starts one Patroni cluster (tests/ha/con
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -203,3 +205,95 @@ def test_xdcr_member_survives_the_primary_of_its_database_killed(patroni: Patron
               f"down: {len(stepped_down)}")
         group.revive("a")
         check_group(group, load, before)
+
+
+class OfficialWriter(threading.Thread):
+    """The official client (``yt.wrapper``, one address: a Service in front of the engines) inserting one
+    new key per call until stopped: what it acknowledged, what raised."""
+
+    def __init__(self, proxy: str, token: str, path: str) -> None:
+        super().__init__(daemon=True)
+        import yt.wrapper as yt
+
+        self.client = yt.YtClient(proxy=proxy, token=token)
+        self.path = path
+        self.acked: list[int] = []
+        self.raised: list[int] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        key = 0
+        while not self.stop_event.is_set():
+            key += 1
+            try:
+                self.client.insert_rows(self.path, [{"k": key, "v": f"v{key}"}])
+            except Exception:  # noqa: BLE001 - the outcome is unknown to this writer: checked below
+                self.raised.append(key)
+                time.sleep(0.1)
+            else:
+                self.acked.append(key)
+
+    def acked_after(self, count: int, timeout: float) -> None:
+        target = len(self.acked) + count
+        wait_for(lambda: len(self.acked) >= target, timeout, f"{count} more writes acknowledged by yt.wrapper")
+
+
+def test_the_official_client_writes_through_a_leader_kill_a_pause_and_a_primary_kill(
+        patroni: PatroniCluster, tmp_path: Path) -> None:
+    """Issue 24's check: a meta-cluster of two engines over a Patroni-managed PostgreSQL, a replicated
+    table with a sync and an async replica, ``yt.wrapper`` writing through one address (a Service over
+    the engines, reptables.testing.service); the leader SIGKILLed, then the next leader SIGSTOPped past its
+    lease (it exits 75 when resumed), then the database primary killed.  Afterwards every acknowledged row
+    is on both replicas, with its value, once (a keyed table), and nothing that was never sent is."""
+    from reptables.testing.service import LeaderService
+
+    url = patroni.create_database("official")
+    with EngineSet(tmp_path, names=("meta", "sync", "async"), standbys={"meta": 1}, leader_lease=1.5,
+                   storage={"meta": url, "sync": "sqlite", "async": "sqlite"}) as clusters:
+        path = clusters.replicated_table("//tmp/orders", KV_SCHEMA)
+        sync_id = clusters.replica(path, "sync", path, mode="sync")
+        async_id = clusters.replica(path, "async", path, mode="async")
+        clusters.wait_in_sync(sync_id)
+        service = LeaderService([e.url for e in clusters.group("meta")]).start()
+        writer = OfficialWriter(service.url, TEST_TOKEN, path)
+        writer.start()
+        try:
+            writer.acked_after(20, 60)
+            # 1. the leader SIGKILLed: the standby leads, the killed engine comes back as the standby
+            first = clusters.leader("meta")
+            first.kill()
+            second = clusters.leader("meta", 30)
+            assert second is not first
+            writer.acked_after(20, 60)
+            clusters.revive("meta")
+            # 2. the new leader paused past its lease: the other one leads; resumed, it steps down (75).
+            # (yt.wrapper's keep-alive connections through the Service still lead to the paused engine, as
+            # they would through a Kubernetes Service: their requests wait until it resumes and refuses them
+            # with 105, then go again, to the new leader)
+            os.killpg(second.pid, signal.SIGSTOP)
+            try:
+                third = clusters.leader("meta", 30)
+                assert third is not second
+                time.sleep(2.0)
+            finally:
+                os.killpg(second.pid, signal.SIGCONT)
+            assert second.proc is not None and second.proc.wait(timeout=30) == EXIT_STEPPED_DOWN
+            writer.acked_after(20, 90)
+            clusters.revive("meta")
+            # 3. the database's primary killed: Patroni promotes the standby, the engines reconnect
+            killed = patroni.kill_primary()
+            patroni.wait_for_primary(60, other_than=killed)
+            writer.acked_after(20, 90)
+        finally:
+            writer.stop_event.set()
+            writer.join(120)
+            service.stop()
+        acked, raised = set(writer.acked), set(writer.raised)
+        print(f"\nyt.wrapper: {len(acked)} writes acknowledged, {len(raised)} raised, across the three faults")
+        for replica_id, cluster in ((sync_id, "sync"), (async_id, "async")):
+            clusters.wait_in_sync(replica_id, timeout=90)
+            rows = clusters.client(cluster).select_rows("k, v from [//tmp/orders]", output_row_limit=1_000_000)
+            keys = {r["k"] for r in rows}
+            assert len(keys) == len(rows) and all(r["v"] == f"v{r['k']}" for r in rows), cluster
+            assert acked <= keys, (cluster, sorted(acked - keys)[:10])
+            assert keys <= acked | raised, (cluster, sorted(keys - acked - raised)[:10])
