@@ -353,16 +353,25 @@ def _queue_tablets(table: ChangeTable) -> list[int]:
 
 def _first_row_after(table: ChangeTable, conn: sa.Connection, tablet: int, after: Position) -> int:
     """The first queue row of ``tablet`` whose position is after ``after`` (timestamps grow along a
-    tablet's queue: a binary search over the rows still there)."""
-    end, trimmed = table.tablet_rows.get(tablet, [0, 0])
+    tablet's queue: a binary search over the rows this read sees).
+
+    The search covers the rows present in the read, not the in-memory count: an append counts its
+    rows before its SQL commit, so the count may include rows the read cannot see, and a row taken
+    for "before the start" because it is not there yet would move the start past committed rows not
+    yet delivered (found by the 10-minute reshard fault run). A row missing inside the range was
+    trimmed meanwhile (PostgreSQL reads each statement afresh): it lies before every row kept."""
     data = table.sql.data
+    first, last = conn.execute(sa.select(sa.func.min(data.c[ROW_INDEX]), sa.func.max(data.c[ROW_INDEX]))
+                               .where(data.c[TABLET_INDEX] == tablet)).one()
+    if first is None:
+        return table.tablet_rows.get(tablet, [0, 0])[0]  # nothing to read in this tablet now
 
     def position(row: int) -> Position | None:
         ts = conn.execute(sa.select(data.c[TS]).where(data.c[TABLET_INDEX] == tablet,
                                                       data.c[ROW_INDEX] == row)).scalar()
         return None if ts is None else (int(ts), tablet << _ROW_BITS | row)
 
-    low, high = trimmed, end  # the answer is in [low, high]
+    low, high = int(first), int(last) + 1  # the answer is in [low, high]
     while low < high:
         middle = (low + high) // 2
         at = position(middle)
