@@ -275,9 +275,10 @@ def start_target(base: Path) -> Target:
             client.insert_rows(XJ, [{"k": i, "v": f"b{i}", "n": i} for i in range(6)])
             other = client.pull_changes(XJ, from_timestamp=0, wait_timeout=0)["events"][0]["event_token"]
         with Client(a.url, a.token) as client:
-            client.create("table", SORTED, attributes={"dynamic": True, "schema": SCHEMA})
-            client.create("table", LOG, attributes={"dynamic": True, "schema": ORDERED})
-            client.create("table", EMPTY, attributes={"dynamic": True, "schema": SCHEMA})
+            # (streamed: their change logs on from the start)
+            client.create("table", SORTED, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True})
+            client.create("table", LOG, attributes={"dynamic": True, "schema": ORDERED, "enable_change_log": True})
+            client.create("table", EMPTY, attributes={"dynamic": True, "schema": SCHEMA, "enable_change_log": True})
             for path in (SORTED, LOG, EMPTY):
                 client.mount_table(path)
             # (k -1: the row written again after every example, ``fuzz_one``)
