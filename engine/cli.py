@@ -109,6 +109,9 @@ def serve(
     bootstrap_pin_ttl: Annotated[float, typer.Option(
         "--bootstrap-pin-ttl", help="Seconds a replica never enabled holds the replication queue back "
         "(docs/replication.md)")] = DEFAULT_CONFIG.bootstrap_pin_ttl,
+    replicator_threads: Annotated[int, typer.Option(
+        "--replicator-threads", min=1, help="Worker threads that feed every async replica of this meta-cluster "
+        "and send their heartbeats (docs/replication.md)")] = DEFAULT_CONFIG.replicator_threads,
     max_body_bytes: Annotated[int, typer.Option(
         "--max-body-bytes", help="Largest request body, after decompression")] = DEFAULT_CONFIG.max_body_bytes,
     max_lookup_keys: Annotated[int, typer.Option(
@@ -170,7 +173,7 @@ def serve(
     # the one place that reads the environment: the process' settings, handed down as one object
     try:
         config = EngineConfig.from_env(sync_timeout=sync_replica_timeout, in_doubt_timeout=in_doubt_timeout,
-                                       bootstrap_pin_ttl=bootstrap_pin_ttl,
+                                       bootstrap_pin_ttl=bootstrap_pin_ttl, replicator_threads=replicator_threads,
                                        max_body_bytes=max_body_bytes, max_lookup_keys=max_lookup_keys,
                                        max_output_bytes=max_output_bytes,
                                        query_timeout=query_timeout, header_timeout=header_timeout,

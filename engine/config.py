@@ -43,8 +43,19 @@ class EngineConfig:
     recent_commit_grace_seconds: float = 2.0
 
     # -- replication (seed 002) -----------------------------------------------------------------------
-    #: replicator tick when idle (seconds)
+    #: worker threads that run the replicators' passes and heartbeats (docs/replication.md,
+    #: "How replicators are scheduled"): the engine's replication threads, however many replicas
+    #: (``--replicator-threads``)
+    replicator_threads: int = 4
+    #: how often a sync replica catching up or draining looks at its queue again, and the unit of
+    #: the wait for a replica behind the sync commits in flight to it (seconds)
     replicator_tick: float = 0.1
+    #: an idle tablet's heartbeat (its replica table's freshness moves on) goes out this long after a
+    #: commit or a push, then at this interval while the replica cluster reads the table's freshness
+    #: (change streams, event tokens) or traffic goes on (seconds)...
+    replica_heartbeat_interval: float = 1.0
+    #: ...and otherwise at this one: what a replica whose freshness nobody reads costs (seconds)
+    replica_idle_heartbeat_interval: float = 30.0
     #: a replicator batch is cut at this many rows, bytes or distinct commit timestamps
     batch_rows: int = 90_000
     batch_bytes: int = 128 * MiB

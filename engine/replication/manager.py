@@ -8,19 +8,21 @@ state (disabled/enabling/enabled/disabling), mode (sync/async) and per-tablet pr
 * **Sync replicas** are participants of every commit (``sync.py``): the coordinator prepares them
   over ``/internal/v1/prepare``, appends to the queue and advances their progress in the same SQL
   transaction as its commit decision, then commits them.
-* **Async replicas** are fed by a replicator thread per replica (``replicator.py``): it pushes a
-  batch from the queue at the replica's progress with the row index it starts at; the replica
-  (``sink.py``) applies it and records the new index in the same SQL transaction, so delivery is
-  exactly once and in order.
+* **Async replicas** are fed by a replicator per replica (``replicator.py``), whose passes a pool
+  of a few worker threads runs when a commit, a backoff's end or ``alter_table_replica`` makes them
+  due (``scheduler.py``): a pass pushes a batch from the queue at the replica's progress with the
+  row index it starts at; the replica (``sink.py``) applies it and records the new index in the
+  same SQL transaction, so delivery is exactly once and in order. Idle tablets' heartbeats (the
+  replica tables' freshness) go out for many replicas at once (``heartbeats.py``).
 * Switching async -> sync goes catching up -> draining -> in sync (``replicator.py``), the last
   step under the storage writer lock so that no commit slips between.
 * ``alter_table_replica`` returns at once: the replica is ``enabling`` until its replicator has
   made a first pass over every tablet (a sync replica: until it starts draining), ``disabling``
-  until its replicator has stopped; the replicator pool ends both (``replicator.py``).
+  until its replicator has stopped; the replicators' passes end both (``replicator.py``).
 
 The pieces, each with one job: ``registry.py`` owns the set of replicas and their persistence,
 ``replica.py`` a replica's mutable state and its transitions, ``status.py`` reads it for
-attributes, ``options.py`` validates table options. This class builds them over a
+attributes, ``options.py`` validates table options, ``trim.py`` trims the queues. This class builds them over a
 ``ReplicationHost`` (the engine, without knowing ``Cluster``) and keeps the methods the node, the
 API and the transaction manager call. The lock order is documented in ``registry.py``.
 """
@@ -34,16 +36,18 @@ import sqlalchemy as sa
 from ..config import DEFAULT_CONFIG, EngineConfig
 from ..metrics import StateSamples
 from ..peers import Peers
+from ..storage import on_commit
 from ..tablets import DynamicTable, RowWrite
 from ..transactions import Participant, RemoteParticipant, TabletTransaction
 from .bootstrap import bootstrap_progress, handle_bootstrap_write
 from .host import ReplicationHost
 from .registry import ReplicaRegistry
 from .replica import Replica
-from .replicator import ReplicatorPool, trim_queues
+from .scheduler import ReplicatorPool
 from .sink import ReplicaSink, replica_freshness
 from .status import ReplicationStatus
 from .sync import SyncCommits
+from .trim import QueueTrimmer
 
 
 class ReplicationManager:
@@ -57,6 +61,7 @@ class ReplicationManager:
         self.sink = ReplicaSink(host, peers, config)
         self.sync = SyncCommits(host, peers, self.registry, self.sink, config)
         self.status = ReplicationStatus(host, self.registry)
+        self.trimmer = QueueTrimmer(host, self.registry, config)
         self.replicators = ReplicatorPool(host, peers, self.registry, config, maintenance=(
             self.sync.deliver_decisions, self.sync.resolve_in_doubt, self.trim_queues))
         # lag, rows behind, queue depth, in-doubt count: read at scrape time (engine/metrics.py)
@@ -81,6 +86,7 @@ class ReplicationManager:
 
     def remove_replica(self, conn: sa.Connection, replica_id: str) -> None:
         self.registry.remove(conn, replica_id)
+        self.replicators.forget(replica_id)
 
     def replica(self, replica_id: str) -> Replica:
         return self.registry.get(replica_id)
@@ -89,9 +95,10 @@ class ReplicationManager:
         return self.registry.replicas_of(table_id)
 
     def alter_replica(self, replica_id: str, enabled: bool | None, mode: str | None) -> None:
-        """Returns at once; the replicators end ``enabling``/``disabling`` (``replicator.py``)."""
+        """Returns at once; the replicator's next pass, due now, ends ``enabling``/``disabling``
+        (``replicator.py``)."""
         self.registry.alter(replica_id, enabled, mode)
-        self.replicators.wake()
+        self.replicators.wake(replica_id)
 
     # -- the write path (transactions.CommitHooks) --------------------------------------------------
 
@@ -107,7 +114,10 @@ class ReplicationManager:
 
     def after_queue_append(self, conn: sa.Connection, part: Participant, commit_ts: int,
                            remote: list[RemoteParticipant]) -> None:
-        self.sync.after_queue_append(conn, part, commit_ts, remote)
+        fed, synced = self.sync.after_queue_append(conn, part, commit_ts, remote)
+        if fed or synced:
+            # once durable (after the queue's own hook published the rows): their replicators are due
+            on_commit(conn, lambda: self.replicators.appended(fed, synced))
 
     def commit_remote(self, tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> None:
         self.sync.commit_remote(tx_id, commit_ts, remote)
@@ -121,7 +131,7 @@ class ReplicationManager:
         self.sync.resolve_in_doubt(older_than)
 
     def trim_queues(self) -> None:
-        trim_queues(self.host, self.registry, self.config)
+        self.trimmer.trim_queues()
 
     # -- the replica side (/internal/v1) -----------------------------------------------------------
 
@@ -175,9 +185,11 @@ class ReplicationManager:
         return samples
 
     def replica_freshness(self, table: DynamicTable) -> int | None:
-        """A replica table's freshness (``sink.replica_freshness``); None for other tables."""
+        """A replica table's freshness (``sink.replica_freshness``); None for other tables. A read of
+        it is what keeps the meta-cluster's heartbeats coming at the short interval (``heartbeats.py``)."""
         if not table.upstream_replica_id:
             return None
+        self.sink.freshness_read(table.upstream_replica_id)
         with self.host.storage.read() as conn:
             return replica_freshness(conn, table.upstream_replica_id)
 

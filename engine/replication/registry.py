@@ -13,12 +13,13 @@ Locks, in the order they may be taken (never the reverse; docs/architecture.md, 
 1. ``Storage.write_lock`` (the storage writer): SQL writes, and every change of a replica's
    ``row_index`` progress, so that the draining check of a sync replica and the commit path see
    the same queue tail;
-2. ``ReplicaRegistry._lock``: which replicas exist (the ``_replicas`` map);
+2. ``ReplicaRegistry._lock``: which replicas exist (the ``_replicas`` map and its index by table);
 3. ``Replica._lock`` (``replica.py``): one replica's mutable fields; a leaf.
 
-``ReplicatorPool._lock`` (which replicator objects exist) is a leaf of its own, never held with
-any of these. No replication lock is held during network I/O, while waiting for the storage
-writer, or while calling the transaction manager, whose locks (its session lock and the in-flight
+``ReplicatorPool._lock`` (the replicators' schedule, ``scheduler.py``) is a leaf of its own, never
+held with 2 or 3 (it may be taken under 1: a commit's ``on_commit`` hook wakes the replicators of
+its table). No replication lock is held during network I/O, while waiting for the storage writer,
+or while calling the transaction manager, whose locks (its session lock and the in-flight
 condition) are thus never taken under a replication lock. The transaction manager calls
 ``after_queue_append`` with the storage writer held and none of its own locks; that hook takes
 the registry lock, then replica locks, in the order above.
@@ -75,10 +76,13 @@ class ReplicaRegistry:
     def __init__(self, host: ReplicationHost, peers: Peers) -> None:
         self.host = host
         self.peers = peers
-        #: guards _replicas (which replicas exist). Taken after Storage.write_lock, before a
-        #: Replica._lock; never held across network I/O or while waiting for the storage writer.
+        #: guards _replicas and _by_table (which replicas exist). Taken after Storage.write_lock,
+        #: before a Replica._lock; never held across network I/O or while waiting for the storage writer.
         self._lock = threading.Lock()
         self._replicas: dict[str, Replica] = {}
+        #: the same replicas by replicated table id (the commit path asks for a table's replicas on
+        #: every commit: an index, not a scan of every replica of the cluster); guarded by _lock
+        self._by_table: dict[str, list[Replica]] = {}
 
     # -- loading and persistence -------------------------------------------------------------------
 
@@ -89,7 +93,8 @@ class ReplicaRegistry:
         loaded = {node.id: self._from_node(node, progress.get(node.id, {}))
                   for node in list(self.host.cypress.by_id.values()) if node.type == "table_replica"}
         with self._lock:
-            self._replicas.update(loaded)
+            for replica in loaded.values():
+                self._add(replica)
 
     def _from_node(self, node: Node, progress: dict[int, TabletProgress]) -> Replica:
         a = node.attributes
@@ -125,9 +130,16 @@ class ReplicaRegistry:
 
     # -- lookups -----------------------------------------------------------------------------------
 
+    def _add(self, replica: Replica) -> None:
+        """(``_lock`` held) one more replica, or a replica object that replaces one of the same id."""
+        previous = self._replicas.get(replica.id)
+        self._replicas[replica.id] = replica
+        siblings = [r for r in self._by_table.get(replica.table_id, ()) if r is not previous]
+        self._by_table[replica.table_id] = [*siblings, replica]
+
     def replicas_of(self, table_id: str) -> list[Replica]:
         with self._lock:
-            return [r for r in self._replicas.values() if r.table_id == table_id]
+            return list(self._by_table.get(table_id, ()))
 
     def all(self) -> list[Replica]:
         with self._lock:
@@ -211,7 +223,7 @@ class ReplicaRegistry:
                 save_progress(conn, node.id, tablet, p.row_index, p.timestamp)
             self.host.cypress.attach(node)
             self._save(conn, replica)
-            self._replicas[node.id] = replica
+            self._add(replica)
         log.info("replica created", extra={"replica_id": node.id, "path": path, "cluster": cluster_name,
                                            "replica_path": replica_path})
         return node.id
@@ -220,6 +232,12 @@ class ReplicaRegistry:
         """Forget a replica (inside the caller's write transaction, which also deletes its node)."""
         with self._lock:
             replica = self._replicas.pop(replica_id, None)
+            if replica is not None:
+                siblings = [r for r in self._by_table.get(replica.table_id, ()) if r is not replica]
+                if siblings:
+                    self._by_table[replica.table_id] = siblings
+                else:
+                    self._by_table.pop(replica.table_id, None)
         if replica is None:
             return
         conn.execute(replica_progress_table.delete().where(replica_progress_table.c.replica_id == replica_id))

@@ -294,6 +294,18 @@ class Replica:
             if progress.row_index >= queue_end:
                 progress.timestamp = max(progress.timestamp, barrier)
 
+    def note_queued(self, tablet: int, start: int, commit_ts: int) -> None:
+        """A commit at ``commit_ts`` appended queue rows from ``start`` on to ``tablet`` (call with
+        the storage writer held, inside that commit): a replica that had every row before them has
+        every change before ``commit_ts`` (commits take their timestamps under the writer, so none
+        before it can still append). Its replication timestamp moves to just before the commit, so
+        that its lag counts from the first change it lacks, however long the tablet was idle,
+        without a timer per replica."""
+        with self._lock:
+            progress = self._progress.setdefault(tablet, TabletProgress())
+            if progress.row_index >= start:
+                progress.timestamp = max(progress.timestamp, commit_ts - 1)
+
     def clear_tablet_error(self, tablet: int) -> None:
         with self._lock:
             progress = self._progress.get(tablet)

@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -60,6 +63,10 @@ MAX_ROW_INDEX = (1 << 63) - 1
 #: ids and names a peer sends (transaction ids are 64 characters at most in their SQL record)
 MAX_TRANSACTION_ID_LENGTH = 64
 MAX_NAME_LENGTH = 1000
+#: heartbeats one request may carry (a meta-cluster's sweep sends at most HEARTBEATS_PER_REQUEST,
+#: heartbeats.py), and recorded in one write transaction (short, so that commits do not wait long)
+MAX_HEARTBEATS = 10_000
+HEARTBEATS_PER_TRANSACTION = 256
 
 
 def _restore_attribute(attributes: dict[str, Any], name: str, previous: Any) -> None:
@@ -178,6 +185,10 @@ class ReplicaSink:
         #: under Storage.write_lock (in a push's write transaction and its on_commit hook); nothing but
         #: ``handle_push`` writes the record
         self._tablet_counts: dict[str, tuple[int, int]] = {}
+        #: upstream replica -> when (monotonic) its table's freshness was last read here. Single dict
+        #: operations from request threads, atomic in CPython: no lock (a lost race only moves one
+        #: time by one read)
+        self._freshness_reads: dict[str, float] = {}
 
     def replica_table(self, path: object, replica_id: str, preserve: bool = True) -> tuple[DynamicTable, str]:
         """The table a peer's push, prepare or bootstrap write for replica ``replica_id`` goes to.
@@ -413,9 +424,20 @@ class ReplicaSink:
     # -- replicator batches -------------------------------------------------------------------------
 
     def handle_push(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
-        """Apply one replicator batch exactly once; answer with the stored progress."""
-        replica_id = str_field(body, "upstream_replica_id", "push")
-        what = f"push of replica {replica_id}"
+        """Apply one replicator batch exactly once; answer with the stored progress. A body with
+        ``heartbeats`` carries the heartbeats of many replicas instead (:meth:`handle_heartbeats`)."""
+        if "heartbeats" in body:
+            return self.handle_heartbeats(body, caller)
+        push = self.parse_push(body, caller)
+        return self.host.transactions.apply_replicated(
+            push.table, push.groups, push.preserve, push.tablet % push.table.tablet_count,
+            check=lambda conn: read_sink(conn, push.replica_id, push.tablet),
+            expected=push.prev, record=push.record, end=push.end)
+
+    def parse_push(self, body: dict[str, Any], caller: str | None, what_kind: str = "push") -> _Push:
+        """A push (a batch, or a heartbeat: no entries) checked whole, as it will be applied."""
+        replica_id = str_field(body, "upstream_replica_id", what_kind)
+        what = f"{what_kind} of replica {replica_id}"
         preserve = body.get("preserve_timestamps", True)
         if not isinstance(preserve, bool):
             raise bad_request(f"Invalid preserve_timestamps {str(preserve)[:100]!r} in internal request {what}: "
@@ -505,7 +527,68 @@ class ReplicaSink:
                 self.host.cypress.save(conn, node)
                 on_rollback(conn, lambda: _restore_attribute(node.attributes, UPSTREAM_TABLE_ATTRIBUTE, previous))
 
-        return self.host.transactions.apply_replicated(
-            table, groups, preserve, tablet % table.tablet_count,
-            check=lambda conn: read_sink(conn, replica_id, tablet),
-            expected=prev, record=record, end=end)
+        return _Push(table, replica_id, preserve, tablet, prev, end, groups, record)
+
+    # -- heartbeats of many replicas at once --------------------------------------------------------
+
+    def handle_heartbeats(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """The heartbeats a meta-cluster's sweep sends this cluster (``heartbeats.py``): each one an
+        empty push with a barrier timestamp, checked as a push, recorded as one (only while the
+        record holds its row index), a few hundred to a write transaction. Each answer says when the
+        replica table's freshness was last read here (``freshness_read_ago``, seconds; absent: not
+        since the engine started), so that the meta-cluster keeps sending them only while someone
+        reads it. An item that is refused (a removed table, a caller who may not write it) answers
+        its error; the others are recorded."""
+        items = body["heartbeats"]
+        if not isinstance(items, list) or len(items) > MAX_HEARTBEATS:
+            raise bad_request(f"Invalid heartbeats in internal request push: expected a list of at most "
+                              f"{MAX_HEARTBEATS} maps", field="heartbeats")
+        answers: list[dict[str, Any]] = []
+        pushes: list[tuple[int, _Push]] = []
+        for i, item in enumerate(items):
+            try:
+                if not isinstance(item, dict):
+                    raise bad_request(f"Invalid heartbeat {i} in internal request push: expected a map")
+                push = self.parse_push(item, caller, "heartbeat")
+                if push.groups or push.prev != push.end or "barrier_timestamp" not in item:
+                    raise bad_request(f"Invalid heartbeat {i} of replica {push.replica_id}: a heartbeat carries no "
+                                      "changes, one row index and a barrier timestamp")
+            except YtError as exc:
+                answers.append({"error": {"code": exc.code, "message": exc.message}})
+                continue
+            pushes.append((len(answers), push))
+            read_ago = self.freshness_read_ago(push.replica_id)
+            answers.append({} if read_ago is None else {"freshness_read_ago": read_ago})
+        for first in range(0, len(pushes), HEARTBEATS_PER_TRANSACTION):
+            with self.host.storage.write() as conn:
+                for index, push in pushes[first:first + HEARTBEATS_PER_TRANSACTION]:
+                    stored = read_sink(conn, push.replica_id, push.tablet)
+                    if stored is not None and stored[0] != push.prev:
+                        answers[index].update(row_index=stored[0], applied=False)
+                    else:
+                        push.record(conn, 0)
+                        answers[index].update(row_index=push.end, applied=True)
+        return {"heartbeats": answers}
+
+    def freshness_read(self, replica_id: str) -> None:
+        """A read of the freshness of replica ``replica_id``'s table here (a change stream, an event token)."""
+        self._freshness_reads[replica_id] = time.monotonic()
+
+    def freshness_read_ago(self, replica_id: str) -> float | None:
+        """Seconds since the freshness of replica ``replica_id``'s table was last read here, if ever."""
+        at = self._freshness_reads.get(replica_id)
+        return None if at is None else round(time.monotonic() - at, 3)
+
+
+@dataclass
+class _Push:
+    """A push as :meth:`ReplicaSink.parse_push` checked it; ``record`` writes its sink record."""
+
+    table: DynamicTable
+    replica_id: str
+    preserve: bool
+    tablet: int
+    prev: int
+    end: int
+    groups: list[tuple[int, list[RowWrite]]]
+    record: Callable[[sa.Connection, int], None]

@@ -3,7 +3,7 @@
 Everything here reads; nothing changes a replica. Each answer is computed from one
 ``ReplicaSnapshot`` per replica (a copy taken under the replica's lock), so an attribute map never
 mixes a progress from before a push with an error from after it, and no reader iterates state a
-replicator thread is changing.
+replicator's pass is changing.
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ class ReplicationStatus:
         end = table.tablet_rows.get(tablet, [0, 0])[0]
         if progress.row_index >= end:
             return 0
-        # rows are waiting: the replica is as old as its replication timestamp (advanced by a barrier
-        # while idle), so a stuck replica's lag keeps growing, as in YT
+        # rows are waiting: the replica is as old as its replication timestamp (moved to just before
+        # the first change it lacks by the commit that queued it, Replica.note_queued, however long
+        # the tablet was idle before), so a stuck replica's lag keeps growing, as in YT
         since = progress.timestamp or table.first_timestamp_from(conn, tablet, progress.row_index) or 0
         now = time.time()
         return max(0, int((now - (since >> COUNTER_BITS)) * 1000)) if since else 0

@@ -156,22 +156,32 @@ class SyncCommits:
             return False
 
     def after_queue_append(self, conn: sa.Connection, part: Participant, commit_ts: int,
-                           remote: list[RemoteParticipant]) -> None:
+                           remote: list[RemoteParticipant]) -> tuple[list[Replica], list[Replica]]:
         """Inside the commit's SQL transaction (storage writer held): advance sync replicas, re-check
         the sync set. A progress moved here goes back if the transaction rolls back, as the queue's
-        row count does: it must never run ahead of the queue rows that exist."""
+        row count does: it must never run ahead of the queue rows that exist.
+
+        Returns the replicas the commit concerns once it is durable: (those fed from the queue,
+        enabled or enabling, whose replicator has rows to push now; the sync participants, whose
+        replica tables' freshness a heartbeat moves past this commit later)."""
         table = part.table
         tablet = part.tablet_index
         end = table.tablet_rows[tablet][0]
         start = end - sum(1 for w in part.writes if w.kind is not WriteKind.LOCK)
         mine = {rp.replica_id: rp for rp in remote
                 if rp.meta_table_id == table.table_id and rp.tablet_index == tablet}
+        fed: list[Replica] = []
+        synced: list[Replica] = []
         for replica in self.registry.replicas_of(table.table_id):
             rp = mine.get(replica.id)
             if rp is None:
-                if replica.writes_synchronously:
+                state, mode, phase = replica.flags()
+                if state is ReplicaState.ENABLED and mode is ReplicaMode.SYNC and phase is SyncPhase.IN_SYNC:
                     # the replica turned in sync after this commit chose its participants
                     raise sync_not_in_sync(replica)
+                replica.note_queued(tablet, start, commit_ts)
+                if state in (ReplicaState.ENABLED, ReplicaState.ENABLING):
+                    fed.append(replica)
                 continue
             previous = replica.commit_sync(tablet, start, end, commit_ts)
             if previous is None:
@@ -179,6 +189,8 @@ class SyncCommits:
             on_rollback(conn, _undo_commit_sync(replica, tablet, previous, end))
             rp.row_index = end
             save_progress(conn, replica.id, tablet, end, max(previous[1], commit_ts))
+            synced.append(replica)
+        return fed, synced
 
     def commit_remote(self, tx_id: str, commit_ts: int, remote: list[RemoteParticipant]) -> None:
         """Tell the sync replicas a durable decision, in the background.

@@ -119,7 +119,8 @@ class FakeNetwork:
         return FakeClient(self, name)
 
     def pushes(self) -> list[tuple[int, int, dict[str, Any] | None]]:
-        return [(c[2]["prev_row_index"], c[2]["row_index"], c[3]) for c in self.calls if c[1] == "push"]
+        return [(c[2]["prev_row_index"], c[2]["row_index"], c[3]) for c in self.calls
+                if c[1] == "push" and "heartbeats" not in c[2]]
 
 
 class FakeClient:
@@ -363,11 +364,10 @@ def test_a_failed_push_shows_its_error_on_the_tablet_and_the_replicator_backs_of
     assert attrs["errors"] and attrs["tablets"][0]["current_replication_row_index"] == 0
     assert world.manager.replicas_attribute(world.table.table_id)[replica.id]["errors"]
 
-    # the cluster is back: the replicator's thread waits out its backoff, then delivers
+    # the cluster is back: the replicator pool waits out the backoff, then delivers
     world.network.down.clear()
     pushes_before = len(world.network.pushes())
-    replicator = world.manager.replicators.replicator(replica)
-    replicator.ensure_running()
+    world.manager.start()
     time.sleep(0.2)
     assert len(world.network.pushes()) == pushes_before, "pushed again during the backoff"
     wait_for(lambda: replica.progress_of(0).row_index >= 2, 10, "the rows delivered after the backoff", interval=0.02)
@@ -470,7 +470,7 @@ def test_disable_stops_the_replicator_and_enable_starts_clean(make_world: Callab
 
     world.manager.alter_replica(replica.id, enabled=False, mode=None)
     assert replica.state is ReplicaState.DISABLING  # the command returns at once
-    world.manager.replicators.replicator(replica).run()  # its replicator sees it, stops and says so
+    world.manager.replicators.replicator(replica).run_once()  # its next pass sees it, stops and says so
     assert replica.state is ReplicaState.DISABLED
     world.network.down.clear()
     world.manager.alter_replica(replica.id, enabled=True, mode="sync")
