@@ -6,7 +6,8 @@ die at exactly that point. ``REPTABLES_CRASH_AT=<point>[,<point>...]`` (read onc
 one of the named points; with none set, a check costs one set lookup.
 
 Races need the same precision: ``REPTABLES_DELAY_AT=<point>:<seconds>[,...]`` (``delay_points``)
-makes the thread that reaches a named point sleep there, so that a test can make the other side
+makes the thread that reaches a named point sleep there (some points are inside a write transaction,
+the writer lock held: a test-only widening), so that a test can make the other side
 of a race happen inside the window (a commit landing while the replicator takes a barrier).
 """
 

@@ -103,7 +103,7 @@ class TransactionManager:
         #: in-flight commit timestamps and remote prepares (guarded by ``InFlight.cond``)
         self._inflight = InFlight(timestamps)
         self.participants = ParticipantSide(storage, timestamps, resolve_table, self._lock_table, self._inflight,
-                                            self.metrics, config)
+                                            self.metrics, config, faults)
         #: set once at start-up, before any commit (see :meth:`register_commit_hooks`)
         self._hooks: CommitHooks | None = None
 

@@ -39,9 +39,10 @@ import sqlalchemy as sa
 
 from ..config import EngineConfig
 from ..errors import ErrorCode, YtError
+from ..faults import NO_FAULTS, Faults
 from ..httpconn import dumps_json, loads_json
 from ..metrics import EngineMetrics
-from ..storage import FastStatement, Storage, prepared_table
+from ..storage import FastStatement, Storage, on_rollback, prepared_table
 from ..tablets import DynamicTable, RowWrite, decode_writes, encode_writes
 from ..timestamps import TimestampProvider
 from .locks import LockTable, check_conflicts
@@ -75,8 +76,10 @@ class ParticipantSide:
 
     def __init__(self, storage: Storage, timestamps: TimestampProvider,
                  resolve_table: Callable[[str], tuple[DynamicTable, str] | None], lock_table: LockTable,
-                 inflight: InFlight, metrics: EngineMetrics, config: EngineConfig) -> None:
+                 inflight: InFlight, metrics: EngineMetrics, config: EngineConfig,
+                 faults: Faults = NO_FAULTS) -> None:
         self.storage = storage
+        self.faults = faults
         self.timestamps = timestamps
         self.metrics = metrics
         self.config = config
@@ -128,9 +131,15 @@ class ParticipantSide:
                                  prepare_timestamp=prepare_ts, coordinator=coordinator,
                                  payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
                                                      **encode_writes(writes)}).decode())
+            held_before = tx_id in self._prepared_writes
+            # held before the SQL commit, so that no read at or after prepare_ts misses it; undone if
+            # the commit does not happen (the database went away: no record, so nothing would ever
+            # ask its coordinator, and reads of the table would wait for it forever)
             self._hold(tx_id, table, writes, prepare_ts, keyed)
             # the commit applies these (the durable record is for a restart in between)
             self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
+            on_rollback(conn, lambda: self._unhold(tx_id, participant, held_before))
+            self.faults.delay_point("participant_prepare_held")  # (fault tests: the database goes meanwhile)
 
     def _hold(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int,
               keyed: dict[Any, RowWrite] | None = None) -> None:
@@ -140,6 +149,15 @@ class ParticipantSide:
                 keyed = {table.key_of(w.row): w for w in writes}
             self._lock_table.acquire_many(table.table_id, keyed, tx_id)
         self._inflight.hold_remote(tx_id, table.table_id, prepare_ts)
+
+    def _unhold(self, tx_id: str, participant: str, held_before: bool) -> None:
+        """A prepare's SQL transaction rolled back: drop what it held. If other participants of the
+        transaction are prepared here (durably), their transaction stays held as a whole (its
+        decision releases everything, this participant's row locks too)."""
+        if held_before:
+            self._prepared_writes.get(tx_id, {}).pop(participant, None)
+        else:
+            self._release(tx_id)
 
     def _release(self, tx_id: str) -> None:
         """Drop what :meth:`_hold` took, after the commit's or abort's SQL transaction."""

@@ -367,3 +367,66 @@ def _inserted(client: Client, path: str, key: int) -> bool:
             return False
         raise
     return True
+
+
+def test_a_sync_replica_losing_its_database_while_it_prepares_holds_nothing_once_it_is_back(
+        own_server: PostgresServer, tmp_path: Path) -> None:
+    """A prepare whose SQL transaction never committed (the server crashed inside it) leaves no
+    record, so nothing ever asks its coordinator about it: what it held in memory (row locks, the
+    wait of every read) goes back with it. Found by the fault suite: a replica's reads timed out
+    for good after such a crash, when the coordinator's abort was lost too (the database was away)."""
+    replica_db = own_server.create_database("prepare_lost")
+    clusters = EngineSet(tmp_path, names=("primary", "replica"), storage={"replica": replica_db})
+    clusters.start()
+    try:
+        replica_engine = clusters.engines["replica"]
+        path = clusters.replicated_table("//tmp/t", SCHEMA)
+        clusters.replica(path, "replica", "//tmp/t", mode="sync")
+        clusters.meta.insert_rows(path, [{"k": 1, "v": "before"}])
+        replica_engine.stop()
+        # the replica sleeps inside its prepare's SQL transaction, rows held: the server crashes meanwhile
+        replica_engine.env = {"REPTABLES_DELAY_AT": "participant_prepare_held:2.0"}
+        replica_engine.start()
+        failed: list[YtError] = []
+
+        def write() -> None:
+            try:
+                clusters.meta.insert_rows(path, [{"k": 2, "v": "lost"}])
+            except YtError as exc:
+                failed.append(exc)
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        time.sleep(1.0)
+        own_server.shut_down("immediate")
+        writer.join(30)
+        assert failed, "the write was acknowledged though its sync replica's database crashed in its prepare"
+        time.sleep(1.5)  # the coordinator's abort finds the database away too: it is lost
+        own_server.start_again()
+        with replica_engine.client() as client:
+            # a read after it neither waits for the lost prepare nor finds its row (before the fix:
+            # "Timed out waiting for prepared transactions ..." on every read, for good)
+            rows = wait_for(lambda: client.select_rows("k, v from [//tmp/t]"), 30, "a read of the replica",
+                            retry_on=(YtError,))
+            assert rows == [{"k": 1, "v": "before"}]
+        # the key is writable again: no row lock of the lost prepare is left
+        replica_engine.stop()
+        replica_engine.env = {}
+        replica_engine.start()
+        wait_for(lambda: _written(clusters, path, {"k": 2, "v": "after"}), 30, "a write of the same key")
+        assert sorted(clusters.rows("replica", "//tmp/t"), key=lambda r: r["k"]) == [
+            {"k": 1, "v": "before"}, {"k": 2, "v": "after"}]
+    finally:
+        if not own_server.running:
+            own_server.start_again()
+        clusters.stop()
+
+
+def _written(clusters: EngineSet, path: str, row: dict[str, Any]) -> bool:
+    try:
+        clusters.meta.insert_rows(path, [row])
+    except YtError as exc:
+        if exc.code in (ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT) or "sync" in exc.message:
+            return False
+        raise
+    return True
