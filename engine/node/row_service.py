@@ -131,6 +131,8 @@ class RowService:
         table, table_path, _ = self.tables.table(path)
         self._check_direct_write(table, table_path)
         table.check_writable(table_path)
+        # read before the pivot keys: a reshard publishes its tablets first and the revision last
+        revision = table.layout_revision
         # an ordered table's rows without $tablet_index all go to one randomly chosen tablet, so a
         # batch stays one participant and keeps its order
         batch_tablet = None if table.sorted else random.randrange(table.tablet_count)
@@ -163,7 +165,7 @@ class RowService:
 
         def fill() -> None:
             tx.require_sync_replica[table.table_id] = require_sync_replica
-            tx.add_many(table, table_path, validated)
+            tx.add_many(table, table_path, validated, revision)
 
         self._run_write(tx, implicit, fill)
 
@@ -191,6 +193,7 @@ class RowService:
                           code=ErrorCode.TABLE_MUST_BE_SORTED, attributes={"path": table_path})
         self._check_direct_write(table, table_path)
         table.check_writable(table_path)
+        revision = table.layout_revision  # (before the pivot keys, as in insert_rows)
         validated = []
         for raw in keys:
             key_row = validate_row(table.schema, raw, table_path, key_only=True)
@@ -201,7 +204,7 @@ class RowService:
         def fill() -> None:
             tx.require_sync_replica[table.table_id] = require_sync_replica
             for tablet, w in validated:
-                tx.add(table, table_path, tablet, w)
+                tx.add(table, table_path, tablet, w, revision)
 
         self._run_write(tx, implicit, fill)
 
@@ -223,6 +226,7 @@ class RowService:
                               code=ErrorCode.INVALID_PARAMETER, attributes={"path": table_path, "lock": name})
             mask |= 1 << groups.index(name)
         mask = mask or 1
+        revision = table.layout_revision  # (before the pivot keys, as in insert_rows)
         validated = []
         for raw in keys:
             key_row = validate_row(table.schema, raw, table_path, key_only=True)
@@ -234,7 +238,7 @@ class RowService:
 
         def fill() -> None:
             for tablet, w in validated:
-                tx.add(table, table_path, tablet, w)
+                tx.add(table, table_path, tablet, w, revision)
 
         self._run_write(tx, False, fill)
 

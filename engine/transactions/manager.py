@@ -246,7 +246,8 @@ class TransactionManager:
         for (table_id, tablet), bucket in tx.writes.items():
             table, path = tx.tables[table_id]
             parts.append(Participant(table, path, tablet, list(bucket.values()),
-                                     keyed=bucket if table.sorted else None))
+                                     keyed=bucket if table.sorted else None,
+                                     layout_revision=tx.layouts.get(table_id, table.layout_revision)))
         for part in parts:
             part.table.check_writable(part.path)
             if part.table.atomicity != tx.atomicity.value:
@@ -283,6 +284,7 @@ class TransactionManager:
         ts = 0
         try:
             with self.storage.write() as conn:
+                part.check_layout(tx.id)
                 self._check(conn, tx, part)
                 ts = self._inflight.begin_commit()
                 rows = part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)
@@ -307,6 +309,8 @@ class TransactionManager:
         rows = 0
         try:
             with self.storage.write(durable=tx.durability is Durability.SYNC) as conn:
+                for part in parts:
+                    part.check_layout(tx.id)
                 ts = self._inflight.begin_commit(at_least=tx.start_timestamp)
                 for part in parts:
                     rows += part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)
@@ -348,6 +352,8 @@ class TransactionManager:
         rows = 0
         try:
             with self.storage.write() as conn:
+                for part in parts:
+                    part.check_layout(tx.id)
                 ts = self._inflight.begin_commit()
                 for part in parts:
                     rows += part.table.apply(conn, part.writes, ts, part.tablet_index, part.keyed)

@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..config import DEFAULT_CONFIG
-from ..errors import ErrorCode, YtError
-from ..tablets import DynamicTable, RowWrite, WriteKind
+from ..errors import ErrorCode, TabletStateError, YtError
+from ..tablets import DynamicTable, RowWrite, TabletState, WriteKind
 
 ATOMIC_TX_TYPE = 0x2
 NON_ATOMIC_TX_TYPE = 0x3
@@ -62,6 +62,28 @@ class Participant:
     writes: list[RowWrite]
     #: the same writes by key (sorted tables), when the caller has them at hand
     keyed: dict[Any, RowWrite] | None = None
+    #: the table's ``layout_revision`` when the writes were placed in tablets: the commit applies
+    #: them only if it is still the table's (``check_layout``)
+    layout_revision: int = 0
+
+    def check_layout(self, tx_id: str) -> None:
+        """Under Storage.write_lock, in the commit's write transaction (unmount and reshard take
+        it too): the table is still mounted (or freezing: a freeze waits for the commits in flight)
+        and has the tablets the writes were placed in."""
+        table = self.table
+        if table.layout_revision != self.layout_revision:
+            raise YtError(f"Cannot commit transaction {tx_id}: table {self.path} was resharded after the "
+                          f"transaction wrote to it (layout revision {self.layout_revision}, now "
+                          f"{table.layout_revision}), so tablet {self.tablet_index} of its writes is not the "
+                          "table's any more; retry the transaction", code=ErrorCode.NO_SUCH_TABLET,
+                          attributes={"path": self.path, "transaction_id": tx_id, "tablet_index": self.tablet_index,
+                                      "retriable": True})
+        if table.state not in (TabletState.MOUNTED, TabletState.FREEZING):
+            raise TabletStateError(f"Cannot commit transaction {tx_id}: table {self.path} was unmounted after the "
+                                   f"transaction wrote to it (tablet state is {table.state.value!r})",
+                                   code=ErrorCode.TABLET_NOT_MOUNTED,
+                                   attributes={"path": self.path, "transaction_id": tx_id,
+                                               "tablet_state": table.state.value})
 
     @property
     def name(self) -> str:
@@ -129,6 +151,9 @@ class TabletTransaction:
     tables: dict[str, tuple[DynamicTable, str]] = field(default_factory=dict)
     #: guarded by ``lock``
     row_count: int = 0
+    #: per table id: its ``layout_revision`` when the first of the writes to it was placed in its
+    #: tablets (a later write placed under another is refused). Guarded by ``lock``
+    layouts: dict[str, int] = field(default_factory=dict)
     #: per table id: the last ``require_sync_replica`` given for writes to it. Guarded by ``lock``
     require_sync_replica: dict[str, bool] = field(default_factory=dict)
     last_ping: float = 0.0
@@ -148,12 +173,23 @@ class TabletTransaction:
                           f"{self.max_lifetime:.0f} s and can no longer be used",
                           code=ErrorCode.INVALID_TRANSACTION_STATE)
 
-    def add_many(self, table: DynamicTable, path: str, writes: list[tuple[int, RowWrite]]) -> None:
-        """Buffer a batch of writes of one table (the hot path of insert_rows)."""
+    def _place(self, table: DynamicTable, path: str, revision: int) -> None:
+        """The writes of ``table`` being added were placed in tablets under ``revision``."""
+        placed = self.layouts.setdefault(table.table_id, revision)
+        if placed != revision:
+            raise YtError(f"Cannot write into table {path} in transaction {self.id}: the table was resharded "
+                          f"after the transaction's earlier writes to it (layout revision {placed}, now "
+                          f"{revision}); retry the transaction", code=ErrorCode.NO_SUCH_TABLET,
+                          attributes={"path": path, "transaction_id": self.id, "retriable": True})
+
+    def add_many(self, table: DynamicTable, path: str, writes: list[tuple[int, RowWrite]], revision: int) -> None:
+        """Buffer a batch of writes of one table (the hot path of insert_rows), placed in tablets
+        under the table's layout ``revision``."""
         if self.row_count + len(writes) > self.max_rows:
             raise YtError(f"Transaction {self.id} exceeds the limit of {self.max_rows} rows",
                           code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION,
                           attributes={"limit": self.max_rows})
+        self._place(table, path, revision)
         self.row_count += len(writes)
         self.tables[table.table_id] = (table, path)
         buckets = self.writes
@@ -174,12 +210,14 @@ class TabletTransaction:
             prev = bucket.get(key)
             bucket[key] = write if prev is None else _merge(prev, write)
 
-    def add(self, table: DynamicTable, path: str, tablet: int, write: RowWrite) -> None:
-        """Buffer a write, merging it with earlier writes of the same key (last one wins)."""
+    def add(self, table: DynamicTable, path: str, tablet: int, write: RowWrite, revision: int) -> None:
+        """Buffer a write placed in ``tablet`` under the table's layout ``revision``, merging it
+        with earlier writes of the same key (last one wins)."""
         if self.row_count >= self.max_rows:
             raise YtError(f"Transaction {self.id} exceeds the limit of {self.max_rows} rows",
                           code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION,
                           attributes={"limit": self.max_rows})
+        self._place(table, path, revision)
         self.row_count += 1
         self.tables[table.table_id] = (table, path)
         bucket = self.writes.setdefault((table.table_id, tablet), {})

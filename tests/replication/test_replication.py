@@ -382,3 +382,37 @@ def test_infinities_reach_every_replica_and_nan_is_refused(clusters: ClusterSet)
         rows = wait_for(lambda c=cluster: (r := clusters.rows(c, "//tmp/r")) and len(r) == 4 and r,
                         what=f"rows on {cluster}")
         assert [r["d"] for r in sorted(rows, key=lambda r: r["k"])] == values
+
+
+def test_a_transaction_that_wrote_before_a_reshard_cannot_commit_after_it(clusters: ClusterSet) -> None:
+    """A transaction's rows are placed in tablets by the pivot keys of the moment they were written.
+    If the table is unmounted, resharded and mounted again before the commit, those tablets are not
+    the table's any more: the commit is refused (retriable: a new transaction places the rows anew),
+    and nothing of it reaches the queue or a replica. Found by the fault suite (``reshard``): a write
+    sent while the meta-cluster was paused in the middle of a reshard merging three tablets into one
+    was appended to the queue of tablet 1, which the new layout no longer had; the replica got it only
+    when a later reshard brought tablet 1 back, long after its change stream had passed the commit."""
+    path = clusters.replicated_table("//tmp/rt", attributes={"pivot_keys": [[], [3], [8]]})
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r", mode="async")
+    meta = clusters.meta
+    tx = meta.start_transaction(type="tablet")
+    meta.insert_rows(path, [{"k": 5, "v": "before the reshard"}], transaction_id=tx, require_sync_replica=False)
+    meta.unmount_table(path)
+    wait_for(lambda: meta.reshard_table(path, pivot_keys=[[]]) is None, 30, "the reshard")
+    meta.mount_table(path)
+    with pytest.raises(YtError) as refused:
+        meta.commit_transaction(tx)
+    assert refused.value.code == ErrorCode.NO_SUCH_TABLET, refused.value
+    assert path in refused.value.message and "resharded" in refused.value.message
+    # nothing of it anywhere: no tablet's queue got a row, tablet 1 of the old layout included (the
+    # old layout back shows it: a resharded table's queue goes on from a returning tablet's last row)
+    assert [t["flushed_row_count"] for t in meta.get(f"{path}/@tablets")] == [0]
+    meta.unmount_table(path)
+    meta.reshard_table(path, pivot_keys=[[], [3], [8]])
+    meta.mount_table(path)
+    assert [t["flushed_row_count"] for t in meta.get(f"{path}/@tablets")] == [0, 0, 0]
+    assert [t["current_replication_row_index"] for t in meta.get(f"#{replica_id}/@tablets")] == [0, 0, 0]
+    # the same write in a new transaction goes to the new tablet and reaches the replica
+    meta.insert_rows(path, [{"k": 5, "v": "after the reshard"}], require_sync_replica=False)
+    wait_for(lambda: clusters.rows("remote_0", "//tmp/r") == [{"k": 5, "v": "after the reshard"}], 20,
+             "the replica")
