@@ -19,8 +19,8 @@ from typing import Any
 
 from ..cypress import Cypress
 from ..errors import ErrorCode, YtError
-from ..storage import Storage
-from ..tablets import MAX_LEASE_SECONDS, SnapshotLeases
+from ..storage import Storage, on_rollback
+from ..tablets import MAX_LEASE_SECONDS, DynamicTable, SnapshotLeases
 from ..timestamps import COUNTER_BITS, MAX_TIMESTAMP, TimestampProvider
 from ..transactions import TransactionManager
 from .tables import COMPACTED_UNTIL_ATTRIBUTE, DEFAULT_MIN_DATA_TTL_MS, Tables
@@ -80,7 +80,13 @@ class SnapshotService:
         removed = 0
         pinned = self.transactions.oldest_active_start_timestamp()
         for node in self.tables.all_tables():
-            if node.table is None or not node.table.sorted:
+            table = node.table
+            if table is None or not table.sorted:
+                continue
+            if not table.compaction_due and table.applied_ts <= table.compacted_through:
+                # nothing applied since a pass that dropped all it could up to its horizon, and no
+                # commit after that horizon: no version left can be droppable (a read without the
+                # writer lock: a commit racing it is seen by the next pass)
                 continue
             ttl_ms = int(node.attributes.get("min_data_ttl", DEFAULT_MIN_DATA_TTL_MS))
             # timestamps are (seconds << 30) | counter, so a duration shifts them by seconds << 30
@@ -90,9 +96,19 @@ class SnapshotService:
             with self.storage.write() as conn:
                 # (under the writer: a lease granted meanwhile is checked against compacted_until)
                 leased = self.leases.pinned(node.id)
-                before = node.table.compacted_until
-                removed += node.table.compact(conn, horizon if leased is None else min(horizon, leased))
-                if node.table.compacted_until != before:
-                    node.attributes[COMPACTED_UNTIL_ATTRIBUTE] = node.table.compacted_until
+                before = table.compacted_until
+                through = horizon if leased is None else min(horizon, leased)
+                removed += table.compact(conn, through)
+                if table.compacted_until != before:
+                    node.attributes[COMPACTED_UNTIL_ATTRIBUTE] = table.compacted_until
                     self.cypress.save(conn, node)
+                # (a commit after this transaction sets it again; kept as it was if this one fails)
+                table.compaction_due, table.compacted_through = False, through
+                on_rollback(conn, _due_again(table))
         return removed
+
+
+def _due_again(table: DynamicTable) -> Callable[[], None]:
+    def undo() -> None:
+        table.compaction_due = True
+    return undo

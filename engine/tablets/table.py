@@ -89,6 +89,12 @@ class DynamicTable:
     #: at an earlier timestamp could see a wrong row; such reads are refused (1708). Changed only under
     #: Storage.write_lock; kept on the table's node (``_rt_compacted_until``)
     compacted_until: int = 0
+    #: the horizon of the last compaction pass over the table (0: none yet in this process). While
+    #: ``applied_ts`` is not past it and nothing was applied since (``compaction_due``), no version
+    #: can have become droppable: the pass is skipped, so an idle table costs no write transaction
+    #: every pass. Both changed only under Storage.write_lock
+    compacted_through: int = 0
+    compaction_due: bool = True
     #: a replica table accepts writes only from this upstream replica (None: from anyone)
     upstream_replica_id: str | None = None
     #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
@@ -262,6 +268,7 @@ class DynamicTable:
         on_rollback(conn, lambda: setattr(self, "change_seq", seq))
         if commit_ts > self.applied_ts:
             self.applied_ts = commit_ts  # (not put back on a rollback: a start too late skips nothing kept)
+        self.compaction_due = True  # (likewise: at worst one pass too many)
         if self.sorted:
             if keyed is None:
                 key_of = self.key_of

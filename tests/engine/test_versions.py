@@ -196,6 +196,30 @@ def test_compaction_keeps_what_reads_after_its_horizon_see(cluster: Cluster) -> 
     assert cluster.rows.select_rows(f"k from [{PATH}]", timestamp=horizon) == [{"k": 1}]
 
 
+def test_versions_are_compacted_once_their_ttl_passes_with_no_commit_since(cluster: Cluster) -> None:
+    """A pass skips a table with nothing applied since a pass that left nothing to drop; a version
+    superseded after that pass's horizon is still dropped once the horizon passes it, though no
+    commit comes after (an idle table's last overwrites are not kept for good)."""
+    cluster.nodes.set(f"{PATH}/@min_data_ttl", 1000)
+    cluster.rows.insert_rows(PATH, [{"k": 1, "v": "old"}])
+    cluster.rows.insert_rows(PATH, [{"k": 1, "v": "new"}])
+    assert version_rows(cluster) == 1
+    assert cluster.snapshots.compact() == 0  # younger than min_data_ttl
+    assert cluster.snapshots.compact() == 0
+    time.sleep(2.1)  # (timestamps count whole seconds)
+    cluster.rows.generate_timestamp()  # (the clock a horizon is taken from moves on)
+    assert cluster.snapshots.compact() == 1
+    assert version_rows(cluster) == 0
+    assert cluster.rows.lookup_rows(PATH, [{"k": 1}])[0]["v"] == "new"
+    # idle since: later passes find nothing (and skip the table)
+    assert cluster.snapshots.compact() == 0
+    # a commit makes it due again
+    cluster.rows.insert_rows(PATH, [{"k": 1, "v": "newer"}])
+    time.sleep(2.1)
+    cluster.rows.generate_timestamp()
+    assert cluster.snapshots.compact() == 1
+
+
 def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_path: Path) -> None:
     """After compaction a read at an older timestamp could see a row a later version replaced (or
     miss a deleted one): it is refused with YT's TabletSnapshotExpired (1708), also after a restart."""
