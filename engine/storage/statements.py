@@ -55,6 +55,10 @@ class BulkStatement:
         #: PostgreSQL: the INSERT with one array per column (see :func:`_array_form`), or None
         self.arrays: _ArrayForm | None = _array_form(stmt, compiled, self.names) \
             if dialect.name == "postgresql" and self.positional else None
+        #: PostgreSQL: a plain INSERT (no ON CONFLICT, no RETURNING) as a binary COPY (see
+        #: :class:`_CopyForm`), or None
+        self.copy: _CopyForm | None = _copy_form(stmt, compiled, self.names) \
+            if self.arrays is not None and self.arrays.keys is None else None
 
     def params(self, values: tuple[Any, ...], columns: list[str]) -> tuple[Any, ...] | dict[str, Any]:
         """Parameters for one execution, ``values`` in the order of ``columns``."""
@@ -66,6 +70,9 @@ class BulkStatement:
     def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
         """``rows`` are tuples in the order of ``columns``."""
         if not rows:
+            return
+        if self.copy is not None and len(rows) >= COPY_FORM_ROWS:
+            self.copy.run(conn, rows, None if self.names == columns else [columns.index(n) for n in self.names])
             return
         if self.arrays is not None and len(rows) >= ARRAY_FORM_ROWS:
             self.arrays.run(conn, rows, None if self.names == columns else [columns.index(n) for n in self.names])
@@ -83,6 +90,84 @@ class BulkStatement:
 
 #: from this many rows on, a PostgreSQL INSERT runs once with an array per column
 ARRAY_FORM_ROWS = 4
+#: from this many rows on, a plain PostgreSQL INSERT is a binary COPY (below it a COPY's own round
+#: trips - start, data, end - cost more than the array form's one statement)
+COPY_FORM_ROWS = 64
+
+
+class _CopyForm:
+    """A PostgreSQL INSERT of many new rows as ``COPY t (a, b) FROM STDIN (FORMAT BINARY)``.
+
+    The server's bulk-load path: no statement to parse or plan, no executor run per row or array to
+    unnest, and rows arrive in the binary form psycopg writes in C. Measured on this machine (10,000-
+    row batches of the engine's sorted-table layout, the move of replaced images included): 364,000
+    rows/s against 144,000-210,000 for the array form, at half the client CPU. Only for a plain
+    INSERT: a COPY cannot say ON CONFLICT, so an upsert of keys that may exist stays in the array
+    form (``sorted_rows.apply`` deletes the keys it knows exist and inserts the batch by COPY).
+    Runs on the DBAPI connection of ``conn``, inside its open transaction; the driver's errors are
+    raised as SQLAlchemy's (a refused value is a ``DataError``, a lost connection an
+    ``OperationalError``), as a statement's would be."""
+
+    def __init__(self, sql: str, types: list[str], floats: list[int], booleans: list[int]) -> None:
+        self.sql, self.types, self.floats, self.booleans = sql, types, floats, booleans
+
+    def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], order: list[int] | None) -> None:
+        """``rows`` in the statement's column order, or in another that ``order`` maps to it."""
+        import psycopg  # (PostgreSQL only: the driver a PostgreSQL-backed engine has)
+
+        if order is not None:
+            rows = [tuple(r[i] for i in order) for r in rows]
+        if self.floats or self.booleans:
+            fixed = [(i, float) for i in self.floats] + [(i, bool) for i in self.booleans]
+            converted = []
+            for r in rows:
+                values = list(r)
+                for i, kind in fixed:
+                    if values[i] is not None:
+                        values[i] = kind(values[i])
+                converted.append(tuple(values))
+            rows = converted
+        raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
+        try:
+            with raw.cursor() as cursor, cursor.copy(self.sql) as copy:
+                copy.set_types(self.types)
+                write = copy.write_row
+                for row in rows:
+                    write(row)
+        except psycopg.Error as exc:
+            raise sa.exc.DBAPIError.instance(self.sql, None, exc, psycopg.Error) from exc
+
+
+def _copy_form(stmt: sa.ClauseElement, compiled: SQLCompiler, names: list[str]) -> _CopyForm | None:
+    """The binary COPY of a compiled PostgreSQL INSERT ... VALUES of one row into a table (no ON
+    CONFLICT, no RETURNING), or None."""
+    sql = str(compiled)
+    if not isinstance(stmt, sa.sql.dml.Insert) or " ON CONFLICT " in sql or " RETURNING " in sql:
+        return None
+    table = stmt.table
+    if not isinstance(table, sa.Table):
+        return None
+    dialect = compiled.dialect
+    preparer = dialect.identifier_preparer
+    types: list[str] = []
+    floats: list[int] = []
+    booleans: list[int] = []
+    for i, name in enumerate(names):
+        if name not in table.c:
+            return None  # a parameter that is not one column's value
+        placeholder = array_parameter(compiled.binds[name].type, dialect)
+        if placeholder is None:
+            return None
+        # "%b::VARCHAR(16)[]" -> "varchar": the name psycopg knows the type by
+        types.append(placeholder[len("%b::"):-len("[]")].split("(")[0].strip().lower())
+        sql_type = compiled.binds[name].type
+        if isinstance(sql_type, sa.Float):
+            floats.append(i)
+        elif isinstance(sql_type, sa.Boolean):
+            booleans.append(i)
+    target = preparer.format_table(table)
+    columns = ", ".join(preparer.quote(n) for n in names)
+    return _CopyForm(f"COPY {target} ({columns}) FROM STDIN (FORMAT BINARY)", types, floats, booleans)
 
 
 class _ArrayForm:

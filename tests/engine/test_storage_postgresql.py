@@ -178,6 +178,13 @@ def test_a_value_postgresql_cannot_hold_is_refused_with_400_and_nothing_applied(
             assert refused.value.code == ErrorCode.INVALID_PARAMETER
             assert "the database refused a value" in str(refused.value) and "NUL" in str(refused.value)
             assert client.select_rows("k from [//tmp/t]") == []
+            # the same in a batch big enough to be written by COPY (engine/storage/statements.py)
+            with pytest.raises(YtError) as refused:
+                client.insert_rows("//tmp/t", [{"k": k, "v": "a\x00b" if k == 150 else "fine"} for k in range(200)])
+            assert refused.value.code == ErrorCode.INVALID_PARAMETER
+            # (the server's own words here: 'invalid byte sequence for encoding "UTF8": 0x00')
+            assert "the database refused a value" in str(refused.value) and "0x00" in str(refused.value)
+            assert client.select_rows("k from [//tmp/t]") == []
             client.insert_rows("//tmp/t", [{"k": 1, "v": "fine"}])  # the engine goes on
             assert client.select_rows("k, v from [//tmp/t]") == [{"k": 1, "v": "fine"}]
     finally:
