@@ -10,7 +10,9 @@ point, what a user of many tables meets:
   replicas on two other engines;
 * **tablets**: one replicated table resharded into T tablets before its first mount, two async replicas;
 * **replicas**: one replicated table with R async replicas (on two replica engines, at R paths);
-* **members**: one XDCR table on M engines (an XDCR group, every pair connected).
+* **members**: one XDCR table on M engines (an XDCR group, every pair connected);
+* **operator**: the kopf operator reconciling N TableReplica objects (``--replica-objects``) against
+  an emulated Kubernetes API, with real engines behind them (see below).
 
 At each point, on every engine (``/proc``, the engine's own process): its **threads** and **RSS**
 after the setup, its **idle CPU** (% of one core over ``--idle-seconds`` with nothing written, after
@@ -25,36 +27,68 @@ Goals (issue 27) at 1,000 tables x 2 async replicas: idle CPU <= 2 % of a core p
 threads bounded by a pool size (not by replicas), the last batch created as fast as the first,
 commit and lookup p50 within 20 % of the 10-table point, fan-out within 5 s. The table marks them.
 
+The operator dimension answers the control plane's half of the question: a cluster with 1,000
+replicas has 1,000 TableReplica objects, and the operator must bring them all to Ready and then cost
+little while it refreshes them. No Kubernetes API server can run here, so the API is the operator
+tests' emulator (``tests/k8s/emulator.py``: kmock with an API server's metadata, status subresource,
+watches and CRD validation), started as a program (``python -m tests.k8s.emulator``: nothing imports
+from tests/) in a process of its own; the operator is the real one (``reptables operator``, kopf and
+the handlers) in another process, pointed at it by a kubeconfig; the engines are real (meta, r0, r1).
+The shape: ceil(N/2) ReplicatedTables on the meta-cluster, each with two async TableReplicas (on r0
+and r1; the last table has one when N is odd), all POSTed at once (4 client threads) after the
+three TableClusters are Ready. Measured from the first POST until every TableReplica and every
+ReplicatedTable has ``Ready=True`` in its status (the namespace listed every 0.25-1 s, so the time
+is that much coarse): the **time to Ready**, the operator's **CPU seconds** over it (utime+stime of
+its process from ``/proc``, all its threads; the emulator and the engines are other processes,
+counted apart), the **API requests** it made (the emulator's access log, minus this benchmark's
+own requests, which carry their own User-Agent); then, after ``--settle-seconds``, its **threads**,
+**RSS**, **idle CPU** and API requests per second over ``--idle-seconds`` (the status refresh,
+``--status-refresh``, defaults to the operator's own 5 s). ``verified``: the meta-cluster's tables
+hold N enabled replicas, as the statuses say.
+
 Engines are started with :class:`reptables.testing.EngineSet` on free loopback ports in a temporary
 directory, each in its own process group, and stopped by pid at the end of each point, also on an
-error or Ctrl-C. Every wait is bounded.
+error or Ctrl-C; so are the operator and the API emulator (each in a session of its own). Every wait
+is bounded.
 
     .venv/bin/python benchmarks/scale_bench.py                 # 10, 100, 1000 tables; tablets; replicas; members
-    .venv/bin/python benchmarks/scale_bench.py --quick         # small points, ~2 min (the suite's smoke test)
+    .venv/bin/python benchmarks/scale_bench.py --quick         # small points, ~2.5 min
     .venv/bin/python benchmarks/scale_bench.py --tables 10,300 --dimensions tables --json out.json
+    .venv/bin/python benchmarks/scale_bench.py --dimensions operator --replica-objects 10,100,1000
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
+import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 
 from reptables.engine.errors import YtError  # noqa: E402
-from reptables.testing import KV_SCHEMA, EngineSet  # noqa: E402
+from reptables.testing import KV_SCHEMA, EngineSet, free_port  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-DIMENSIONS = ("tables", "tablets", "replicas", "members")
+DIMENSIONS = ("tables", "tablets", "replicas", "members", "operator")
+#: the option that lists each dimension's sizes (the others are named as their dimension)
+SIZE_OPTIONS = {"operator": "replica_objects"}
 #: the goals of issue 27 at the largest point of ``tables``
 IDLE_CPU_GOAL_PCT = 2.0
 FAN_OUT_GOAL_S = 5.0
@@ -93,6 +127,41 @@ def idle_cpu_pct(pids: dict[str, int], seconds: float) -> dict[str, float]:
 
 
 @dataclass
+class OperatorFigures:
+    """What the operator dimension measures beyond the engines' figures (see the module docstring)."""
+
+    replica_objects: int
+    table_objects: int
+    status_refresh_s: float
+    #: the operator's and the API emulator's pids (stopped when the point ends)
+    pids: dict[str, int] = field(default_factory=dict)
+    #: seconds to POST every object
+    apply_s: float = 0.0
+    #: seconds from the first POST until every TableReplica (ReplicatedTable) was Ready
+    replicas_ready_s: float = 0.0
+    tables_ready_s: float = 0.0
+    ready_replicas: int = 0
+    ready_tables: int = 0
+    #: CPU seconds from the first POST until all were Ready: the operator's, the emulator's, the engines' (sum)
+    operator_cpu_s: float = 0.0
+    emulator_cpu_s: float = 0.0
+    engines_cpu_s: float = 0.0
+    #: API requests the operator made until all were Ready (all, and writes: POST/PUT/PATCH/DELETE)
+    api_requests: int = 0
+    api_writes: int = 0
+    #: after the settle: the operator's threads and RSS, idle CPU (% of one core) and API requests per second
+    threads: int = 0
+    rss_mib: float = 0.0
+    idle_cpu_pct: float = 0.0
+    emulator_idle_cpu_pct: float = 0.0
+    idle_api_requests_per_s: float = 0.0
+
+    @property
+    def ready_s(self) -> float:
+        return max(self.replicas_ready_s, self.tables_ready_s)
+
+
+@dataclass
 class Point:
     dimension: str
     size: int
@@ -111,6 +180,8 @@ class Point:
     fan_out_s: float | None = None
     verified: bool = False
     notes: list[str] = field(default_factory=list)
+    #: the operator dimension only
+    operator: OperatorFigures | None = None
 
 
 def timed(fn: Callable[[], Any], samples: int) -> float:
@@ -292,16 +363,319 @@ def run_members(m: int, base: Path, args: argparse.Namespace) -> Point:
     return point
 
 
+# -- the operator: kopf reconciling TableReplicas against the emulated API ---------------------------------
+
+API_GROUP_PATH = "/apis/reptables.io/v1alpha1"
+API_VERSION = "reptables.io/v1alpha1"
+NAMESPACE = "scale-bench"
+#: this benchmark's requests to the emulator carry it, so that its access log tells them from the operator's
+BENCH_AGENT = "reptables-scale-bench"
+CRD_SCHEMA = [{"name": "k", "type": "int64", "sortOrder": "ascending"}, {"name": "v", "type": "string"}]
+CREDENTIALS_LABELS = {"reptables.io/credentials": "true"}
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+ACCESS_LINE = re.compile(r'aiohttp\.access:.*?"([A-Z]+) [^"]*" \d+ \S+ "[^"]*" "([^"]*)"')
+APPLY_THREADS = 4
+
+
+class Child:
+    """A helper program in a session of its own, its output in ``log``; stopped by its pid (SIGTERM to
+    its process group, SIGKILL after a bounded wait)."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.log = name, log
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=environ,
+                                         start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.output()[-2000:]}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)  # a session of its own: pgid == pid
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def spawn_emulator(base: Path, stack: contextlib.ExitStack) -> tuple[Child, Path]:
+    """The operator tests' Kubernetes API emulator as a program (stopped when ``stack`` closes), and the
+    path where it writes a kubeconfig for itself; :func:`emulator_url` waits for it."""
+    kubeconfig = base / "kubeconfig"
+    emulator = Child("the API emulator", [sys.executable, "-m", "tests.k8s.emulator", "--kubeconfig",
+                                          str(kubeconfig)], base / "api.log")
+    stack.callback(emulator.stop)
+    return emulator, kubeconfig
+
+
+def emulator_url(emulator: Child, kubeconfig: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not (match := re.search(r"emulator at (http://\S+);", emulator.output())) or not kubeconfig.exists():
+        emulator.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the API emulator did not start within {timeout:g} s")
+        time.sleep(0.1)
+    return match.group(1)
+
+
+def api_requests(emulator: Child) -> tuple[int, int]:
+    """(requests, writes) the emulator has served to anyone but this benchmark: its access log's lines
+    (aiohttp logs a request when it ends; a watch, when its stream ends)."""
+    total = writes = 0
+    for match in ACCESS_LINE.finditer(emulator.output()):
+        if match.group(2) != BENCH_AGENT:
+            total += 1
+            writes += match.group(1) in WRITE_METHODS
+    return total, writes
+
+
+class Api:
+    """The few calls the benchmark makes to the emulated API (plain HTTP, its own User-Agent)."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, headers={"User-Agent": BENCH_AGENT}, timeout=60.0)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def create(self, path: str, obj: dict[str, Any]) -> None:
+        response = self.http.post(path, json=obj)
+        if response.status_code >= 300:
+            raise RuntimeError(f"POST {path} {obj['metadata']['name']}: {response.status_code} {response.text[:500]}")
+
+    def items(self, path: str) -> list[dict[str, Any]]:
+        response = self.http.get(path)
+        if response.status_code >= 300:
+            raise RuntimeError(f"GET {path}: {response.status_code} {response.text[:500]}")
+        return list(response.json()["items"])
+
+
+def _collection(plural: str) -> str:
+    """The API path of a kind's objects: TableClusters are cluster-scoped, the others in ``NAMESPACE``."""
+    return f"{API_GROUP_PATH}/{plural}" if plural == "tableclusters" else \
+        f"{API_GROUP_PATH}/namespaces/{NAMESPACE}/{plural}"
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def _not_ready_example(items: list[dict[str, Any]]) -> str:
+    for obj in items:
+        if not _ready(obj):
+            ready = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+            why = f"{ready[0].get('reason')}: {ready[0].get('message')}" if ready else "no Ready condition yet"
+            return f"{obj['metadata']['name']}: {why}"
+    return "-"
+
+
+def _manifests(n: int) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, object) of ceil(n/2) ReplicatedTables, each followed by its (two) TableReplicas."""
+    objects: list[tuple[str, dict[str, Any]]] = []
+    for t in range(math.ceil(n / 2)):
+        path = f"//bench/t{t}"
+        objects.append((_collection("replicatedtables"), {
+            "apiVersion": API_VERSION, "kind": "ReplicatedTable", "metadata": {"name": f"t{t}", "namespace": NAMESPACE},
+            "spec": {"cluster": "meta", "path": path, "schema": CRD_SCHEMA, "deletionPolicy": "Retain"}}))
+        for r in range(2 * t, min(n, 2 * t + 2)):
+            objects.append((_collection("tablereplicas"), {
+                "apiVersion": API_VERSION, "kind": "TableReplica",
+                "metadata": {"name": f"t{t}-r{r % 2}", "namespace": NAMESPACE},
+                "spec": {"table": f"t{t}", "cluster": f"r{r % 2}", "replicaPath": path, "mode": "async",
+                         "deletionPolicy": "Retain"}}))
+    return objects
+
+
+def _await_ready(api: Api, operator: Child, wanted: dict[str, int], started: float, timeout: float,
+                 poll: float) -> dict[str, float]:
+    """Seconds from ``started`` until ``wanted[plural]`` objects of each kind were Ready (listed every ``poll`` s)."""
+    done: dict[str, float] = {}
+    counts = dict.fromkeys(wanted, 0)
+    example = "-"
+    reported = time.monotonic()
+    while len(done) < len(wanted):
+        operator.check_alive()
+        for plural, want in wanted.items():
+            if plural in done:
+                continue
+            items = api.items(_collection(plural))
+            counts[plural] = sum(map(_ready, items))
+            if counts[plural] >= want:
+                done[plural] = round(time.monotonic() - started, 2)
+            else:
+                example = _not_ready_example(items)
+        now = time.monotonic()
+        if len(done) == len(wanted):
+            break
+        if now - started > timeout:
+            raise TimeoutError(f"Ready after {timeout:g} s: {counts} of {wanted} (e.g. {example})")
+        if now - reported >= 10:
+            progress(f"    {now - started:.0f} s: Ready {counts} of {wanted}")
+            reported = now
+        time.sleep(poll)
+    return done
+
+
+def run_operator(n: int, base: Path, args: argparse.Namespace) -> Point:
+    point = Point("operator", n)
+    tables = math.ceil(n / 2)
+    figures = point.operator = OperatorFigures(n, tables, args.status_refresh)
+    base.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        # the emulator and the operator import for seconds: each starts while something else does
+        emulator, kubeconfig = spawn_emulator(base, stack)
+        figures.pids["emulator"] = emulator.pid
+        es = stack.enter_context(EngineSet(base, names=("meta", "r0", "r1"), cluster_ids=True))
+        point.engines, point.pids = list(es.names), es.pids()
+        api = Api(emulator_url(emulator, kubeconfig))
+        stack.callback(api.close)
+        # (kopf watches only the namespaces that exist when it starts)
+        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        operator = Child("the operator", [
+            sys.executable, "-m", "reptables.operator.cli", "operator", "--standalone", "--namespace", NAMESPACE,
+            "--operator-namespace", NAMESPACE, "--status-refresh", f"{args.status_refresh:g}",
+            "--liveness", f"http://127.0.0.1:{free_port()}/healthz", "--metrics-port", "0"],
+            base / "operator.log", env={"KUBECONFIG": str(kubeconfig)})
+        stack.callback(operator.stop)
+        figures.pids["operator"] = operator.pid
+        for index, name in enumerate(es.names, start=1):
+            api.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": f"{name}-token", "namespace": NAMESPACE, "labels": CREDENTIALS_LABELS},
+                "stringData": {"token": es.engines[name].read_token()}})
+            api.create(_collection("tableclusters"), {
+                "apiVersion": API_VERSION, "kind": "TableCluster", "metadata": {"name": name},
+                "spec": {"endpoint": es.engines[name].url, "clusterId": index,
+                         "credentialsSecret": {"name": f"{name}-token", "namespace": NAMESPACE}}})
+        try:
+            # the operator's start (kopf's import, its watches, the TableClusters' probes) is not measured
+            _await_ready(api, operator, {"tableclusters": len(es.names)}, time.monotonic(), 90.0, 0.1)
+            progress(f"    engines, API emulator and operator up in {time.monotonic() - started:.1f} s")
+            _run_operator_point(point, figures, es, api, emulator, operator, args)
+        except (TimeoutError, RuntimeError):
+            progress(f"    the operator's log ends:\n{operator.output()[-3000:]}")
+            raise
+    return point
+
+
+def _run_operator_point(point: Point, figures: OperatorFigures, es: EngineSet, api: Api, emulator: Child,
+                        operator: Child, args: argparse.Namespace) -> None:
+    n, tables = figures.replica_objects, figures.table_objects
+    pids = {"operator": operator.pid, "emulator": emulator.pid, **es.pids()}
+    ticks = {name: cpu_ticks(pid) for name, pid in pids.items()}
+    requests = api_requests(emulator)
+    objects = _manifests(n)
+    progress(f"    applying {tables} ReplicatedTables and {n} TableReplicas ...")
+    started = time.monotonic()
+    with ThreadPoolExecutor(APPLY_THREADS) as pool:
+        list(pool.map(lambda item: api.create(*item), objects))
+    figures.apply_s = round(time.monotonic() - started, 2)
+    timeout = args.ready_timeout if args.ready_timeout is not None else 120.0 + 1.0 * n
+    done = _await_ready(api, operator, {"tablereplicas": n, "replicatedtables": tables}, started, timeout,
+                        poll=min(1.0, max(0.25, n / 1000)))
+    used = {name: (cpu_ticks(pid) - ticks[name]) / CLK_TCK for name, pid in pids.items()}
+    figures.api_requests, figures.api_writes = (a - b for a, b in zip(api_requests(emulator), requests, strict=True))
+    figures.replicas_ready_s, figures.tables_ready_s = done["tablereplicas"], done["replicatedtables"]
+    figures.operator_cpu_s = round(used["operator"], 2)
+    figures.emulator_cpu_s = round(used["emulator"], 2)
+    figures.engines_cpu_s = round(sum(used[name] for name in es.names), 2)
+    point.create_s = figures.apply_s
+    progress(f"    all Ready after {figures.ready_s:.1f} s; settling {args.settle_seconds:g} s, then idle CPU over "
+             f"{args.idle_seconds:g} s ...")
+    time.sleep(args.settle_seconds)
+    figures.threads = status_value(operator.pid, "Threads")
+    figures.rss_mib = round(status_value(operator.pid, "VmRSS") / 1024.0, 1)
+    point.threads = {name: status_value(pid, "Threads") for name, pid in es.pids().items()}
+    point.rss_mib = {name: round(status_value(pid, "VmRSS") / 1024.0, 1) for name, pid in es.pids().items()}
+    idle_requests = api_requests(emulator)[0]
+    idle_started = time.monotonic()
+    idle = idle_cpu_pct(pids, args.idle_seconds)
+    figures.idle_api_requests_per_s = round((api_requests(emulator)[0] - idle_requests)
+                                            / (time.monotonic() - idle_started), 2)
+    figures.idle_cpu_pct, figures.emulator_idle_cpu_pct = idle["operator"], idle["emulator"]
+    point.idle_cpu_pct = {name: idle[name] for name in es.names}
+    # still Ready after the idle window, and the engines agree: the meta-cluster holds n enabled replicas
+    figures.ready_replicas = sum(map(_ready, api.items(_collection("tablereplicas"))))
+    figures.ready_tables = sum(map(_ready, api.items(_collection("replicatedtables"))))
+    enabled = sum(1 for t in range(tables) for r in (es.meta.get(f"//bench/t{t}/@replicas") or {}).values()
+                  if r.get("state") == "enabled")
+    point.verified = figures.ready_replicas == n and figures.ready_tables == tables and enabled == n
+    if not point.verified:
+        point.notes.append(f"after the idle window: {figures.ready_replicas}/{n} TableReplicas and "
+                           f"{figures.ready_tables}/{tables} ReplicatedTables Ready, {enabled} replicas enabled")
+
+
 RUNNERS: dict[str, Callable[[int, Path, argparse.Namespace], Point]] = {
-    "tables": run_tables, "tablets": run_tablets, "replicas": run_replicas, "members": run_members}
+    "tables": run_tables, "tablets": run_tablets, "replicas": run_replicas, "members": run_members,
+    "operator": run_operator}
 
 
 # -- the report ----------------------------------------------------------------------------------------------
 
 
+def _print_table(head: tuple[str, ...], rows: list[tuple[str, ...]], out: Any) -> None:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    rule = "  ".join("-" * w for w in widths)
+    print(rule, file=out)
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), file=out)
+    print(rule, file=out)
+    for r in rows:
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True))),
+              file=out)
+    print(rule, file=out)
+
+
+def render_operator(points: list[Point], out: Any) -> None:
+    """The operator's table: time to Ready, its CPU, threads, RSS and API requests, per point."""
+    head = ("TableReplicas", "ReplicatedTables", "apply s", "Ready s (replicas/tables)", "operator CPU s",
+            "CPU % of a core", "API requests (writes)", "threads", "RSS MiB", "idle CPU %", "idle API req/s",
+            "emulator CPU s", "engines CPU s", "engines idle CPU % (max)")
+    rows = []
+    for p in points:
+        f = p.operator
+        if f is None or f.ready_s == 0:
+            rows.append((str(p.size), *("-" for _ in head[1:])))
+            continue
+        rows.append((str(f.replica_objects), str(f.table_objects), f"{f.apply_s:.1f}",
+                     f"{f.replicas_ready_s:.1f}/{f.tables_ready_s:.1f}", f"{f.operator_cpu_s:.1f}",
+                     f"{100.0 * f.operator_cpu_s / max(f.ready_s, 1e-9):.0f}", f"{f.api_requests} ({f.api_writes})",
+                     str(f.threads), f"{f.rss_mib:.0f}", f"{f.idle_cpu_pct:.1f}", f"{f.idle_api_requests_per_s:.1f}",
+                     f"{f.emulator_cpu_s:.1f}", f"{f.engines_cpu_s:.1f}",
+                     f"{max(p.idle_cpu_pct.values(), default=0):.1f}"))
+    _print_table(head, rows, out)
+    refresh = {p.operator.status_refresh_s for p in points if p.operator is not None}
+    print(f"operator: kopf against the emulated API, status refresh every {'/'.join(f'{r:g}' for r in refresh)} s; "
+          "Ready s from the first POST; CPU over that time", file=out)
+    for p in points:
+        if p.notes:
+            print(f"operator {p.size}: {'; '.join(p.notes)}", file=out)
+
+
 def render(points: list[Point], args: argparse.Namespace, out: Any = None) -> bool:
-    """The table of every point; True when the goals held at the largest ``tables`` point measured."""
+    """The tables of every point; True when the goals held at the largest ``tables`` point measured."""
     out = sys.stdout if out is None else out
+    operator_points = [p for p in points if p.dimension == "operator"]
+    if operator_points:
+        render_operator(operator_points, out)
+    points = [p for p in points if p.dimension != "operator"]
+    if not points:
+        return True
     head = ("dimension", "size", "threads (max)", "RSS MiB (max)", "idle CPU % (max)", "create s",
             "s/table first/last", "commit p50 ms", "lookup p50 ms", "fan-out s")
     rows = []
@@ -314,15 +688,7 @@ def render(points: list[Point], args: argparse.Namespace, out: Any = None) -> bo
                      "-" if p.commit_p50_ms is None else f"{p.commit_p50_ms:.2f}",
                      "-" if p.lookup_p50_ms is None else f"{p.lookup_p50_ms:.2f}",
                      "-" if p.fan_out_s is None else f"{p.fan_out_s:.2f}"))
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    rule = "  ".join("-" * w for w in widths)
-    print(rule, file=out)
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), file=out)
-    print(rule, file=out)
-    for r in rows:
-        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True))),
-              file=out)
-    print(rule, file=out)
+    _print_table(head, rows, out)
     for p in points:
         print(f"{p.dimension} {p.size}: threads {p.threads}, idle CPU % {p.idle_cpu_pct}", file=out)
     tables = [p for p in points if p.dimension == "tables"]
@@ -369,18 +735,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tablets", type=parse_sizes, default=[1, 16, 64])
     parser.add_argument("--replicas", type=parse_sizes, default=[2, 4, 8])
     parser.add_argument("--members", type=parse_sizes, default=[2, 3, 5])
+    parser.add_argument("--replica-objects", type=parse_sizes, default=[10, 100, 1000],
+                        help="operator: TableReplica objects (half as many ReplicatedTables)")
+    parser.add_argument("--status-refresh", type=float, default=5.0,
+                        help="operator: seconds between its status refreshes (the operator's default: 5)")
+    parser.add_argument("--ready-timeout", type=float, default=None,
+                        help="operator: seconds to wait for every object Ready (default 120 + 1 per TableReplica)")
     parser.add_argument("--batch", type=int, default=10, help="tables per creation batch (first vs last)")
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--samples", type=int, default=200, help="single-row commits and lookups timed per point")
     parser.add_argument("--fan-out-timeout", type=float, default=300.0)
     parser.add_argument("--quick", action="store_true", help="small points: 10,40 tables; 1,8 tablets; 2,4 "
-                                                             "replicas; 2,3 members; short idle windows")
+                                                             "replicas; 2,3 members; 40 TableReplicas; "
+                                                             "short idle windows")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--json", default=None, help="also write every figure as JSON")
     args = parser.parse_args(argv)
     if args.quick:
         args.tables, args.tablets, args.replicas, args.members = [10, 40], [1, 8], [2, 4], [2, 3]
+        args.replica_objects = [40]  # ~20 s a point (engines, emulator and operator start; one refresh)
         args.settle_seconds, args.idle_seconds, args.samples = 2.0, 3.0, 50
     dimensions = [d.strip() for d in args.dimensions.split(",") if d.strip()]
     unknown = [d for d in dimensions if d not in RUNNERS]
@@ -391,15 +765,21 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="reptables-scale-", dir=args.workdir) as tmp:
         for dimension in dimensions:
-            for size in getattr(args, dimension):
+            for size in getattr(args, SIZE_OPTIONS.get(dimension, dimension)):
                 progress(f"[{dimension} = {size}] ...")
                 try:
                     point = RUNNERS[dimension](size, Path(tmp) / f"{dimension}-{size}", args)
-                except (YtError, TimeoutError, RuntimeError) as exc:
+                except (YtError, TimeoutError, RuntimeError, httpx.HTTPError) as exc:
                     point = Point(dimension, size, notes=[f"failed: {exc}"])
                     progress(f"    FAILED: {exc}")
                 points.append(point)
-                progress(f"    threads {point.threads}, idle CPU % {point.idle_cpu_pct}, fan-out {point.fan_out_s} s")
+                if point.operator is not None:
+                    f = point.operator
+                    progress(f"    Ready after {f.ready_s:.1f} s, operator CPU {f.operator_cpu_s:.1f} s, "
+                             f"{f.api_requests} API requests; idle CPU % {f.idle_cpu_pct}, threads {f.threads}")
+                else:
+                    progress(f"    threads {point.threads}, idle CPU % {point.idle_cpu_pct}, "
+                             f"fan-out {point.fan_out_s} s")
     print()
     print(f"replication cost by scale ({time.monotonic() - started:.0f} s; {os.cpu_count()} CPUs; load average "
           f"{load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end)")
