@@ -137,11 +137,16 @@ class OperatorFigures:
     pids: dict[str, int] = field(default_factory=dict)
     #: seconds to POST every object
     apply_s: float = 0.0
-    #: seconds from the first POST until every TableReplica (ReplicatedTable) was Ready
-    replicas_ready_s: float = 0.0
-    tables_ready_s: float = 0.0
+    #: seconds from the first POST until every TableReplica (ReplicatedTable) was Ready; None: not
+    #: within ``ready_timeout_s`` (the figures below are then those of the timeout, and no idle is measured)
+    replicas_ready_s: float | None = None
+    tables_ready_s: float | None = None
+    ready_timeout_s: float = 0.0
+    #: how many were Ready at the end (after the idle window, or at the timeout)
     ready_replicas: int = 0
     ready_tables: int = 0
+    #: [seconds since the first POST, TableReplicas Ready, ReplicatedTables Ready] about every 10 s
+    progress: list[tuple[float, int, int]] = field(default_factory=list)
     #: CPU seconds from the first POST until all were Ready: the operator's, the emulator's, the engines' (sum)
     operator_cpu_s: float = 0.0
     emulator_cpu_s: float = 0.0
@@ -152,13 +157,22 @@ class OperatorFigures:
     #: after the settle: the operator's threads and RSS, idle CPU (% of one core) and API requests per second
     threads: int = 0
     rss_mib: float = 0.0
-    idle_cpu_pct: float = 0.0
-    emulator_idle_cpu_pct: float = 0.0
-    idle_api_requests_per_s: float = 0.0
+    idle_cpu_pct: float | None = None
+    emulator_idle_cpu_pct: float | None = None
+    idle_api_requests_per_s: float | None = None
 
     @property
-    def ready_s(self) -> float:
+    def ready_s(self) -> float | None:
+        """Seconds until every object was Ready (None: not within the timeout)."""
+        if self.replicas_ready_s is None or self.tables_ready_s is None:
+            return None
         return max(self.replicas_ready_s, self.tables_ready_s)
+
+    @property
+    def measured_s(self) -> float:
+        """The span the CPU and requests were counted over: until all were Ready, else the timeout."""
+        ready = self.ready_s
+        return self.ready_timeout_s if ready is None else ready
 
 
 @dataclass
@@ -501,34 +515,46 @@ def _manifests(n: int) -> list[tuple[str, dict[str, Any]]]:
     return objects
 
 
-def _await_ready(api: Api, operator: Child, wanted: dict[str, int], started: float, timeout: float,
-                 poll: float) -> dict[str, float]:
-    """Seconds from ``started`` until ``wanted[plural]`` objects of each kind were Ready (listed every ``poll`` s)."""
-    done: dict[str, float] = {}
-    counts = dict.fromkeys(wanted, 0)
-    example = "-"
+@dataclass
+class Readiness:
+    """What :func:`await_ready` saw: seconds until each kind was all Ready, and the last counts."""
+
+    done: dict[str, float]
+    counts: dict[str, int]
+    example: str = "-"
+    #: [seconds, count of each kind in order] about every 10 s
+    samples: list[tuple[float, ...]] = field(default_factory=list)
+
+
+def await_ready(api: Api, operator: Child, wanted: dict[str, int], started: float, timeout: float,
+                poll: float, strict: bool = True) -> Readiness:
+    """Until ``wanted[plural]`` objects of each kind are Ready (listed every ``poll`` s), for at most
+    ``timeout`` s after ``started``; then a TimeoutError, or (not ``strict``) what was seen."""
+    seen = Readiness({}, dict.fromkeys(wanted, 0))
     reported = time.monotonic()
-    while len(done) < len(wanted):
+    while True:
         operator.check_alive()
         for plural, want in wanted.items():
-            if plural in done:
+            if plural in seen.done:
                 continue
             items = api.items(_collection(plural))
-            counts[plural] = sum(map(_ready, items))
-            if counts[plural] >= want:
-                done[plural] = round(time.monotonic() - started, 2)
+            seen.counts[plural] = sum(map(_ready, items))
+            if seen.counts[plural] >= want:
+                seen.done[plural] = round(time.monotonic() - started, 2)
             else:
-                example = _not_ready_example(items)
+                seen.example = _not_ready_example(items)
         now = time.monotonic()
-        if len(done) == len(wanted):
-            break
+        if len(seen.done) == len(wanted):
+            return seen
         if now - started > timeout:
-            raise TimeoutError(f"Ready after {timeout:g} s: {counts} of {wanted} (e.g. {example})")
+            if strict:
+                raise TimeoutError(f"Ready after {timeout:g} s: {seen.counts} of {wanted} (e.g. {seen.example})")
+            return seen
         if now - reported >= 10:
-            progress(f"    {now - started:.0f} s: Ready {counts} of {wanted}")
+            progress(f"    {now - started:.0f} s: Ready {seen.counts} of {wanted}")
+            seen.samples.append((round(now - started, 1), *seen.counts.values()))
             reported = now
         time.sleep(poll)
-    return done
 
 
 def run_operator(n: int, base: Path, args: argparse.Namespace) -> Point:
@@ -565,7 +591,7 @@ def run_operator(n: int, base: Path, args: argparse.Namespace) -> Point:
                          "credentialsSecret": {"name": f"{name}-token", "namespace": NAMESPACE}}})
         try:
             # the operator's start (kopf's import, its watches, the TableClusters' probes) is not measured
-            _await_ready(api, operator, {"tableclusters": len(es.names)}, time.monotonic(), 90.0, 0.1)
+            await_ready(api, operator, {"tableclusters": len(es.names)}, time.monotonic(), 90.0, 0.1)
             progress(f"    engines, API emulator and operator up in {time.monotonic() - started:.1f} s")
             _run_operator_point(point, figures, es, api, emulator, operator, args)
         except (TimeoutError, RuntimeError):
@@ -586,16 +612,28 @@ def _run_operator_point(point: Point, figures: OperatorFigures, es: EngineSet, a
     with ThreadPoolExecutor(APPLY_THREADS) as pool:
         list(pool.map(lambda item: api.create(*item), objects))
     figures.apply_s = round(time.monotonic() - started, 2)
-    timeout = args.ready_timeout if args.ready_timeout is not None else 120.0 + 1.0 * n
-    done = _await_ready(api, operator, {"tablereplicas": n, "replicatedtables": tables}, started, timeout,
-                        poll=min(1.0, max(0.25, n / 1000)))
+    progress(f"    applied in {figures.apply_s:.1f} s")
+    figures.ready_timeout_s = args.ready_timeout if args.ready_timeout is not None else 120.0 + 1.0 * n
+    seen = await_ready(api, operator, {"tablereplicas": n, "replicatedtables": tables}, started,
+                       figures.ready_timeout_s, poll=min(1.0, max(0.25, n / 1000)), strict=False)
     used = {name: (cpu_ticks(pid) - ticks[name]) / CLK_TCK for name, pid in pids.items()}
     figures.api_requests, figures.api_writes = (a - b for a, b in zip(api_requests(emulator), requests, strict=True))
-    figures.replicas_ready_s, figures.tables_ready_s = done["tablereplicas"], done["replicatedtables"]
+    figures.replicas_ready_s = seen.done.get("tablereplicas")
+    figures.tables_ready_s = seen.done.get("replicatedtables")
+    figures.ready_replicas, figures.ready_tables = seen.counts["tablereplicas"], seen.counts["replicatedtables"]
+    figures.progress = [(t, r, tb) for t, r, tb in seen.samples]
     figures.operator_cpu_s = round(used["operator"], 2)
     figures.emulator_cpu_s = round(used["emulator"], 2)
     figures.engines_cpu_s = round(sum(used[name] for name in es.names), 2)
     point.create_s = figures.apply_s
+    if figures.ready_s is None:
+        # what it cost so far is the finding: no idle to measure, the operator is still at work
+        figures.threads = status_value(operator.pid, "Threads")
+        figures.rss_mib = round(status_value(operator.pid, "VmRSS") / 1024.0, 1)
+        point.notes.append(f"not all Ready within {figures.ready_timeout_s:g} s: {figures.ready_replicas}/{n} "
+                           f"TableReplicas, {figures.ready_tables}/{tables} ReplicatedTables (e.g. {seen.example})")
+        progress(f"    {point.notes[-1]}")
+        return
     progress(f"    all Ready after {figures.ready_s:.1f} s; settling {args.settle_seconds:g} s, then idle CPU over "
              f"{args.idle_seconds:g} s ...")
     time.sleep(args.settle_seconds)
@@ -647,21 +685,28 @@ def render_operator(points: list[Point], out: Any) -> None:
             "CPU % of a core", "API requests (writes)", "threads", "RSS MiB", "idle CPU %", "idle API req/s",
             "emulator CPU s", "engines CPU s", "engines idle CPU % (max)")
     rows = []
+
+    def secs(value: float | None, f: OperatorFigures) -> str:
+        return f">{f.ready_timeout_s:g}" if value is None else f"{value:.1f}"
+
+    def opt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
     for p in points:
         f = p.operator
-        if f is None or f.ready_s == 0:
+        if f is None or f.apply_s == 0:  # failed before the objects were applied
             rows.append((str(p.size), *("-" for _ in head[1:])))
             continue
         rows.append((str(f.replica_objects), str(f.table_objects), f"{f.apply_s:.1f}",
-                     f"{f.replicas_ready_s:.1f}/{f.tables_ready_s:.1f}", f"{f.operator_cpu_s:.1f}",
-                     f"{100.0 * f.operator_cpu_s / max(f.ready_s, 1e-9):.0f}", f"{f.api_requests} ({f.api_writes})",
-                     str(f.threads), f"{f.rss_mib:.0f}", f"{f.idle_cpu_pct:.1f}", f"{f.idle_api_requests_per_s:.1f}",
+                     f"{secs(f.replicas_ready_s, f)}/{secs(f.tables_ready_s, f)}", f"{f.operator_cpu_s:.1f}",
+                     f"{100.0 * f.operator_cpu_s / max(f.measured_s, 1e-9):.0f}", f"{f.api_requests} ({f.api_writes})",
+                     str(f.threads), f"{f.rss_mib:.0f}", opt(f.idle_cpu_pct), opt(f.idle_api_requests_per_s),
                      f"{f.emulator_cpu_s:.1f}", f"{f.engines_cpu_s:.1f}",
-                     f"{max(p.idle_cpu_pct.values(), default=0):.1f}"))
+                     opt(max(p.idle_cpu_pct.values(), default=None))))
     _print_table(head, rows, out)
-    refresh = {p.operator.status_refresh_s for p in points if p.operator is not None}
+    refresh = sorted({p.operator.status_refresh_s for p in points if p.operator is not None})
     print(f"operator: kopf against the emulated API, status refresh every {'/'.join(f'{r:g}' for r in refresh)} s; "
-          "Ready s from the first POST; CPU over that time", file=out)
+          "Ready s from the first POST (>T: not within T s); CPU and requests over that time", file=out)
     for p in points:
         if p.notes:
             print(f"operator {p.size}: {'; '.join(p.notes)}", file=out)
@@ -775,7 +820,8 @@ def main(argv: list[str] | None = None) -> int:
                 points.append(point)
                 if point.operator is not None:
                     f = point.operator
-                    progress(f"    Ready after {f.ready_s:.1f} s, operator CPU {f.operator_cpu_s:.1f} s, "
+                    ready = "not all Ready" if f.ready_s is None else f"Ready after {f.ready_s:.1f} s"
+                    progress(f"    {ready}, operator CPU {f.operator_cpu_s:.1f} s, "
                              f"{f.api_requests} API requests; idle CPU % {f.idle_cpu_pct}, threads {f.threads}")
                 else:
                     progress(f"    threads {point.threads}, idle CPU % {point.idle_cpu_pct}, "
