@@ -102,4 +102,6 @@ def test_engines_on_postgresql_cut_from_their_database_or_losing_it_to_a_crash_l
 
     summary, _ = _run(tmp_path, "short-postgresql", build, 20.0, storage="postgresql")
     assert summary["faults"] == {"partition": 1, "kill": 1}
-    assert summary["operations"]["ok"] > 300 and summary["operations"]["fail"] + summary["operations"]["unknown"] > 0
+    # (the load did work through the faults: 212 acknowledged operations in the slowest of 14 runs, at
+    # load average 10; 600-900 on a quiet machine)
+    assert summary["operations"]["ok"] > 100 and summary["operations"]["fail"] + summary["operations"]["unknown"] > 0
