@@ -382,9 +382,14 @@ def _storage_url(option: str | None) -> str | None:
         return None
     try:
         parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        raise ValueError(f"--storage: {url[:60]!r} is not a database URL (expected postgresql://USER@HOST:PORT/DB)")\
-            from None
+    except (sa.exc.ArgumentError, ValueError) as exc:
+        # (the URL is not echoed: it may hold a password)
+        several = "," in url.split("?", 1)[0]
+        raise ValueError("--storage: the value is not a database URL (expected postgresql://USER@HOST:PORT/DB"
+                         + ("; several hosts go in its query string, postgresql://USER@/DB?host=HOST1:PORT&"
+                            "host=HOST2:PORT&target_session_attrs=read-write (docs/ha-postgres.md), not as "
+                            "HOST1,HOST2" if several else "")
+                         + f"): {type(exc).__name__}") from None
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"--storage: {parsed.get_backend_name()!r} is not a supported database (postgresql://...; "
                          "SQLite is the default, in --data-dir)")

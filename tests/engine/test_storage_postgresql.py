@@ -122,6 +122,11 @@ def test_a_password_on_the_command_line_is_refused_without_echoing_it(postgres: 
     assert PASSWORD not in refused.stderr + refused.stdout
     refused = serve("alpha", tmp_path / "a", "--storage", "mysql://root@127.0.0.1/x")
     assert refused.returncode == 2 and "'mysql' is not a supported database" in refused.stderr
+    # several hosts written as libpq's comma list: the form that works is named, the value is not echoed
+    refused = serve("alpha", tmp_path / "a", "--storage", f"postgresql://{DB_USER}:{PASSWORD}@h1:5432,h2:5432/db")
+    assert refused.returncode == 2 and "not a database URL" in refused.stderr
+    assert "?host=HOST1:PORT&host=HOST2:PORT" in refused.stderr and "Traceback" not in refused.stderr
+    assert PASSWORD not in refused.stderr + refused.stdout
 
 
 def test_an_unreachable_database_is_named_at_start(tmp_path: Path) -> None:
