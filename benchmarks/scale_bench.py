@@ -52,7 +52,7 @@ error or Ctrl-C; so are the operator and the API emulator (each in a session of 
 is bounded.
 
     .venv/bin/python benchmarks/scale_bench.py                 # 10, 100, 1000 tables; tablets; replicas; members
-    .venv/bin/python benchmarks/scale_bench.py --quick         # small points, ~2.5 min
+    .venv/bin/python benchmarks/scale_bench.py --quick         # small points, ~70 s on an idle machine
     .venv/bin/python benchmarks/scale_bench.py --tables 10,300 --dimensions tables --json out.json
     .venv/bin/python benchmarks/scale_bench.py --dimensions operator --replica-objects 10,100,1000
 """
@@ -713,14 +713,20 @@ def render_operator(points: list[Point], out: Any) -> None:
 
 
 def render(points: list[Point], args: argparse.Namespace, out: Any = None) -> bool:
-    """The tables of every point; True when the goals held at the largest ``tables`` point measured."""
+    """The tables of every point (the operator's last); True when the goals held at the largest
+    ``tables`` point measured."""
     out = sys.stdout if out is None else out
     operator_points = [p for p in points if p.dimension == "operator"]
-    if operator_points:
-        render_operator(operator_points, out)
     points = [p for p in points if p.dimension != "operator"]
-    if not points:
-        return True
+    try:
+        return render_engines(points, out) if points else True
+    finally:
+        if operator_points:
+            render_operator(operator_points, out)
+
+
+def render_engines(points: list[Point], out: Any) -> bool:
+    """The engines' table and the goals (see :func:`render`)."""
     head = ("dimension", "size", "threads (max)", "RSS MiB (max)", "idle CPU % (max)", "create s",
             "s/table first/last", "commit p50 ms", "lookup p50 ms", "fan-out s")
     rows = []
