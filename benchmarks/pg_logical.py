@@ -151,6 +151,9 @@ class PgThroughputResult:
     subscriber_counts: list[int] = field(default_factory=list)
     subscriber_checksums: list[str] = field(default_factory=list)
     server_version: str = ""
+    #: CPU seconds of each server (its postmaster's processes) from the first insert until both
+    #: subscribers had every row: what replicating the rows cost PostgreSQL, beside reptables' engines
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
@@ -405,6 +408,14 @@ class _Server:
     def conninfo(self) -> str:
         return f"host=127.0.0.1 port={self.port} dbname={DB_NAME} user={DB_USER}"
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds used so far by this server: its postmaster, the backends it reaped, its live children."""
+        try:
+            from benchmarks.engine_bench import process_tree_cpu_seconds
+        except ImportError:  # run as a script from benchmarks/
+            from engine_bench import process_tree_cpu_seconds  # type: ignore[import-not-found,no-redef]
+        return process_tree_cpu_seconds(int((self.datadir / "postmaster.pid").read_text().split()[0]))
+
     def connect(self, autocommit: bool = True) -> Connection[Any]:
         return psycopg.connect(self.conninfo, autocommit=autocommit, connect_timeout=30)
 
@@ -465,6 +476,8 @@ def run_logical_replication(rows: int = 1_000_000, batch_size: int = 10_000,
             _create_table([pub_conn, *sub_conns])
             _subscribe(pub, pub_conn, [(s1, "bench_sub1"), (s2, "bench_sub2")])
 
+            servers = [pub, *subs]
+            cpu_before = [s.cpu_seconds() for s in servers]
             with pub.connect(autocommit=False) as writer, writer.cursor() as cur:
                 t0 = time.perf_counter()
                 for batch in batches:
@@ -494,6 +507,7 @@ def run_logical_replication(rows: int = 1_000_000, batch_size: int = 10_000,
 
             wait_for(replicated, REPLICATION_TIMEOUT_S, f"both subscribers to have {rows:,} rows")
             replicated_seconds = max(t for t in done_at if t is not None) - t0
+            cpu = {s.name: s.cpu_seconds() - before for s, before in zip(servers, cpu_before, strict=True)}
 
             pub_count, pub_sum = _checksum(pub_conn)
             sub_sums = [_checksum(c) for c in sub_conns]
@@ -503,7 +517,7 @@ def run_logical_replication(rows: int = 1_000_000, batch_size: int = 10_000,
         insert_rows_per_s=rows / insert_seconds, end_to_end_rows_per_s=rows / replicated_seconds,
         expected_checksum=expected, publisher_count=pub_count, publisher_checksum=pub_sum,
         subscriber_counts=[c for c, _ in sub_sums], subscriber_checksums=[s for _, s in sub_sums],
-        server_version=run.version)
+        server_version=run.version, cpu_seconds=cpu)
 
 
 # -- 2. synchronous-standby commit latency ---------------------------------------------------------
