@@ -6,6 +6,8 @@ the benchmark's own code paths and asserts that every replica ends with exactly 
 PostgreSQL half is covered by ``test_pg_logical_smoke.py``. One more test runs the whole benchmark
 with ``--storage postgresql`` (every engine on a database of the test run's PostgreSQL server) beside
 PostgreSQL logical replication, at tiny sizes, and checks that the figures and the ratio are reported.
+The two reptables runs' ratios (replica over meta CPU; with a sync replica also end to end over insert)
+are held to their recorded spread in benchmarks/baselines.json (benchmarks/regression.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import regression
 from benchmarks import replication_vs_pg as bench
 from reptables.testing import backends
 
@@ -47,6 +50,11 @@ def test_every_replica_has_exactly_the_rows_written(tmp_path: Path, sync_replica
     assert 0 < run.insert_seconds <= run.replicated_seconds
     assert run.insert_rows_per_s > 0 and math.isfinite(run.end_to_end_rows_per_s)
     assert not list(tmp_path.iterdir()), "the engines' temporary directory must be removed"
+
+    # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
+    name = "replication_vs_pg.sync_async" if sync_replica else "replication_vs_pg.2_async"
+    drops = regression.check(name, regression.replication_ratios(run.to_json()))
+    assert not drops, regression.explain(drops)
 
 
 def test_sync_commit_latency_and_report(tmp_path: Path) -> None:

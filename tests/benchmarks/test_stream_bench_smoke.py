@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import regression
+
 pytestmark = pytest.mark.timeout(90)
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_bench.py"
@@ -68,3 +70,7 @@ def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None
     assert len(data["consumer_pids"]) == 3  # the latency consumer and one per cost round
     assert not [pid for pid in data["consumer_pids"] if _alive(pid)], "the benchmark must stop its consumers"
     assert not list(tmp_path.glob("reptables-stream-bench-*")), "the data directory must be removed"
+
+    # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
+    drops = regression.check("stream_bench", regression.stream_bench_ratios(data))
+    assert not drops, regression.explain(drops)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import regression
+
 pytestmark = pytest.mark.timeout(90)
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "xdcr_bench.py"
@@ -91,3 +93,7 @@ def test_quick_run_converges_and_accounts_for_every_conflict(tmp_path: Path) -> 
     assert len(data["child_pids"]) == 2 + 2 * 5
     assert not [pid for pid in data["child_pids"] if _alive(pid)], "the benchmark must stop its children"
     assert not list(tmp_path.glob("reptables-xdcr-bench-*")), "the data directory must be removed"
+
+    # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
+    drops = regression.check("xdcr_bench", regression.xdcr_bench_ratios(data))
+    assert not drops, regression.explain(drops)
