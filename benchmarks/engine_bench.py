@@ -54,8 +54,10 @@ port, its own process group, stopped by its pid) with PostgreSQL's default durab
 ``synchronous=FULL`` - never tuned away; ``--pg-server [USER@]HOST:PORT`` uses an existing server on
 loopback instead (a test run's), whose databases are dropped at the end. The raw ceilings follow
 the backend: for PostgreSQL, the same rows straight into the same server with psycopg (the
-engine's driver) - ``executemany`` (what the engine does), upserts from column arrays
-(``unnest``) and ``COPY`` (what a set-based path could reach) - and autocommit single-row INSERTs
+engine's driver) - ``executemany`` into a minimal table, the engine's own statements (the move of
+replaced images by ``k = ANY(array)`` and a binary ``COPY`` of the new keys: the engine layout's
+ceiling), upserts from column arrays (``unnest``, the engine's path before COPY, still its path for
+keys that had a row) and ``COPY`` into a minimal table (the bulk-load ceiling) - and autocommit single-row INSERTs
 as the commit floor. Beside each insert and commit figure the note gives the CPU that the engine,
 the PostgreSQL server (its postmaster and every backend, from ``/proc``) and the client used per
 batch or commit: who the wall time went to. After the Client load the rows are counted through
@@ -620,8 +622,8 @@ _PG_UPSERT_SET = ("ON CONFLICT (k) DO UPDATE SET s = excluded.s, d = excluded.d,
 #: the raw PostgreSQL ceilings: layout -> what it is (the figure's note)
 PG_RAW_LAYOUTS = {
     "minimal": "executemany INSERT into one table keyed by k",
-    "engine": "the engine's statements: move replaced images to versions (key IN lists of 4,000; none: new "
-              "keys) + executemany INSERT ... ON CONFLICT DO UPDATE into data",
+    "engine": "the engine's statements: move replaced images to versions by k = ANY(array) (none: new keys) "
+              "+ binary COPY of the batch's new keys into data (engine/storage/statements.py)",
     "unnest": "the engine layout in 2 statements a batch: the move by k = ANY(array) + one INSERT ... SELECT "
               "FROM unnest(column arrays) ON CONFLICT DO UPDATE",
     "copy": "COPY FROM STDIN into one table keyed by k (no upsert): PostgreSQL's bulk-load ceiling",
@@ -642,12 +644,6 @@ def bench_raw_postgresql(pg: PgStorage, rows: int, layout: str, deadline: float)
         def make(start: int, count: int) -> list[tuple[Any, ...]]:
             return [(k, f"value-{k:012d}", k * 0.5, ts + start, 1) for k in range(start, start + count)]
 
-        def move(keys: list[int]) -> None:
-            for i in range(0, len(keys), 4000):
-                chunk = keys[i:i + 4000]
-                conn.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, false, _rt_lock_mask FROM t "
-                             f"WHERE k IN ({','.join(['%s'] * len(chunk))}) RETURNING k", chunk)
-
         def insert(batch: list[tuple[Any, ...]]) -> None:
             with conn.transaction(), conn.cursor() as cur:
                 if layout == "minimal":
@@ -657,9 +653,14 @@ def bench_raw_postgresql(pg: PgStorage, rows: int, layout: str, deadline: float)
                         for r in batch:
                             copy.write_row(r[:3])
                 elif layout == "engine":
-                    move([r[0] for r in batch])
-                    cur.executemany("INSERT INTO t (k, s, d, _rt_ts, _rt_lock_mask) VALUES (%s, %s, %s, %s, %s) "
-                                    + _PG_UPSERT_SET, batch)
+                    cur.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, false, _rt_lock_mask FROM t "
+                                "WHERE k = ANY(%b::bigint[]) RETURNING k", ([r[0] for r in batch],))
+                    existed = {row[0] for row in cur.fetchall()}
+                    with cur.copy("COPY t (k, s, d, _rt_ts, _rt_lock_mask) FROM STDIN (FORMAT BINARY)") as copy:
+                        copy.set_types(["bigint", "text", "double precision", "bigint", "integer"])
+                        for r in batch:
+                            if r[0] not in existed:
+                                copy.write_row(r)
                 else:  # unnest
                     cur.execute("INSERT INTO t_versions SELECT k, s, d, _rt_ts, false, _rt_lock_mask FROM t "
                                 "WHERE k = ANY(%s::bigint[]) RETURNING k", ([r[0] for r in batch],))
@@ -1262,8 +1263,10 @@ def backend_figures(run: EngineRun, raw: RawCeilings) -> list[tuple[str, Figure]
         f"raw {label} executemany, minimal table", raw.minimal.rows_per_s, "rows/s", "ceiling",
         note=f"{raw.minimal.rows:,} rows, one table keyed by k" + ("" if raw.minimal.complete else partial))))
     out.append(("raw_layout", Figure(
-        f"raw {label} executemany, engine layout", raw.layout.rows_per_s, "rows/s", "ceiling",
-        note="move replaced images to versions (none: new keys) + upsert into data"
+        f"raw {label} {'move + COPY' if run.backend == POSTGRESQL else 'executemany'}, engine layout",
+        raw.layout.rows_per_s, "rows/s", "ceiling",
+        note=("move replaced images to versions by k = ANY(array) (none: new keys) + binary COPY of the new keys"
+              if run.backend == POSTGRESQL else "move replaced images to versions (none: new keys) + upsert into data")
              + ("" if raw.layout.complete else partial))))
     for key, extra in raw.extra.items():
         name = {"unnest": f"raw {label} upsert from arrays (unnest), engine layout",
@@ -1315,7 +1318,7 @@ def backend_figures(run: EngineRun, raw: RawCeilings) -> list[tuple[str, Figure]
 #: the side-by-side names of the figures whose per-backend name says the backend
 SIDE_NAMES = {
     "raw_minimal": "raw executemany, minimal table",
-    "raw_layout": "raw executemany, engine layout",
+    "raw_layout": "raw engine layout (SQLite executemany / PostgreSQL move + COPY)",
     "raw_unnest": "raw upsert from arrays (unnest), engine layout",
     "raw_copy": "raw COPY, minimal table",
     "raw_commit_p50": "raw single-row commit p50 (no engine)",
