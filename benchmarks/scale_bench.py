@@ -613,7 +613,7 @@ def _run_operator_point(point: Point, figures: OperatorFigures, es: EngineSet, a
         list(pool.map(lambda item: api.create(*item), objects))
     figures.apply_s = round(time.monotonic() - started, 2)
     progress(f"    applied in {figures.apply_s:.1f} s")
-    figures.ready_timeout_s = args.ready_timeout if args.ready_timeout is not None else 120.0 + 1.0 * n
+    figures.ready_timeout_s = args.ready_timeout if args.ready_timeout is not None else 120.0 + 3.0 * n
     seen = await_ready(api, operator, {"tablereplicas": n, "replicatedtables": tables}, started,
                        figures.ready_timeout_s, poll=min(1.0, max(0.25, n / 1000)), strict=False)
     used = {name: (cpu_ticks(pid) - ticks[name]) / CLK_TCK for name, pid in pids.items()}
@@ -791,7 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-refresh", type=float, default=5.0,
                         help="operator: seconds between its status refreshes (the operator's default: 5)")
     parser.add_argument("--ready-timeout", type=float, default=None,
-                        help="operator: seconds to wait for every object Ready (default 120 + 1 per TableReplica)")
+                        help="operator: seconds to wait for every object Ready (default 120 + 3 per "
+                             "TableReplica: 1,000 took 16-24 min)")
     parser.add_argument("--batch", type=int, default=10, help="tables per creation batch (first vs last)")
     parser.add_argument("--settle-seconds", type=float, default=5.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
