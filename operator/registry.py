@@ -22,7 +22,7 @@ import base64
 import binascii
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .controllers.world import ClusterRef, DatabaseClusters, Engines, Resource, TrackerJournal, World
@@ -123,9 +123,14 @@ class Registry:
         self.database_clusters: DatabaseClusters | None = None
         #: what the tracker decided per ReplicatedTable; its loop writes it, the tables' status shows it
         self.tracker_journal = TrackerJournal()
-        #: guards the two maps below (a leaf: nothing else is taken while holding it)
+        #: guards the three maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
+        #: each stored body parsed once (or why it is invalid), dropped when the body is replaced: every
+        #: reconcile reads whole kinds (``of_kind``), and validating every object on every call made a
+        #: refresh round cost N^2 validations (1,000 TableReplicas: 16 minutes to Ready, a core busy
+        #: after; benchmarks/scale_bench.py --dimensions operator). Guarded by _lock
+        self._parsed: dict[tuple[str, str | None, str], Resource | InvalidResourceError] = {}
         self._secrets: dict[tuple[str, str], _Secret] = {}  # guarded by _lock
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -135,12 +140,14 @@ class Registry:
         key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
         with self._lock:
             self._objects[key] = dict(body)
+            self._parsed.pop(key, None)
         if key[0] == "TableCluster":
             self.refresh_cluster(key[2])
 
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
         with self._lock:
             self._objects.pop((kind, namespace, name), None)
+            self._parsed.pop((kind, namespace, name), None)
 
     def upsert_secret(self, body: Mapping[str, Any]) -> None:
         """Take a Secret in: its values only if the policy lets TableClusters use it."""
@@ -186,14 +193,22 @@ class Registry:
             deleting=bool(meta.get("deletionTimestamp")))
 
     def of_kind(self, kind: str) -> list[Resource]:
+        """The valid stored resources of ``kind``, each parsed once per version of its body (a caller
+        gets its own copy of the status map, as from a fresh parse)."""
         with self._lock:
-            bodies = [b for (k, _, _), b in self._objects.items() if k == kind]
+            found = [(key, body, self._parsed.get(key)) for key, body in self._objects.items() if key[0] == kind]
         out = []
-        for body in bodies:
-            try:
-                out.append(self.resource(body))
-            except InvalidResourceError:
-                continue
+        for key, body, parsed in found:
+            if parsed is None:
+                try:
+                    parsed = self.resource(body)
+                except InvalidResourceError as exc:
+                    parsed = exc
+                with self._lock:
+                    if self._objects.get(key) is body:  # (not replaced meanwhile)
+                        self._parsed[key] = parsed
+            if isinstance(parsed, Resource):
+                out.append(replace(parsed, status=dict(parsed.status)))
         return out
 
     def unlabelled_secrets(self) -> list[str]:
