@@ -75,9 +75,13 @@ def leader_status(name: str, storage: Storage) -> dict[str, Any]:
     answer: dict[str, Any] = {"cluster_name": name, "storage": "postgresql" if storage.is_postgresql else "sqlite",
                               "role": "leader" if lead is not None and lead.candidate else "single",
                               "epoch": None, "address": None, "holder": None, "lease_seconds": None,
-                              "database": None}
+                              "replaced": None, "database": None}
     if lead is not None:
         answer.update(epoch=lead.epoch, address=lead.address, holder=lead.holder, lease_seconds=lead.lease)
+        if lead.replaced is not None:
+            # the lease this engine took over: the operator names it in ``LeaderChanged`` also when
+            # it saw no leader in between (the takeover's gap) or was not running then
+            answer["replaced"] = {"epoch": lead.replaced.epoch, "address": lead.replaced.address}
     if storage.is_postgresql:
         with storage.read() as conn:
             row = conn.execute(_SERVER).one()

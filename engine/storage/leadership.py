@@ -179,6 +179,9 @@ class Leadership:
         self.lost: str | None = None
         #: the lease last seen held by another engine (a standby's, a replaced leader's answers)
         self.leader: Lease | None = None
+        #: the lease this engine replaced when it won the row (None: the first holder). Written once,
+        #: with ``epoch``, then only read (``GET /leadership`` names it)
+        self.replaced: Lease | None = None
         #: called once, in a thread of its own, when this engine steps down (``engine serve``: stop)
         self.on_lost: Callable[[], None] | None = None
         #: a leaf: the step-down and ``leader`` (docs/architecture.md, lock order)
@@ -311,6 +314,7 @@ class Leadership:
     # -- both --------------------------------------------------------------------------------------
 
     def _won(self, epoch: int, seen: Lease | None, started: float | None = None) -> None:
+        self.replaced = seen
         self.epoch = epoch
         if self.lease is None:
             self._valid_until = float("inf")

@@ -20,7 +20,9 @@ member down) ``leader`` and ``epoch`` are absent - never the last ones seen - an
 neither leads nor stands by is in ``unreachable`` with the time since when it has been so (kept
 across passes, like ``status.unreachable`` of a TableReplica). ``observedAt`` is refreshed at least
 once a minute, and at once with any change, so that an unchanged status is not rewritten on every
-pass. A new leader is an event ``LeaderChanged``; none serving, a Warning ``NoLeader``.
+pass. A new leader is an event ``LeaderChanged`` naming the one it replaced (the status's last leader,
+else the lease the new leader says it took over: a pass in the takeover's gap saw none); none
+serving, a Warning ``NoLeader``.
 """
 
 from __future__ import annotations
@@ -102,12 +104,14 @@ def observe(res: Resource, world: World, token: str) -> tuple[dict[str, Any], li
     leader: str | None = None
     epoch: int | None = None
     server: str | None = None
+    replaced: dict[str, Any] | None = None
     if serving:
         said = ask_leader(serving[0].member, token)
         leader = serving[0].member
         if said is not None:
             leader = said.get("address") or leader
             epoch = said.get("epoch") if isinstance(said.get("epoch"), int) else None
+            replaced = said.get("replaced") if isinstance(said.get("replaced"), dict) else None
             database = said.get("database")
             if isinstance(database, dict) and isinstance(database.get("server"), str):
                 server = database["server"]
@@ -130,7 +134,7 @@ def observe(res: Resource, world: World, token: str) -> tuple[dict[str, Any], li
         if key not in out and key in previous:
             out[key] = None  # a merge patch with null removes what is no longer known
     out["observedAt"] = _observed_at(previous, out)
-    return out, _events(previous, out, answers)
+    return out, _events(previous, out, answers, replaced)
 
 
 #: the keys of ``status.leadership`` that are absent when not known
@@ -167,12 +171,17 @@ def _observed_at(previous: dict[str, Any], now: dict[str, Any]) -> str:
     return now_text()
 
 
-def _events(previous: dict[str, Any], now: dict[str, Any], answers: list[MemberAnswer]) -> list[Event]:
+def _events(previous: dict[str, Any], now: dict[str, Any], answers: list[MemberAnswer],
+            replaced: dict[str, Any] | None = None) -> list[Event]:
     leader, epoch = now.get("leader"), now.get("epoch")
     if leader is not None:
         if (leader, epoch) != (previous.get("leader"), previous.get("epoch")):
-            before = previous.get("leader")
-            was = f"; before: {before} (epoch {_epoch(previous)})" if before else ""
+            # the one replaced: the leader the last status named, else (the status saw no leader
+            # in between, or none yet) the lease the new leader says it took over
+            before, before_epoch = previous.get("leader"), _epoch(previous)
+            if not before and replaced is not None and isinstance(replaced.get("address"), str):
+                before, before_epoch = replaced["address"], _epoch(replaced)
+            was = f"; before: {before} (epoch {before_epoch})" if before else ""
             return [Event("Normal", "LeaderChanged", f"the engine at {leader} leads (epoch {_epoch(now)}){was}; "
                           f"standing by: {', '.join(now['standbys']) or 'none'}")]
         return []

@@ -240,9 +240,13 @@ def test_after_the_leader_is_killed_the_status_names_the_new_leader_within_secon
     assert lost["member"] == old.url and lost["since"] and lost["message"]
     # no status named the killed engine as the leader once the new one served: only it, or none
     assert set(seen[seen.index(new.url):]) == {new.url}
+    # the new leader says which lease it took over: the event names it also when a status pass fell
+    # into the takeover's gap (no member serving) and so never saw both leaders
+    said = httpx.get(f"{new.url}/leadership", headers={"Authorization": f"OAuth {TOKEN}"}, timeout=10).json()
+    assert said["replaced"] == {"epoch": before["epoch"], "address": old.url}
     events = [e for e in setting.api.list("events", "default") if e.get("reason") == "LeaderChanged"]
-    assert any(f"the engine at {new.url} leads (epoch {leadership['epoch']}); before: {old.url}" in e["message"]
-               for e in events), [e["message"] for e in events]
+    assert any(f"the engine at {new.url} leads (epoch {leadership['epoch']}); before: {old.url} "
+               f"(epoch {before['epoch']})" in e["message"] for e in events), [e["message"] for e in events]
     # its supervisor starts it again: it stands by
     old.spawn().wait_up(60)
     again = setting.wait(lambda: (lambda lead: lead if lead.get("standbys") == [old.url] else None)(
@@ -331,3 +335,25 @@ def test_up_runs_a_table_cluster_with_members_as_a_leader_and_a_standby_behind_i
     finally:
         runner.stop()
     assert not any(e.alive() for e in runner.groups["meta"].members)
+
+
+def test_a_leader_found_after_a_pass_that_saw_none_is_announced_with_the_one_it_replaced() -> None:
+    """The takeover's gap: a status pass between the old leader's death and the new one's load saw
+    no member serving (``leader`` absent, a ``NoLeader`` Warning); the next pass finds the new leader.
+    Its ``LeaderChanged`` still names the leader it replaced - from the lease the new leader says it
+    took over (``GET /leadership``'s ``replaced``) - as docs/ha.md promises."""
+    from reptables.operator.controllers.leadership import MemberAnswer, _events
+
+    old, new = "http://127.0.0.1:1001", "http://127.0.0.1:1002"
+    gap = {"standbys": [], "unreachable": [{"member": old, "since": "2026-11-27T00:00:00Z", "message": "refused"}]}
+    answers = [MemberAnswer(new, "leader", "serves"), MemberAnswer(old, "unreachable", "refused")]
+    now = {"leader": new, "epoch": 8, "standbys": [], "unreachable": gap["unreachable"]}
+    [event] = _events(gap, now, answers, {"epoch": 7, "address": old})
+    assert (event.type, event.reason) == ("Normal", "LeaderChanged")
+    assert event.message == f"the engine at {new} leads (epoch 8); before: {old} (epoch 7); standing by: none"
+    # a pass that saw the old leader names it from the status, whatever the new leader says
+    [event] = _events({**gap, "leader": old, "epoch": 7}, now, answers, None)
+    assert f"before: {old} (epoch 7)" in event.message
+    # the first leader of a new database replaced none
+    [event] = _events({}, {**now, "epoch": 1}, answers, None)
+    assert event.message == f"the engine at {new} leads (epoch 1); standing by: none"
