@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from itertools import repeat
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -66,6 +67,9 @@ class QueueTable(Protocol):
     queue_tail: dict[int, tuple[int, list[QueueEntry]]]
 
 
+#: a change's kind as the queue stores it (an enum's ``.value`` is a property call)
+_KIND_NAMES = {kind: kind.value for kind in WriteKind}
+
 _SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
 
 
@@ -74,13 +78,20 @@ def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commi
     """Append changes to the replication queue of one tablet, in commit order (under the writer lock)."""
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
     start = counts[0]
-    changes = [w for w in writes if w.kind is not WriteKind.LOCK]
+    lock = WriteKind.LOCK
+    changes = [w for w in writes if w.kind is not lock]
     if not changes:
         return 0
     doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
-    entries = [QueueEntry(start + i, commit_ts, w.kind.value, payload)
-               for i, (w, payload) in enumerate(zip(changes, _payloads(changes, doubles), strict=True))]
-    table.sql.bulk("insert:data", conn).run(conn, [(tablet_index, *e) for e in entries],
+    kinds = [_KIND_NAMES[w.kind] for w in changes]
+    payloads = _payloads(changes, doubles)
+    indices = range(start, start + len(changes))
+    # a commit's batch is up to 100,000 changes: the rows of the SQL table and the tail's entries
+    # are zipped in C (tuple.__new__ makes a QueueEntry without its Python-level constructor)
+    entries: list[QueueEntry] = list(map(tuple.__new__, repeat(QueueEntry),
+                                         zip(indices, repeat(commit_ts), kinds, payloads)))
+    table.sql.bulk("insert:data", conn).run(conn, list(zip(repeat(tablet_index), indices, repeat(commit_ts), kinds,
+                                                           payloads)),
                                             [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
     _SET_ROW_COUNT.run(conn, table_id=table.table_id, tablet_index=tablet_index, row_count=start + len(entries))
     counts[0] = start + len(entries)
@@ -116,9 +127,9 @@ def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: in
     stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
             .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
             .order_by(data.c[ROW_INDEX]).limit(limit))
-    # a batch is up to 90,000 rows: plain tuples from the driver, no ORM-style row objects
+    # a batch is up to 90,000 rows: the driver's plain tuples made QueueEntry in C, no row objects
     result = conn.execute(stmt)
-    return list(map(QueueEntry._make, result.cursor.fetchall())) if result.cursor is not None else []
+    return list(map(tuple.__new__, repeat(QueueEntry), result.cursor.fetchall())) if result.cursor is not None else []
 
 
 def first_timestamp_from(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
@@ -213,9 +224,11 @@ def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
                                  if w.row.get(n) is not None))
     if not plain:
         return [_payload(w, doubles) for w in writes]
-    flags = (b'},"update":false}', b'},"update":true}')
-    return [(b'{"row":{' + part + flags[w.update]).decode()
-            for part, w in zip(whole[2:-2].split(b"},{"), writes, strict=True)]
+    parts = whole[2:-2].decode().split("},{")  # (one decode: the marker is ASCII, UTF-8 splits alike)
+    if not any(w.update for w in writes):
+        return ['{"row":{' + part + '},"update":false}' for part in parts]
+    flags = ('},"update":false}', '},"update":true}')
+    return ['{"row":{' + part + flags[w.update] for part, w in zip(parts, writes, strict=True)]
 
 
 def _payload(write: RowWrite, doubles: list[str]) -> str:

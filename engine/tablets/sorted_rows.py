@@ -126,6 +126,10 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
     # a whole-row write of every column is one C call from dict to tuple
     image_of = operator.itemgetter(*names) if len(names) > 1 else (lambda r: (r[names[0]],))
     write_kind = WriteKind.WRITE
+    versioned = table.xdcr_cluster_id is not None
+    # the change log's list is made only for a table that keeps one (most do not: changes.py)
+    log = table.change_log or versioned
+    keys_lead = key_positions == list(range(nkeys))
     for w in writes:
         row = w.row
         if w.kind is write_kind and not w.update:
@@ -134,8 +138,8 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
             except KeyError:
                 image = tuple(row.get(n) for n in names)
             upserts.append(image + (commit_ts, w.mask))
-            logged.append((image[:nkeys] if key_positions == list(range(nkeys))
-                           else tuple(image[i] for i in key_positions), image))
+            if log:
+                logged.append((image[:nkeys] if keys_lead else tuple(image[i] for i in key_positions), image))
             continue
         if w.kind is WriteKind.LOCK:
             locks_only.add(table.key_of(row))
@@ -156,7 +160,6 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
         logged.append((tuple(image[i] for i in key_positions), image))
     changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
     existed: set[tuple[Any, ...]] = set()
-    versioned = table.xdcr_cluster_id is not None
     before: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     if changed:
         # the images this commit replaces become older versions (and tell the log which keys
@@ -177,7 +180,7 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
             pass
         table.sql.bulk("insert:versions", conn).run(conn, tombstones, [*names, TS, DELETED, LOCK_MASK])
     _write_images(table, conn, upserts, [*names, TS, LOCK_MASK], existed, key_positions)
-    if logged and (table.change_log or versioned):
+    if logged and log:
         single = len(table.pivot_keys) == 1
         extras = _xdcr_versions(table, conn, keyed, logged, commit_ts, before, names) if versioned else None
         changes.record(table, conn, commit_ts, (
@@ -484,7 +487,8 @@ def _run_with_key_arrays(table: KeyedTable, conn: sa.Connection, name: str, sql_
             sql[:at].replace("%%", "").count("%s"))
     sql, order, at = entry
     params: list[Any] = [extra[n] for n in order]
-    params[at:at] = [list(column) for column in zip(*keys, strict=True)]
+    # one array per key column (a single-column key, the usual one, without zip(*keys)'s 10,000 arguments)
+    params[at:at] = [[k for (k,) in keys]] if len(keys[0]) == 1 else [list(c) for c in zip(*keys, strict=True)]
     return conn.exec_driver_sql(sql, tuple(params))
 
 
