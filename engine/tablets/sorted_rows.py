@@ -39,7 +39,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from .. import yson_util
 from ..query import QuerySource
-from ..schema import TableSchema
+from ..schema import ColumnType, TableSchema
 from ..storage import (
     COPY_FORM_ROWS,
     DELETED,
@@ -161,7 +161,7 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
     changed = [k for k in keyed if k not in locks_only] if locks_only else list(keyed)
     existed: set[tuple[Any, ...]] = set()
     before: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    if changed:
+    if changed and not _past_every_row(table, conn, changed):
         # the images this commit replaces become older versions (and tell the log which keys
         # had a row: an update, not an insert; an XDCR table's log also gets the whole image)
         if versioned:
@@ -193,6 +193,32 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
         _record_locks(conn, lock_rows)
         table.has_read_locks = True
     return len(upserts) + len(deletes)
+
+
+#: from this many keys on, a commit asks whether they all sort after every row before the move
+#: (below it the move's own probe is as cheap as the question)
+PAST_ROWS_KEYS = 64
+
+
+def _past_every_row(table: SortedTable, conn: sa.Connection, keys: list[tuple[Any, ...]]) -> bool:
+    """Whether no key of a big batch can have a row: its first key column is an int64 and its
+    smallest value there is above the largest the table holds (the batch of a table whose ids
+    only grow - an append - and of an empty table). Then the move that turns replaced images into
+    versions has nothing to move and is not run: on PostgreSQL its ``k = ANY(array)`` probe of
+    10,000 keys costs the server about 8 ms, the largest of them about 0.1 ms (an index end).
+    The writer lock is held: no other commit adds a row in between. Ints compare alike in Python
+    and SQL; other types (collations, NaN, bigint-stored uint64) are not asked."""
+    if len(keys) < PAST_ROWS_KEYS:
+        return False
+    first = table.schema.key_columns[0]
+    if first.type is not ColumnType.INT64:
+        return False
+    lowest = min(map(_FIRST, keys))
+    largest = conn.execute(sa.select(sa.func.max(table.sql.data.c[first.name]))).scalar()
+    return largest is None or lowest > largest
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def _write_images(table: SortedTable, conn: sa.Connection, upserts: list[tuple[Any, ...]], columns: list[str],

@@ -109,6 +109,32 @@ def test_writes_of_new_keys_keep_no_older_versions(cluster: Cluster) -> None:
     assert version_rows(cluster) == 12
 
 
+def test_big_batches_that_append_overlap_or_reinsert_keep_every_version(cluster: Cluster) -> None:
+    """Batches of many keys: above every row (an append: no image is replaced), over existing rows
+    (their images become versions), and over deleted keys below the largest row (no image to
+    replace, the tombstones stay). Each read at a timestamp sees what was committed then."""
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"a{k}"} for k in range(100)])  # an empty table
+    first = cluster.rows.generate_timestamp()
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"b{k}"} for k in range(100, 300)])  # past every row
+    assert version_rows(cluster) == 0
+    second = cluster.rows.generate_timestamp()
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"c{k}"} for k in range(250, 400)])  # 50 of them had a row
+    assert version_rows(cluster) == 50
+    third = cluster.rows.generate_timestamp()
+    cluster.rows.delete_rows(PATH, [{"k": k} for k in range(350, 400)])
+    cluster.rows.insert_rows(PATH, [{"k": k, "v": f"d{k}"} for k in range(360, 460)])  # 40 deleted, 60 new
+    assert version_rows(cluster) == 50 + 2 * 50
+
+    def values(timestamp: int | None = None) -> dict[int, str]:
+        rows = cluster.rows.select_rows(f"k, v from [{PATH}]", timestamp=timestamp)
+        return {r["k"]: r["v"] for r in rows}
+
+    assert values(first) == {k: f"a{k}" for k in range(100)}
+    assert values(second) == {**values(first), **{k: f"b{k}" for k in range(100, 300)}}
+    assert values(third) == {**values(second), **{k: f"c{k}" for k in range(250, 400)}}
+    assert values() == {**{k: v for k, v in values(third).items() if k < 350}, **{k: f"d{k}" for k in range(360, 460)}}
+
+
 def test_conflict_checks_agree_with_and_without_remembered_commits(cluster: Cluster) -> None:
     table = table_of(cluster)
     start = cluster.rows.generate_timestamp()
