@@ -215,7 +215,7 @@ class CypressService:
         if stored.get("upstream_replica_id") in ("0-0-0-0", ""):
             stored.pop("upstream_replica_id")
         node = self.tables.new_node(conn, parent, name, node_type, stored)
-        node.table = self.tables.make_table(node)
+        node.table = self.tables.make_table(node, new=True)
         node.table.has_read_locks = False
         node.table.sql.create(conn)
         node.table.sql.create_view(conn, path)  # readable by any SQL tool under its path (docs/storage.md)

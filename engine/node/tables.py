@@ -134,8 +134,8 @@ class Tables:
 
     # -- making table objects ------------------------------------------------------------------------
 
-    def make_table(self, node: Node) -> DynamicTable:
-        """The ``DynamicTable`` of a table's Cypress node (at start-up and on ``create``)."""
+    def make_table(self, node: Node, new: bool = False) -> DynamicTable:
+        """The ``DynamicTable`` of a table's Cypress node (at start-up, and on ``create`` with ``new``)."""
         attrs = node.attributes
         path = node.path
         schema = TableSchema.parse(attrs["schema"], path)
@@ -161,7 +161,14 @@ class Tables:
         trimmed = attrs.get(CHANGES_TRIMMED_ATTRIBUTE)
         if isinstance(trimmed, list) and len(trimmed) == 2:
             table.changes_trimmed = (int(trimmed[0]), int(trimmed[1]))
-        if not replicated:
+        if new:
+            # nothing applied, no version kept: no compaction pass until a commit (a thousand tables
+            # created at once would otherwise each get a write transaction from the next pass)
+            table.compaction_due = False
+        if not replicated and not new:
+            # (a new table has logged nothing: no read. On SQLite the read would be a reader
+            # connection's first statement after the last create's DDL, which re-parses the whole
+            # schema - a cost that grows with the number of tables, 20 ms at 1,000)
             with self.storage.read() as conn:
                 table.change_seq = changes.next_seq(conn, node.id)
         table.on_change = self.change_feed.notify
