@@ -393,7 +393,8 @@ def test_a_sync_replica_losing_its_database_while_it_prepares_holds_nothing_once
     try:
         replica_engine = clusters.engines["replica"]
         path = clusters.replicated_table("//tmp/t", SCHEMA)
-        clusters.replica(path, "replica", "//tmp/t", mode="sync")
+        # enabled once caught up; writes go in once it turned in sync (until then 1732, retriable)
+        clusters.wait_in_sync(clusters.replica(path, "replica", "//tmp/t", mode="sync"))
         clusters.meta.insert_rows(path, [{"k": 1, "v": "before"}])
         replica_engine.stop()
         # the replica sleeps inside its prepare's SQL transaction, rows held: the server crashes meanwhile
