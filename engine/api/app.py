@@ -495,7 +495,8 @@ def _leader_url(lead: Leadership) -> str | None:
 
 def standby_app(cluster_name: str, lead: Leadership) -> Starlette:
     """The ASGI app of a standby engine (``engine serve --standby`` before it wins the lease): alive
-    (``/healthz`` 200), not ready (``/readyz`` 503 ``{"status": "standby", "leader": <address>}``), and
+    (``/healthz`` 200), not ready (``/readyz`` 503 ``{"status": "standby", "leader": <address>}``; once it
+    won the lease and loads the cluster's state, ``{"status": "starting", "reason": ...}``), and
     every other request - commands, internal calls, descriptors - answered 105 naming the leader's
     address (``leader_url``), without looking at its token: a standby serves nothing, so nothing is
     guarded, and a client with any token learns where to go."""
@@ -504,6 +505,11 @@ def standby_app(cluster_name: str, lead: Leadership) -> Starlette:
         return JSONResponse({"status": "ok", "role": "standby", "cluster_name": cluster_name, "version": __version__})
 
     async def readyz(request: Request) -> Response:
+        if lead.epoch is not None and lead.lost is None:
+            # it won the lease and loads the cluster's state: no longer a standby, not serving yet (and
+            # it names no leader: it is the leader)
+            return JSONResponse({"status": "starting", "cluster_name": cluster_name,
+                                 "reason": lead.not_serving_error().message}, status_code=503)
         return JSONResponse({"status": "standby", "cluster_name": cluster_name, "leader": _leader_url(lead)},
                             status_code=503)
 
