@@ -65,6 +65,7 @@ def run(settings: OperatorSettings) -> None:
     kopf_logger.handlers[:] = logging.getLogger("reptables").handlers
     kopf_logger.setLevel(logging.DEBUG if settings.verbose else logging.INFO)
     kopf_logger.propagate = False
+    logging.getLogger("kopf.objects").addFilter(_RoutineSuccess())  # (a logger's filter sees only its own records)
     if settings.metrics_port:
         import prometheus_client
 
@@ -73,6 +74,19 @@ def run(settings: OperatorSettings) -> None:
         standalone=settings.standalone, peering_name=settings.peering, priority=settings.priority,
         clusterwide=settings.all_namespaces, namespaces=settings.namespaces,
         liveness_endpoint=settings.liveness, memo=kopf.Memo({SETTINGS_KEY: settings})))
+
+
+class _RoutineSuccess(logging.Filter):
+    """Drops kopf's "Timer ... succeeded." and "Handler '...observe' succeeded." lines (below
+    WARNING): every status refresh and every watch event logged one, 120 lines a second from an idle
+    operator over 600 resources (and 6 % of its CPU). Failures, retries and the create/update
+    handlers' lines stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        message = record.getMessage()
+        return not (message.endswith("succeeded.") and (message.startswith("Timer ") or ".observe'" in message))
 
 
 def _runtime(memo: kopf.Memo) -> Runtime:

@@ -21,9 +21,11 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from .controllers.world import ClusterRef, DatabaseClusters, Engines, Resource, TrackerJournal, World
 from .jobs.launcher import Launcher
@@ -112,6 +114,14 @@ def _decode(body: Mapping[str, Any]) -> tuple[dict[str, bytes], dict[str, str]]:
     return data, undecodable
 
 
+def _signature(body: Mapping[str, Any]) -> bytes | None:
+    """The content of ``body`` as bytes (None: it holds something JSON cannot say; never cached)."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return None
+
+
 class Registry:
     def __init__(self, engines: Engines, default_namespace: str, policy: CredentialPolicy | None = None) -> None:
         self.engines = engines
@@ -126,11 +136,16 @@ class Registry:
         #: guards the three maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
-        #: each stored body parsed once (or why it is invalid), dropped when the body is replaced: every
-        #: reconcile reads whole kinds (``of_kind``), and validating every object on every call made a
-        #: refresh round cost N^2 validations (1,000 TableReplicas: 16 minutes to Ready, a core busy
-        #: after; benchmarks/scale_bench.py --dimensions operator). Guarded by _lock
+        #: kind -> the keys of _objects of that kind (a reconcile reads one kind, never all). Guarded by _lock
+        self._keys: dict[str, dict[tuple[str, str | None, str], None]] = {}  # (a dict: in the order stored)
+        #: each stored body parsed once (or why it is invalid), dropped when the body is replaced by a
+        #: different one: every reconcile reads whole kinds (``of_kind``), and validating every object
+        #: on every call made a refresh round cost N^2 validations (1,000 TableReplicas: 16 minutes to
+        #: Ready, a core busy after; benchmarks/scale_bench.py --dimensions operator). Guarded by _lock
         self._parsed: dict[tuple[str, str | None, str], Resource | InvalidResourceError] = {}
+        #: the serialized body each parse was made from (a body's nested maps may be the caller's,
+        #: changed in place: only a copy of its content tells a new version). Guarded by _lock
+        self._signatures: dict[tuple[str, str | None, str], bytes] = {}
         self._secrets: dict[tuple[str, str], _Secret] = {}  # guarded by _lock
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -138,9 +153,17 @@ class Registry:
     def upsert(self, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata", {})
         key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
+        stored = dict(body)
+        signature = _signature(stored)
         with self._lock:
-            self._objects[key] = dict(body)
-            self._parsed.pop(key, None)
+            if signature is None or self._signatures.get(key) != signature:
+                self._parsed.pop(key, None)  # (a refresh hands the same body again: its parse stays)
+            self._objects[key] = stored
+            if signature is None:
+                self._signatures.pop(key, None)
+            else:
+                self._signatures[key] = signature
+            self._keys.setdefault(key[0], {})[key] = None
         if key[0] == "TableCluster":
             self.refresh_cluster(key[2])
 
@@ -148,6 +171,8 @@ class Registry:
         with self._lock:
             self._objects.pop((kind, namespace, name), None)
             self._parsed.pop((kind, namespace, name), None)
+            self._signatures.pop((kind, namespace, name), None)
+            self._keys.get(kind, {}).pop((kind, namespace, name), None)
 
     def upsert_secret(self, body: Mapping[str, Any]) -> None:
         """Take a Secret in: its values only if the policy lets TableClusters use it."""
@@ -192,24 +217,67 @@ class Registry:
             spec=model.spec, status=dict(body.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")))
 
-    def of_kind(self, kind: str) -> list[Resource]:
-        """The valid stored resources of ``kind``, each parsed once per version of its body (a caller
-        gets its own copy of the status map, as from a fresh parse)."""
-        with self._lock:
-            found = [(key, body, self._parsed.get(key)) for key, body in self._objects.items() if key[0] == kind]
+    def of_kind(self, kind: str, namespace: str | None = None,
+                where: Callable[[Resource], bool] | None = None) -> list[Resource]:
+        """The valid stored resources of ``kind`` (in ``namespace``, if given; those ``where`` accepts,
+        if given: it is handed the shared parse and must only read it), each parsed once per version
+        of its body. A caller gets its own copy of each status map, as from a fresh parse: only of the
+        resources returned (copying them all made every reconcile cost O(N) copies)."""
+        return [replace(parsed, status=dict(parsed.status)) for parsed in self._valid(kind, namespace)
+                if where is None or where(parsed)]
+
+    def _valid(self, kind: str, namespace: str | None = None) -> list[Resource]:
+        """The parses of the valid stored resources of ``kind`` (in ``namespace``), shared."""
+        with self._lock:  # (once per call, not per resource)
+            found = [(key, self._objects[key], self._parsed.get(key)) for key in self._keys.get(kind, ())
+                     if namespace is None or key[1] == namespace]
         out = []
         for key, body, parsed in found:
             if parsed is None:
-                try:
-                    parsed = self.resource(body)
-                except InvalidResourceError as exc:
-                    parsed = exc
-                with self._lock:
-                    if self._objects.get(key) is body:  # (not replaced meanwhile)
-                        self._parsed[key] = parsed
+                parsed = self._parse_body(key, body)
             if isinstance(parsed, Resource):
-                out.append(replace(parsed, status=dict(parsed.status)))
+                out.append(parsed)
         return out
+
+    def shared(self, kind: str) -> list[Resource]:
+        """The valid stored resources of ``kind`` as parsed, shared, not copied: for a caller that only
+        reads them (every TableReplica's reconcile derives the engines' directories from all of them)."""
+        return self._valid(kind)
+
+    def find(self, kind: str, namespace: str | None, name: str) -> Resource | None:
+        """The valid stored resource ``kind`` ``namespace/name`` (``namespace`` None: in any namespace,
+        the first stored), with its own copy of its status map as :meth:`of_kind` gives."""
+        with self._lock:
+            if namespace is not None or (kind, None, name) in self._objects:
+                keys = [(kind, namespace, name)]
+            else:
+                keys = [k for k in self._keys.get(kind, ()) if k[2] == name]
+        for key in keys:
+            parsed = self._parse(key)
+            if isinstance(parsed, Resource):
+                return replace(parsed, status=dict(parsed.status))
+        return None
+
+    def _parse(self, key: tuple[str, str | None, str]) -> Resource | InvalidResourceError | None:
+        """The parse of the stored body at ``key`` (made once per version of it; None: not stored)."""
+        with self._lock:
+            body = self._objects.get(key)
+            parsed = self._parsed.get(key)
+        if body is None or parsed is not None:
+            return parsed if body is not None else None
+        return self._parse_body(key, body)
+
+    def _parse_body(self, key: tuple[str, str | None, str], body: dict[str, Any]) -> Resource | InvalidResourceError:
+        """Parse ``body``, stored at ``key``, and keep the parse unless the body was replaced meanwhile."""
+        parsed: Resource | InvalidResourceError
+        try:
+            parsed = self.resource(body)
+        except InvalidResourceError as exc:
+            parsed = exc
+        with self._lock:
+            if self._objects.get(key) is body:  # (not replaced meanwhile)
+                self._parsed[key] = parsed
+        return parsed
 
     def unlabelled_secrets(self) -> list[str]:
         """``namespace/name`` of the Secrets taken in without the credentials label (local runner)."""
@@ -272,6 +340,6 @@ class Registry:
         return None
 
     def world(self) -> World:
-        return World(engines=self.engines, resources=self.of_kind, launcher=self.launcher,
+        return World(engines=self.engines, resources=self, launcher=self.launcher,
                      tracker_journal=self.tracker_journal, database_clusters=self.database_clusters)
 

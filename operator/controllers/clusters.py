@@ -23,7 +23,7 @@ from . import conditions
 from .conditions import Cond
 from .directory import sync_directory
 from .leadership import leadership_text, observe
-from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error
+from .world import ClusterNotFound, Event, Outcome, Resource, World, describe_error, probe_tls
 
 PROBE_TIMEOUT = 2.0
 REFRESH_SECONDS = 10.0
@@ -35,7 +35,7 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str | No
     """(healthy, version, latency ms, reason) of one engine, from its /healthz."""
     started = time.perf_counter()
     try:
-        response = httpx.get(f"{endpoint.rstrip('/')}/healthz", timeout=timeout)
+        response = httpx.get(f"{endpoint.rstrip('/')}/healthz", timeout=timeout, verify=probe_tls())
     except httpx.HTTPError as exc:
         return False, None, None, f"{type(exc).__name__}: {exc}"
     latency = int((time.perf_counter() - started) * 1000)

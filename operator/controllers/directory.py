@@ -35,9 +35,10 @@ from .xdcr_members import xdcr_peers
 
 def needed_clusters(name: str, world: World) -> set[str]:
     """The clusters the engine of TableCluster ``name`` calls, per ReplicatedTables, TableReplicas, XdcrGroups."""
-    meta_of = {(t.namespace, t.name): t.spec.cluster for t in world.of_kind("ReplicatedTable")}
+    # (every TableReplica's reconcile asks, twice: the resources are read, never copied)
+    meta_of = {(t.namespace, t.name): t.spec.cluster for t in world.read_only("ReplicatedTable")}
     needed: set[str] = set()
-    for replica in world.of_kind("TableReplica"):
+    for replica in world.read_only("TableReplica"):
         meta = meta_of.get((replica.namespace, replica.spec.table))
         if meta is None:
             continue

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from ..models.common import now_text, parse_time
-from .world import DatabaseClusterError, Event, Resource, World
+from .world import DatabaseClusterError, Event, Resource, World, probe_tls
 
 #: seconds a member may take to answer ``/readyz`` (a paused engine takes all of it)
 MEMBER_TIMEOUT = 1.0
@@ -60,7 +60,7 @@ class MemberAnswer:
 def ask_member(member: str, timeout: float = MEMBER_TIMEOUT) -> MemberAnswer:
     """One member's ``/readyz``."""
     try:
-        response = httpx.get(f"{member.rstrip('/')}/readyz", timeout=timeout)
+        response = httpx.get(f"{member.rstrip('/')}/readyz", timeout=timeout, verify=probe_tls())
     except httpx.HTTPError as exc:
         return MemberAnswer(member, "unreachable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     try:
@@ -81,7 +81,7 @@ def ask_leader(member: str, token: str, timeout: float = LEADER_TIMEOUT) -> dict
     """The serving member's ``/leadership`` (epoch, address, database server); None if it did not say."""
     try:
         response = httpx.get(f"{member.rstrip('/')}/leadership", headers={"Authorization": f"OAuth {token}"},
-                             timeout=timeout)
+                             timeout=timeout, verify=probe_tls())
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

@@ -64,8 +64,8 @@ def _throttler(spec: Any) -> dict[str, int] | None:
 
 def reconcile_replicated_table(res: Resource, world: World) -> Outcome:
     spec = res.spec
-    claimants = [r for r in world.of_kind("ReplicatedTable")
-                 if r.spec.cluster == spec.cluster and r.spec.path == spec.path and not r.deleting]
+    claimants = world.of_kind("ReplicatedTable", where=lambda r: r.spec.cluster == spec.cluster
+                              and r.spec.path == spec.path and not r.deleting)
     winner = oldest_claimant(claimants) if claimants else res
     if winner.uid != res.uid:
         return not_ready(res, "ResourceConflict",
@@ -227,8 +227,8 @@ def _migrate_schema(res: Resource, world: World, client: Client, path: str, attr
     except YtError as exc:
         return Migration(SchemaMigrationPhase.REFUSED, f"the schema edit cannot be applied: {exc.message}; the "
                          f"engine keeps {[c['name'] for c in current]} (revert the edit, or create a new table)")
-    owners = {r.status.get("replicaId"): r.name for r in world.of_kind("TableReplica", res.namespace)
-              if r.spec.table == res.name and r.status.get("replicaId")}
+    owners = {r.status.get("replicaId"): r.name for r in world.of_kind(
+        "TableReplica", res.namespace, lambda r: r.spec.table == res.name and bool(r.status.get("replicaId")))}
     events: list[Event] = []
     pending: list[str] = []
     problems: list[str] = []
@@ -358,7 +358,7 @@ def _option_changes(current: dict[str, Any], desired: dict[str, Any]) -> str:
 
 
 def _status(res: Resource, world: World, client: Client, path: str, attrs: dict[str, Any]) -> dict[str, Any]:
-    mine = [r for r in world.of_kind("TableReplica", res.namespace) if r.spec.table == res.name]
+    mine = world.of_kind("TableReplica", res.namespace, lambda r: r.spec.table == res.name)
     by_replica_id = {r.status.get("replicaId"): r for r in mine if r.status.get("replicaId")}
     # a TableReplica whose status does not hold its replicaId yet (the replica was just created, its
     # status patch is on its way) is known by where its replica lives, as its reconciler finds it
@@ -434,8 +434,8 @@ def finalize_replicated_table(res: Resource, world: World) -> Outcome:
     spec = res.spec
     if spec.deletion_policy is not DeletionPolicy.DELETE:
         return Outcome(events=[Event("Normal", "Retained", f"{spec.path} left on {spec.cluster} (Retain)")])
-    claimants = [r for r in world.of_kind("ReplicatedTable") if r.spec.cluster == spec.cluster
-                 and r.spec.path == spec.path and r.uid != res.uid and not r.deleting]
+    claimants = world.of_kind("ReplicatedTable", where=lambda r: r.spec.cluster == spec.cluster
+                              and r.spec.path == spec.path and r.uid != res.uid and not r.deleting)
     if claimants:
         return Outcome(events=[Event("Normal", "Retained", f"{spec.path} is still claimed by {claimants[0].display}")])
     try:

@@ -12,12 +12,16 @@ object are resolved by :func:`oldest_claimant` ("the oldest wins", as CloudNativ
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
@@ -282,12 +286,40 @@ class DatabaseClusters(Protocol):
         ...
 
 
+@functools.cache
+def probe_tls() -> ssl.SSLContext:
+    """httpx's default TLS context, made once for every probe of an engine (``/healthz``, ``/readyz``):
+    ``httpx.get`` alone makes a new one per call, several milliseconds of CPU (4 % of an idle
+    operator's at 600 resources; benchmarks/scale_bench.py --dimensions operator). Each probe still
+    opens a connection of its own: what it measures and how a refused one reads are unchanged."""
+    return httpx.create_ssl_context()
+
+
+class Resources(Protocol):
+    """Where the reconcilers read the other resources (the registry): each answer a copy of what is
+    stored, so a reconciler may change the status maps it gets (but :meth:`shared`'s)."""
+
+    def of_kind(self, kind: str, namespace: str | None = None,
+                where: Callable[[Resource], bool] | None = None) -> list[Resource]:
+        """The valid resources of ``kind`` (in ``namespace``; that ``where``, handed a shared
+        resource it must only read, accepts)."""
+        ...
+
+    def find(self, kind: str, namespace: str | None, name: str) -> Resource | None:
+        """The valid resource ``namespace/name`` of ``kind`` (``namespace`` None: in any namespace)."""
+        ...
+
+    def shared(self, kind: str) -> list[Resource]:
+        """The valid resources of ``kind`` as stored, not copied: the caller must only read them."""
+        ...
+
+
 @dataclass
 class World:
     """Everything the reconcilers may look at besides the resource being reconciled."""
 
     engines: Engines
-    resources: Callable[[str], list[Resource]]
+    resources: Resources
     #: runs the bootstrap and verify jobs of new replicas (None: this front end cannot run them)
     launcher: Launcher | None = None
     #: what the tracker decided per table, for ``status.tracker`` (None: no tracker runs)
@@ -295,14 +327,18 @@ class World:
     #: reads a CloudNativePG Cluster's primary for ``status.leadership`` (None: this front end cannot)
     database_clusters: DatabaseClusters | None = None
 
-    def of_kind(self, kind: str, namespace: str | None = None) -> list[Resource]:
-        return [r for r in self.resources(kind) if namespace is None or r.namespace == namespace]
+    def of_kind(self, kind: str, namespace: str | None = None,
+                where: Callable[[Resource], bool] | None = None) -> list[Resource]:
+        """Resources of ``kind`` (see :class:`Resources`): filter with ``where`` rather than after,
+        so that only the resources kept are copied (a reconcile stays O(1) copies, not O(N))."""
+        return self.resources.of_kind(kind, namespace, where)
 
     def find(self, kind: str, namespace: str | None, name: str) -> Resource | None:
-        for r in self.resources(kind):
-            if r.name == name and (namespace is None or r.namespace == namespace):
-                return r
-        return None
+        return self.resources.find(kind, namespace, name)
+
+    def read_only(self, kind: str) -> list[Resource]:
+        """Every resource of ``kind``, not copied (see :meth:`Resources.shared`): never change them."""
+        return self.resources.shared(kind)
 
 
 def oldest_claimant(candidates: list[Resource]) -> Resource:

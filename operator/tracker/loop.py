@@ -25,7 +25,7 @@ from reptables.engine.errors import YtError
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.tablets import TabletState
 
-from ..controllers.world import Resource, TrackerJournal, TrackerSwitch, World, describe_error
+from ..controllers.world import Resource, TrackerJournal, TrackerSwitch, World, describe_error, probe_tls
 from ..metrics import MODE_SWITCHES, TRACKER_CHECKS
 from ..models import Atomicity
 from . import decision as tk
@@ -190,7 +190,8 @@ class TrackerLoop:
             if name in read_only:
                 return tk.ClusterHealth(False, "cluster is read-only")
             try:
-                response = httpx.get(f"{refs[name].endpoint.rstrip('/')}/healthz", timeout=self.probe_timeout)
+                response = httpx.get(f"{refs[name].endpoint.rstrip('/')}/healthz", timeout=self.probe_timeout,
+                                     verify=probe_tls())
             except httpx.ConnectError as exc:
                 # refused: no process at the address (a timeout or a reset may be a slow engine)
                 refused = "refused" in str(exc).lower() or isinstance(exc.__cause__, ConnectionRefusedError)
