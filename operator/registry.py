@@ -133,7 +133,7 @@ class Registry:
         self.database_clusters: DatabaseClusters | None = None
         #: what the tracker decided per ReplicatedTable; its loop writes it, the tables' status shows it
         self.tracker_journal = TrackerJournal()
-        #: guards the three maps below (a leaf: nothing else is taken while holding it)
+        #: guards the five maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
         #: kind -> the keys of _objects of that kind (a reconcile reads one kind, never all). Guarded by _lock
