@@ -79,7 +79,8 @@ def _find_replica(meta: Client, table_path: str, cluster: str, replica_path: str
 
 def _attributes(client: Client, path: str) -> dict[str, Any] | None:
     """The attributes of the node at ``path`` (None: there is none). One read where ``exists`` and a
-    ``get`` were two: a refresh of every TableReplica every few seconds made 7 engine calls, now 3."""
+    ``get`` were two: a refresh of every TableReplica every few seconds made 7 engine calls, now 2
+    (a third when it changed the replica)."""
     try:
         found: dict[str, Any] = client.get(f"{path}/@")
     except YtError as exc:
