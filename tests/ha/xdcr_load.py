@@ -24,7 +24,7 @@ import httpx
 from reptables.engine.client import Client
 from reptables.engine.client.protocol import TransportError, never_sent
 from reptables.engine.errors import YtError
-from reptables.testing import KV_SCHEMA, TEST_TOKEN, USERS_SCHEMA, EngineProcess, EngineSet, wait_for
+from reptables.testing import KV_SCHEMA, TEST_TOKEN, USERS_SCHEMA, EngineProcess, EngineSet, WaitTimeout, wait_for
 
 MEMBERS = ("a", "b", "c")
 USERS = "//home/users"
@@ -183,7 +183,15 @@ def stream_counts(client: Client, path: str, since: int, wanted: set[int], key: 
         position["from_event_token"] = answer["event_token"]
         return wanted <= set(events)
 
-    wait_for(pulled_all, 90, f"every acknowledged write in the change stream of {path} at {client.proxy_url}")
+    try:
+        wait_for(pulled_all, 90, f"every acknowledged write in the change stream of {path} at {client.proxy_url}")
+    except WaitTimeout as exc:
+        # (what a diagnosis needs: which writes are missing, and where the stream stands - its token's
+        # first 16 hex digits are the timestamp it has read up to)
+        missing = sorted(wanted - set(events))
+        raise AssertionError(f"{exc}: {len(missing)} of {len(wanted)} missing (first {missing[:10]}); the stream "
+                             f"stands at {position.get('from_event_token')}; the engine's timestamp now "
+                             f"{client.generate_timestamp():016x}") from None
     return events
 
 
