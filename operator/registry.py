@@ -21,9 +21,9 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -41,6 +41,8 @@ CREDENTIALS_SELECTOR = f"{CREDENTIALS_LABEL}={CREDENTIALS_LABEL_VALUE}"
 TABLE_CLUSTERS_ANNOTATION = "reptables.io/table-clusters"
 #: a token goes into an HTTP header; longer values are certainly not tokens
 MAX_TOKEN_BYTES = 4096
+
+T = TypeVar("T")
 
 # reasons of the TableCluster's Ready=False when its credentials cannot be used
 SECRET_NOT_FOUND = "SecretNotFound"
@@ -122,6 +124,15 @@ def _signature(body: Mapping[str, Any]) -> bytes | None:
         return None
 
 
+def _shape(body: Mapping[str, Any]) -> bytes | None:
+    """What :meth:`Registry.derived` values may depend on, as bytes: the spec, identity and deletion of a
+    resource, not its status (None: not serializable, so never taken as unchanged)."""
+    meta = body.get("metadata") or {}
+    return _signature({"spec": body.get("spec"), "uid": meta.get("uid"),
+                       "deletionTimestamp": meta.get("deletionTimestamp"),
+                       "creationTimestamp": meta.get("creationTimestamp"), "generation": meta.get("generation")})
+
+
 class Registry:
     def __init__(self, engines: Engines, default_namespace: str, policy: CredentialPolicy | None = None) -> None:
         self.engines = engines
@@ -133,7 +144,7 @@ class Registry:
         self.database_clusters: DatabaseClusters | None = None
         #: what the tracker decided per ReplicatedTable; its loop writes it, the tables' status shows it
         self.tracker_journal = TrackerJournal()
-        #: guards the five maps below (a leaf: nothing else is taken while holding it)
+        #: guards the maps below (a leaf: nothing else is taken while holding it)
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}  # guarded by _lock
         #: kind -> the keys of _objects of that kind (a reconcile reads one kind, never all). Guarded by _lock
@@ -147,6 +158,12 @@ class Registry:
         #: changed in place: only a copy of its content tells a new version). Guarded by _lock
         self._signatures: dict[tuple[str, str | None, str], bytes] = {}
         self._secrets: dict[tuple[str, str], _Secret] = {}  # guarded by _lock
+        #: each stored body's :func:`_shape`, and per kind a counter moved whenever one of that kind's
+        #: shapes changes, one is stored or one is removed (status refreshes do not move it). Guarded by _lock
+        self._shapes: dict[tuple[str, str | None, str], bytes | None] = {}
+        self._shape_generation: dict[str, int] = {}
+        #: key -> (the shape generations of its kinds when computed, value): :meth:`derived`. Guarded by _lock
+        self._derived: dict[Hashable, tuple[tuple[int, ...], Any]] = {}
 
     # -- feeding ---------------------------------------------------------------------------------
 
@@ -155,9 +172,13 @@ class Registry:
         key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
         stored = dict(body)
         signature = _signature(stored)
+        shape = _shape(stored)
         with self._lock:
             if signature is None or self._signatures.get(key) != signature:
                 self._parsed.pop(key, None)  # (a refresh hands the same body again: its parse stays)
+            if shape is None or key not in self._shapes or self._shapes[key] != shape:
+                self._shape_generation[key[0]] = self._shape_generation.get(key[0], 0) + 1
+            self._shapes[key] = shape
             self._objects[key] = stored
             if signature is None:
                 self._signatures.pop(key, None)
@@ -173,6 +194,8 @@ class Registry:
             self._parsed.pop((kind, namespace, name), None)
             self._signatures.pop((kind, namespace, name), None)
             self._keys.get(kind, {}).pop((kind, namespace, name), None)
+            if self._shapes.pop((kind, namespace, name), b"") != b"":
+                self._shape_generation[kind] = self._shape_generation.get(kind, 0) + 1
 
     def upsert_secret(self, body: Mapping[str, Any]) -> None:
         """Take a Secret in: its values only if the policy lets TableClusters use it."""
@@ -243,6 +266,27 @@ class Registry:
         """The valid stored resources of ``kind`` as parsed, shared, not copied: for a caller that only
         reads them (every TableReplica's reconcile derives the engines' directories from all of them)."""
         return self._valid(kind)
+
+    def derived(self, kinds: tuple[str, ...], key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, made again only when the spec, identity or deletion of a resource of ``kinds``
+        has changed (or one came or went) since it was made; a status change keeps it. For what every
+        reconcile derives from whole kinds (who claims what, which clusters an engine calls): made
+        once per change, not once per reconcile of each of N resources, which is N^2 per refresh round
+        (1,000 TableReplicas kept a core busy at idle; benchmarks/scale_bench.py --dimensions operator).
+        ``compute`` must read only those kinds, and only their specs and metadata; its value is shared:
+        callers must only read it. Two callers may compute it at once; the value stays only if no
+        resource of ``kinds`` changed meanwhile."""
+        with self._lock:
+            generations = tuple(self._shape_generation.get(kind, 0) for kind in kinds)
+            cached = self._derived.get(key)
+        if cached is not None and cached[0] == generations:
+            value: T = cached[1]
+            return value
+        value = compute()
+        with self._lock:
+            if generations == tuple(self._shape_generation.get(kind, 0) for kind in kinds):
+                self._derived[key] = (generations, value)
+        return value
 
     def find(self, kind: str, namespace: str | None, name: str) -> Resource | None:
         """The valid stored resource ``kind`` ``namespace/name`` (``namespace`` None: in any namespace,

@@ -35,18 +35,24 @@ from .xdcr_members import xdcr_peers
 
 def needed_clusters(name: str, world: World) -> set[str]:
     """The clusters the engine of TableCluster ``name`` calls, per ReplicatedTables, TableReplicas, XdcrGroups."""
-    # (every TableReplica's reconcile asks, twice: the resources are read, never copied)
+    # (every new TableReplica's reconcile asks, twice: the links of every cluster are derived once per
+    # change of a table or replica spec, not once per call, which made N new replicas cost N^2)
+    links = world.derived(("ReplicatedTable", "TableReplica"), "replication_links", lambda: _replication_links(world))
+    return set(links.get(name, ())) | xdcr_peers(name, world)
+
+
+def _replication_links(world: World) -> dict[str, frozenset[str]]:
+    """Cluster -> the clusters its engine calls for replicated tables: the replica clusters of its tables,
+    and the meta-clusters of the replicas it holds."""
     meta_of = {(t.namespace, t.name): t.spec.cluster for t in world.read_only("ReplicatedTable")}
-    needed: set[str] = set()
+    links: dict[str, set[str]] = {}
     for replica in world.read_only("TableReplica"):
         meta = meta_of.get((replica.namespace, replica.spec.table))
         if meta is None:
             continue
-        if meta == name:
-            needed.add(replica.spec.cluster)
-        if replica.spec.cluster == name:
-            needed.add(meta)
-    return needed | xdcr_peers(name, world)
+        links.setdefault(meta, set()).add(replica.spec.cluster)
+        links.setdefault(replica.spec.cluster, set()).add(meta)
+    return {cluster: frozenset(peers) for cluster, peers in links.items()}
 
 
 def desired_directory(name: str, world: World) -> Directory:

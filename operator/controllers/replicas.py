@@ -58,6 +58,12 @@ TRANSITIONS = {ReplicaState.ENABLING: "Enabling", ReplicaState.DISABLING: "Disab
 TRANSITION_POLL_SECONDS = 1.0
 
 
+def replica_place(replica: Resource) -> tuple[str | None, str, str, str]:
+    """What a TableReplica claims: the replica of table ``spec.table`` (in its namespace) at
+    ``spec.cluster``:``spec.replica_path``. Two resources that claim one place are one too many."""
+    return replica.namespace, replica.spec.table, replica.spec.cluster, replica.spec.replica_path
+
+
 def tracker_owns_mode(table: Resource, replica: Resource) -> bool:
     return bool(table.spec.replicated_table_options.enable_replicated_table_tracker and
                 replica.spec.enable_replicated_table_tracker)
@@ -97,9 +103,8 @@ def reconcile_table_replica(res: Resource, world: World) -> Outcome:
         return not_ready(res, "TableNotFound", f"ReplicatedTable {res.namespace}/{spec.table} does not exist", 10.0)
     if not table.status.get("tableId"):
         return not_ready(res, "WaitingForTable", f"ReplicatedTable {spec.table} is not created yet", 2.0)
-    where = (spec.table, spec.cluster, spec.replica_path)
-    claimants = world.of_kind("TableReplica", res.namespace, lambda r: not r.deleting and
-                              (r.spec.table, r.spec.cluster, r.spec.replica_path) == where)
+    claimants = [r for r in world.grouped("TableReplica", replica_place).get(replica_place(res), ())
+                 if not r.deleting]
     winner = oldest_claimant(claimants) if claimants else res
     if winner.uid != res.uid:
         return not_ready(res, "ResourceConflict", f"{winner.display} already manages the replica of "

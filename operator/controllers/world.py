@@ -16,10 +16,10 @@ import functools
 import ssl
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
@@ -295,6 +295,9 @@ def probe_tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+T = TypeVar("T")
+
+
 class Resources(Protocol):
     """Where the reconcilers read the other resources (the registry): each answer a copy of what is
     stored, so a reconciler may change the status maps it gets (but :meth:`shared`'s)."""
@@ -311,6 +314,11 @@ class Resources(Protocol):
 
     def shared(self, kind: str) -> list[Resource]:
         """The valid resources of ``kind`` as stored, not copied: the caller must only read them."""
+        ...
+
+    def derived(self, kinds: tuple[str, ...], key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, kept until the spec or metadata of a resource of ``kinds`` changes (see
+        :meth:`~reptables.operator.registry.Registry.derived`): shared, read only."""
         ...
 
 
@@ -339,6 +347,22 @@ class World:
     def read_only(self, kind: str) -> list[Resource]:
         """Every resource of ``kind``, not copied (see :meth:`Resources.shared`): never change them."""
         return self.resources.shared(kind)
+
+    def derived(self, kinds: tuple[str, ...], key: Hashable, compute: Callable[[], T]) -> T:
+        """A value ``compute`` derives from the specs of whole kinds, made again only when one of them
+        changes (see :class:`Resources`): a reconcile reads it in O(1), not O(N)."""
+        return self.resources.derived(kinds, key, compute)
+
+    def grouped(self, kind: str, by: Callable[[Resource], Hashable]) -> dict[Hashable, list[Resource]]:
+        """The valid resources of ``kind`` grouped by ``by`` (a module-level function of a resource's
+        spec and metadata only: its identity keys the cache), shared and read only. Their statuses
+        may be older than the registry's: read a member's status through :meth:`find`."""
+        def group() -> dict[Hashable, list[Resource]]:
+            out: dict[Hashable, list[Resource]] = {}
+            for r in self.resources.shared(kind):
+                out.setdefault(by(r), []).append(r)
+            return out
+        return self.derived((kind,), ("grouped", kind, by), group)
 
 
 def oldest_claimant(candidates: list[Resource]) -> Resource:

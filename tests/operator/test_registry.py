@@ -88,3 +88,45 @@ def test_an_invalid_resource_is_left_out_and_read_again_once_fixed() -> None:
     body["spec"]["mode"] = "async"
     reg.upsert(body)
     assert [r.name for r in reg.of_kind("TableReplica")] == ["r0", "r1"]
+
+
+def test_what_reconcilers_derive_from_whole_kinds_follows_every_spec_change_but_not_status_ones() -> None:
+    from reptables.operator.controllers.directory import needed_clusters
+    from reptables.operator.controllers.replicas import replica_place
+
+    def table(name: str, cluster_name: str) -> dict[str, Any]:
+        return {"apiVersion": API, "kind": "ReplicatedTable",
+                "metadata": {"name": name, "namespace": "shop", "generation": 1},
+                "spec": {"cluster": cluster_name, "path": f"//home/{name}",
+                         "schema": [{"name": "k", "type": "int64", "sortOrder": "ascending"}]}}
+
+    body = replica("r0", "orders")
+    reg = registry(table("orders", "meta"), body)
+    world = reg.world()
+    computed: list[int] = []
+
+    def count() -> int:
+        computed.append(1)
+        return len(reg.shared("TableReplica"))
+
+    assert world.derived(("TableReplica",), "n", count) == 1
+    # a status refresh (every resource, every few seconds) keeps what was derived
+    reg.upsert(body | {"status": {"replicaId": "1-2-3-4", "lagSeconds": 3}})
+    assert world.derived(("TableReplica",), "n", count) == 1 and len(computed) == 1
+    assert needed_clusters("meta", world) == {"c0"} and needed_clusters("c0", world) == {"meta"}
+    # a spec edit made in place on the body already handed over, a new resource, a removal, a deletion
+    body["spec"]["cluster"] = "c1"
+    reg.upsert(body)
+    assert needed_clusters("meta", world) == {"c1"} and needed_clusters("c0", world) == set()
+    twin = replica("r1", "orders", cluster="c1")
+    reg.upsert(twin)
+    assert world.derived(("TableReplica",), "n", count) == 2 and len(computed) == 2
+    assert [r.name for r in world.grouped("TableReplica", replica_place)[("shop", "orders", "c1", "//home/orders")]] \
+        == ["r0", "r1"]
+    reg.upsert(twin | {"metadata": {**twin["metadata"], "deletionTimestamp": "2026-11-28T00:00:00Z"}})
+    assert [r.deleting for r in world.grouped("TableReplica", replica_place)[("shop", "orders", "c1",
+                                                                              "//home/orders")]] == [False, True]
+    reg.remove("TableReplica", "shop", "r1")
+    assert world.derived(("TableReplica",), "n", count) == 1 and len(computed) == 3
+    reg.remove("TableReplica", "shop", "r0")
+    assert needed_clusters("meta", world) == set()
