@@ -187,7 +187,7 @@ def _reconcile_one(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Mem
     registry = runtime.registry
     registry.upsert(body)
     try:
-        res = registry.resource(body)
+        res = registry.stored(body)
     except models.InvalidResourceError as exc:
         patch.status["conditions"] = merge((body.get("status") or {}).get("conditions"),
                                            [Cond(ConditionType.READY, False, "InvalidSpec", str(exc))],

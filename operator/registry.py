@@ -240,6 +240,22 @@ class Registry:
             spec=model.spec, status=dict(body.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")))
 
+    def stored(self, body: Mapping[str, Any]) -> Resource:
+        """The resource of ``body`` as :meth:`resource` parses it, from the parse kept for the stored
+        version when ``body`` is what was last upserted (a refresh of an unchanged resource parses
+        nothing), with its own copy of the status map; raises InvalidResourceError as it does."""
+        meta = body.get("metadata", {})
+        key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
+        signature = _signature(body)
+        with self._lock:
+            same = signature is not None and self._signatures.get(key) == signature
+        parsed = self._parse(key) if same else None
+        if isinstance(parsed, InvalidResourceError):
+            raise parsed
+        if isinstance(parsed, Resource):
+            return replace(parsed, status=dict(parsed.status))
+        return self.resource(body)
+
     def of_kind(self, kind: str, namespace: str | None = None,
                 where: Callable[[Resource], bool] | None = None) -> list[Resource]:
         """The valid stored resources of ``kind`` (in ``namespace``, if given; those ``where`` accepts,
