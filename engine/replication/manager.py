@@ -146,11 +146,11 @@ class ReplicationManager:
         return self.sink.prepare_may_wait(body)
 
     # ``caller``: the cluster a peer credential names (engine/credentials.py); None in process
-    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> None:
-        self.sink.handle_prepare(body, caller)
+    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        return self.sink.handle_prepare(body, caller)
 
-    def handle_commit(self, body: dict[str, Any], caller: str | None) -> None:
-        self.sink.handle_commit(body, caller)
+    def handle_commit(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        return self.sink.handle_commit(body, caller)
 
     def handle_abort(self, body: dict[str, Any], caller: str | None) -> None:
         self.sink.handle_abort(body, caller)

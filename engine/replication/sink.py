@@ -360,7 +360,7 @@ class ReplicaSink:
 
     # -- sync writes ---------------------------------------------------------------------------------
 
-    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> None:
+    def handle_prepare(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
         tx_id = str_field(body, "transaction_id", "prepare", MAX_TRANSACTION_ID_LENGTH)
         what = f"prepare of transaction {tx_id}"
         coordinator = str_field(body, "coordinator", what)
@@ -402,15 +402,21 @@ class ReplicaSink:
             for w in writes:
                 w.mask = (table.schema.lock_mask(list(w.row)) if w.update else full_mask) \
                     if w.kind is write_kind else 1
-        self.host.transactions.prepare_participant(
+        transactions = self.host.transactions
+        transactions.prepare_participant(
             tx_id, coordinator, table, path, writes, start_ts, prepare_ts,
             {"upstream_replica_id": replica_id,
              # (no null: a null in a record makes its encoding look for NaNs)
              **({} if table.sorted else {"tablet_index": tablet_index % table.tablet_count}),
              "meta_tablet_index": tablet_index},
             participant=f"{table.table_id}/{replica_id}/{tablet_index}")
+        # (the coordinator learns which of its relaxed commits here this durable prepare covered)
+        return transactions.participant_durability()
 
-    def handle_commit(self, body: dict[str, Any], caller: str | None) -> None:
+    def handle_commit(self, body: dict[str, Any], caller: str | None) -> dict[str, Any]:
+        """Apply a coordinator's decision; ``relaxed``: without an fsync on SQLite storage (see
+        ``transactions/participant.py``). The answer says which relaxed commits here are durable and,
+        for a relaxed one, its ``sequence``."""
         tx_id = str_field(body, "transaction_id", "commit", MAX_TRANSACTION_ID_LENGTH)
         what = f"commit of transaction {tx_id}"
         commit_ts = self.check_timestamp(body.get("commit_timestamp"), f"commit timestamp of transaction {tx_id}")
@@ -426,7 +432,15 @@ class ReplicaSink:
                 advance_sink(conn, extra["upstream_replica_id"], extra["meta_tablet_index"], row_index,
                              int(extra["commit_timestamp"]))
 
-        self.host.transactions.commit_participant(tx_id, commit_ts, advance, coordinator=caller)
+        relaxed = body.get("relaxed", False)
+        if not isinstance(relaxed, bool):
+            raise bad_request(f"Invalid relaxed in internal request {what}: expected a boolean", field="relaxed")
+        transactions = self.host.transactions
+        sequence = transactions.commit_participant(tx_id, commit_ts, advance, coordinator=caller, relaxed=relaxed)
+        answer = transactions.participant_durability()
+        if sequence is not None:
+            answer["sequence"] = sequence
+        return answer
 
     def handle_abort(self, body: dict[str, Any], caller: str | None) -> None:
         self.host.transactions.abort_participant(

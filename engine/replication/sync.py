@@ -10,7 +10,10 @@ hooks here (``transactions.CommitHooks``) at fixed points of its two-phase commi
   sync replicas' progress moves to the new queue end, in the same transaction as the queue rows
   and the decision record, and the sync set is checked again so that a replica that turned in
   sync after the participants were chosen fails the commit rather than missing it;
-* ``commit_remote``: the decision, delivered in the background once durable.
+* ``commit_remote``: the decision, delivered in the background once durable. The replica writes
+  it without an fsync where it can (``relaxed``, transactions/participant.py): the decision record
+  here is kept until an answer of that replica (to a later prepare, or to the commit itself) says
+  the commit is durable there, and a commit no answer covers is sent again without ``relaxed``.
 
 ``deliver_decisions`` resends decisions not acknowledged yet; ``resolve_in_doubt`` is the replica
 side asking coordinators about transactions it prepared and never heard of again.
@@ -27,6 +30,7 @@ marked stalled, so that reads fail at once with a retriable error instead of wai
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +52,9 @@ from .sink import ReplicaSink
 
 log = logging.getLogger("reptables.engine.replication")
 
+#: how long delivered commit decisions gather before one write forgets them all (seconds)
+FORGET_BATCH_DELAY = 0.05
+
 
 def _undo_commit_sync(replica: Replica, tablet: int, previous: tuple[int, int], end: int) -> Callable[[], None]:
     return lambda: replica.undo_commit_sync(tablet, previous, end)
@@ -68,6 +75,21 @@ class SyncCommits:
         #: in-doubt transactions whose coordinator is not in the directory: id -> since when
         #: (monotonic). Only the maintenance thread (``resolve_in_doubt``) uses it
         self._coordinator_unknown_since: dict[str, float] = {}
+        #: relaxed commits delivered to a sync replica's cluster and not yet known durable there:
+        #: cluster -> [(the participant's instance, the commit's number, transaction id)], in order
+        self._unsynced: dict[str, list[tuple[str, int, str]]] = {}
+        #: transaction id -> (the clusters whose relaxed commit is still not durable, the commit
+        #: messages that could not be delivered): its decision is forgotten when the set is empty
+        self._awaiting: dict[str, tuple[set[str], list[dict[str, Any]]]] = {}
+        #: cluster -> (instance, durable_through) of its last answer
+        self._durable_seen: dict[str, tuple[str, int]] = {}
+        #: decisions delivered (and durable where they were relaxed), to forget in the next batch, and
+        #: whether a batch is due (submitted, not yet taken them)
+        self._forgettable: list[tuple[str, list[dict[str, Any]]]] = []
+        self._forget_due = False
+        #: guards _unsynced, _awaiting, _durable_seen, _forgettable and _forget_due (a leaf; never
+        #: held during a call or a write)
+        self._unsynced_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -104,11 +126,12 @@ class SyncCommits:
         def prepare(rp: RemoteParticipant) -> None:
             # an answer may take longer for a big batch; connecting never waits past the sync timeout
             timeout = self.peers.timeout + len(rp.writes) * per_row
-            self.peers.client(rp.cluster).call("prepare", timeout=timeout, body={
+            answer = self.peers.client(rp.cluster).call("prepare", timeout=timeout, body={
                 "transaction_id": tx.id, "coordinator": self.host.name, "replica_id": rp.replica_id,
                 "replica_path": rp.replica_path, "tablet_index": rp.tablet_index,
                 "start_timestamp": tx.start_timestamp, "prepare_timestamp": prepare_ts,
                 **encode_writes(rp.writes)})
+            self._note_durability(rp.cluster, answer)
 
         if len(remote) == 1:
             # one sync replica: no thread hand-off on the latency path
@@ -202,21 +225,108 @@ class SyncCommits:
         messages = commit_messages(tx_id, commit_ts, remote)
 
         def deliver() -> None:
-            remaining = [m for m in messages if not self.call_quietly(m["cluster"], "commit", m)]
-            try:
-                self.host.transactions.forget_decision(tx_id, remaining)
-            except Exception:  # noqa: BLE001 - a decision not forgotten is only delivered again
-                log.exception("cannot record delivered commit", extra={"transaction_id": tx_id})
+            remaining: list[dict[str, Any]] = []
+            relaxed: list[tuple[str, str, int]] = []  # (cluster, instance, number) not yet durable
+            for m in messages:
+                try:
+                    answer = self.peers.client(m["cluster"]).call("commit", {**m, "relaxed": True})
+                except YtError as exc:
+                    log.warning("peer call failed", extra={"cluster": m["cluster"], "method": "commit",
+                                                           "error": exc.message})
+                    remaining.append(m)
+                    continue
+                number = answer.get("sequence") if isinstance(answer, dict) else None
+                if isinstance(number, int) and not isinstance(number, bool):
+                    relaxed.append((m["cluster"], str(answer.get("instance")), number))
+                self._note_durability(m["cluster"], answer)
+            if relaxed and self._await_durable(tx_id, relaxed, remaining):
+                return  # forgotten once the replicas say the commits are durable (_note_durability)
+            self._forget_soon([(tx_id, remaining)])
 
         try:
             self._pool.submit(deliver)
         except RuntimeError:
             pass  # shutting down: the decision record stays and is delivered after the restart
 
+    def _forget_soon(self, decisions: list[tuple[str, list[dict[str, Any]]]]) -> None:
+        """Forget delivered decisions in a batch a moment later (FORGET_BATCH_DELAY): one write for all
+        of them rather than one per commit, each taking the writer lock from the next commit."""
+        with self._unsynced_lock:
+            self._forgettable.extend(decisions)
+            if self._forget_due:
+                return
+            self._forget_due = True
+        try:
+            self._pool.submit(self._forget_batch)
+        except RuntimeError:
+            pass  # shutting down: the decision records stay and are delivered after the restart
+
+    def _forget_batch(self) -> None:
+        time.sleep(FORGET_BATCH_DELAY)
+        with self._unsynced_lock:
+            decisions, self._forgettable = self._forgettable, []
+            self._forget_due = False
+        try:
+            self.host.transactions.forget_decisions(decisions)
+        except Exception:  # noqa: BLE001 - a decision not forgotten is only delivered again
+            log.exception("cannot record delivered commits", extra={"transactions": len(decisions)})
+
+    def _await_durable(self, tx_id: str, relaxed: list[tuple[str, str, int]],
+                       remaining: list[dict[str, Any]]) -> bool:
+        """Keep ``tx_id``'s decision until every commit in ``relaxed`` is known durable; False if all
+        already are (the answers so far say so)."""
+        with self._unsynced_lock:
+            waiting = set()
+            for cluster, instance, number in relaxed:
+                seen = self._durable_seen.get(cluster)
+                if seen is None or seen[0] != instance or seen[1] < number:
+                    waiting.add(cluster)
+                    self._unsynced.setdefault(cluster, []).append((instance, number, tx_id))
+            if not waiting:
+                return False
+            self._awaiting[tx_id] = (waiting, remaining)
+            return True
+
+    def _note_durability(self, cluster: str, answer: Any) -> None:
+        """A replica's answer says through which relaxed commit its commits are durable: the decisions
+        whose every relaxed commit that covers are forgotten (in the background)."""
+        if not isinstance(answer, dict):
+            return
+        instance, through = answer.get("instance"), answer.get("durable_through")
+        if not isinstance(instance, str) or not isinstance(through, int):
+            return  # (an engine that commits durably only)
+        done: list[tuple[str, list[dict[str, Any]]]] = []
+        with self._unsynced_lock:
+            self._durable_seen[cluster] = (instance, through)
+            entries = self._unsynced.get(cluster)
+            if not entries:
+                return
+            kept = []
+            for entry in entries:
+                if entry[0] == instance and entry[1] > through:
+                    kept.append(entry)
+                    continue
+                # durable, or made by an earlier run of the replica's engine: the resend of the
+                # undelivered decisions (deliver_decisions) makes that one durable, or applies it
+                if entry[0] != instance:
+                    continue
+                awaiting = self._awaiting.get(entry[2])
+                if awaiting is not None:
+                    awaiting[0].discard(cluster)
+                    if not awaiting[0]:
+                        del self._awaiting[entry[2]]
+                        done.append((entry[2], awaiting[1]))
+            self._unsynced[cluster] = kept
+        if done:
+            self._forget_soon(done)
+
     def deliver_decisions(self) -> None:
-        """Background: resend commits that sync replicas have not acknowledged yet."""
+        """Background: resend commits that sync replicas have not acknowledged yet, or not as durable
+        (a relaxed commit no answer has covered since: the resend, durable, makes it so)."""
         for tx_id, _ts, pending in self.host.transactions.undelivered_decisions():
             remaining = [m for m in pending if not self.call_quietly(m["cluster"], "commit", m)]
+            with self._unsynced_lock:
+                self._awaiting.pop(tx_id, None)
             if len(remaining) != len(pending):
                 self.host.transactions.forget_decision(tx_id, remaining)
 

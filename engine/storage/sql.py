@@ -162,7 +162,11 @@ class Storage:
         conn = self._writer_connection()
         relaxed = self.is_sqlite and not durable
         if relaxed:
-            _raw_pragma(conn, "PRAGMA synchronous=OFF")
+            # NORMAL, not OFF: in WAL mode it skips the commit's fsync as OFF does, but a checkpoint
+            # run by this commit still syncs the log before and the database after, so the next
+            # durable commit makes this one durable too (the log it fsyncs holds every earlier frame
+            # not yet safely in the database): ParticipantSide's relaxed commits rely on that
+            _raw_pragma(conn, "PRAGMA synchronous=NORMAL")
         undo: list[Callable[[], None]] = []
         published: list[Callable[[], None]] = []
         conn.info[_UNDO] = undo

@@ -60,7 +60,7 @@ from ..faults import NO_FAULTS, Faults
 from ..metrics import EngineMetrics
 from ..storage import FastStatement, Storage, commits_table
 from ..tablets import DynamicTable, RowWrite
-from ..timestamps import COUNTER_BITS, TimestampProvider
+from ..timestamps import COUNTER_BITS, TimestampProvider, unix_to_timestamp
 from .hooks import CommitHooks
 from .locks import LockTable, check_conflicts
 from .model import (
@@ -403,19 +403,29 @@ class TransactionManager:
     def undelivered_decisions(self, older_than: float = 2.0) -> list[tuple[str, int, list[dict[str, Any]]]]:
         """Decisions not yet acknowledged by every participant, committed at least ``older_than``
         seconds ago (younger ones are normally still being delivered)."""
-        before = self.timestamps.last - (int(older_than * 1000) << COUNTER_BITS) // 1000
+        # from the clock, not from the last timestamp handed out: on an idle engine that one stands
+        # still, and a decision left to deliver (a relaxed commit no later prepare covered) with it
+        now = max(self.timestamps.last, unix_to_timestamp(time.time()))
+        before = now - (int(older_than * 1000) << COUNTER_BITS) // 1000
         with self.storage.read() as conn:
             rows = conn.execute(sa.select(commits_table).where(commits_table.c.commit_timestamp <= before)).all()
         return [(r.transaction_id, r.commit_timestamp, json.loads(r.participants)) for r in rows]
 
     def forget_decision(self, tx_id: str, remaining: list[dict[str, Any]]) -> None:
+        self.forget_decisions([(tx_id, remaining)])
+
+    def forget_decisions(self, decisions: list[tuple[str, list[dict[str, Any]]]]) -> None:
+        """Drop delivered decisions, or keep only the messages still to deliver (``remaining``), all in
+        one write: sync commits delivered one by one are forgotten in batches, not each with a write
+        that takes the writer lock from the next commit."""
         # no fsync: a forgetting lost in a crash only makes the commit be sent again, which is a no-op
         with self.storage.write(durable=False, harmless_if_lost=True) as conn:
-            if remaining:
-                conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
-                             .values(participants=json.dumps(remaining)))
-            else:
-                _DELETE_DECISION.run(conn, transaction_id=tx_id)
+            for tx_id, remaining in decisions:
+                if remaining:
+                    conn.execute(commits_table.update().where(commits_table.c.transaction_id == tx_id)
+                                 .values(participants=json.dumps(remaining)))
+                else:
+                    _DELETE_DECISION.run(conn, transaction_id=tx_id)
 
     # -- the participant side (``ParticipantSide``), for the node and the replication layer --------
 
@@ -426,11 +436,16 @@ class TransactionManager:
         self.participants.prepare(tx_id, coordinator, table, path, writes, start_ts, prepare_ts, extra, participant)
 
     def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None,
-                           coordinator: str | None = None) -> bool:
+                           coordinator: str | None = None, relaxed: bool = False) -> int | None:
         """Apply a prepared remote transaction with the coordinator's commit timestamp (``coordinator``:
         the calling cluster, which must be the one that prepared it; None for this cluster's own
-        in-doubt resolution)."""
-        return self.participants.commit(tx_id, commit_ts, on_apply, coordinator)
+        in-doubt resolution). ``relaxed``: without an fsync if the storage allows, and then its
+        number is returned (see ``ParticipantSide.commit``)."""
+        return self.participants.commit(tx_id, commit_ts, on_apply, coordinator, relaxed)
+
+    def participant_durability(self) -> dict[str, Any]:
+        """Through which relaxed commit this participant's commits are durable (``ParticipantSide.durability``)."""
+        return self.participants.durability()
 
     def abort_participant(self, tx_id: str, coordinator: str | None = None) -> None:
         self.participants.abort(tx_id, coordinator)

@@ -26,12 +26,30 @@ Everything here comes from another cluster, so its timestamps are checked like a
 applied: one value near 2^63 would otherwise move this cluster's clock out of range for good. A
 commit timestamp below the prepare timestamp is refused too (reads at a timestamp between the two
 would not be repeatable).
+
+Commits without an fsync (SQLite storage). A participant's commit is the second of its two durable
+writes per transaction, and the coordinator has already answered its client: the decision record at
+the coordinator is what makes the transaction durable. So a commit the coordinator asks for with
+``relaxed`` is written without an fsync and numbered, and every answer to the coordinator says
+through which number this engine's commits are known durable (``durable_through``, of this
+``instance`` of the participant): the next durable write here (a prepare, which always writes its
+record) makes every earlier one durable too, SQLite's write-ahead log being appended in commit
+order. The coordinator keeps its decision record until an answer covers the commit; one that none
+covers (an idle replica, a restarted one) is sent again after a while without ``relaxed``, and that
+commit, a no-op by then, first makes the earlier ones durable (:meth:`ParticipantSide.sync`). A
+commit lost in a power loss leaves its durable prepare record behind: the restarted engine holds it
+again, and the coordinator's resend (or its own in-doubt question) applies it. This saves an fsync
+per sync replica write on the single-row commit path (benchmarks/replication_vs_pg.py). Not on
+PostgreSQL storage, where a relaxed commit lost in a database failover reads as the database having
+diverged from this engine.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +73,9 @@ _FIND_PREPARED = FastStatement.select(prepared_table, ("transaction_id",), "tran
 _PARTICIPANTS = FastStatement.select(prepared_table, ("participant", "prepare_timestamp", "coordinator"),
                                      "transaction_id")
 _DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
+
+#: the transaction id of the record :meth:`ParticipantSide.sync` writes and deletes
+_SYNC_RECORD = "-sync-"
 
 #: a participant's prepared writes: (table, writes, writes by key, extra)
 PreparedWrites = tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None, dict[str, Any]]
@@ -95,6 +116,13 @@ class ParticipantSide:
         #: remotely coordinated transactions aborted here recently: id -> when (monotonic).
         #: Read and changed only under Storage.write_lock
         self._aborted_remote: dict[str, float] = {}
+        #: this participant's run: the numbers of relaxed commits mean something within one only
+        self.instance = uuid.uuid4().hex
+        #: the number of the last commit written without an fsync. Changed only under Storage.write_lock
+        self._relaxed_sequence = 0
+        #: every relaxed commit numbered up to this one is durable. Guarded by _durable_lock (a leaf)
+        self._durable_through = 0
+        self._durable_lock = threading.Lock()
 
     # -- prepare, commit, abort --------------------------------------------------------------------
 
@@ -125,6 +153,7 @@ class ParticipantSide:
                               code=ErrorCode.INVALID_TRANSACTION_STATE, attributes={"transaction_id": tx_id})
             if _FIND_PREPARED.run(conn, transaction_id=tx_id, participant=participant).fetchone():
                 return
+            covered = self._relaxed_sequence  # (this durable commit makes every earlier one durable)
             table.check_writable(path)
             check_conflicts(conn, self._lock_table, self.metrics, tx_id, start_ts, table, path, writes, keyed)
             _INSERT_PREPARED.run(conn, transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
@@ -140,6 +169,29 @@ class ParticipantSide:
             self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
             on_rollback(conn, lambda: self._unhold(tx_id, participant, held_before))
             self.faults.delay_point("participant_prepare_held")  # (fault tests: the database goes meanwhile)
+        self._made_durable(covered)
+
+    def _made_durable(self, through: int) -> None:
+        with self._durable_lock:
+            self._durable_through = max(self._durable_through, through)
+
+    def durability(self) -> dict[str, Any]:
+        """What a coordinator needs to know which relaxed commits here are durable (module docstring)."""
+        with self._durable_lock:
+            return {"instance": self.instance, "durable_through": self._durable_through}
+
+    def sync(self) -> None:
+        """Make every relaxed commit so far durable, if one is not yet: one durable write that changes
+        a page (a record written and deleted again in one transaction)."""
+        with self._durable_lock:
+            if self._durable_through >= self._relaxed_sequence:
+                return
+        with self.storage.write() as conn:
+            covered = self._relaxed_sequence
+            _INSERT_PREPARED.run(conn, transaction_id=_SYNC_RECORD, participant="", start_timestamp=0,
+                                 prepare_timestamp=0, coordinator="", payload="{}")
+            _DELETE_PREPARED.run(conn, transaction_id=_SYNC_RECORD)
+        self._made_durable(covered)
 
     def _hold(self, tx_id: str, table: DynamicTable, writes: list[RowWrite], prepare_ts: int,
               keyed: dict[Any, RowWrite] | None = None) -> None:
@@ -166,13 +218,17 @@ class ParticipantSide:
         self._inflight.release_remote(tx_id)
 
     def commit(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None,
-               coordinator: str | None = None) -> bool:
+               coordinator: str | None = None, relaxed: bool = False) -> int | None:
         """Apply a prepared remote transaction with the coordinator's commit timestamp; ``coordinator``
-        (if given) must be the one its prepare named."""
+        (if given) must be the one its prepare named. ``relaxed`` (heeded on SQLite storage): without
+        an fsync; its number is returned (None: the commit is durable). A durable commit of a
+        transaction no longer prepared here (a resend) makes the relaxed ones before it durable."""
         rows = 0
         what = f"commit timestamp of transaction {tx_id}"
         self.timestamps.check(commit_ts, what, self.config.max_peer_clock_skew)
-        with self.storage.write() as conn:
+        relaxed = relaxed and self.storage.is_sqlite
+        sequence: int | None = None
+        with self.storage.write(durable=not relaxed) as conn:
             records = _PARTICIPANTS.run(conn, transaction_id=tx_id).fetchall()
             _check_coordinator(tx_id, "commit", coordinator, {r[2] for r in records})
             names = [r[0] for r in records]
@@ -193,9 +249,18 @@ class ParticipantSide:
                 if on_apply is not None:
                     on_apply(conn, table, extra | {"commit_timestamp": commit_ts})
             _DELETE_PREPARED.run(conn, transaction_id=tx_id)
+            covered = self._relaxed_sequence
+            if relaxed:
+                sequence = self._relaxed_sequence = covered + 1  # (if this rolls back, the number is unused)
         self._release(tx_id)
         self.metrics.rows_written.inc(rows)
-        return bool(names)
+        if relaxed:
+            return sequence
+        if names:
+            self._made_durable(covered)
+        else:
+            self.sync()  # (a resend: the relaxed commit it repeats must be durable when this answers)
+        return None
 
     def _load_prepared(self, conn: sa.Connection, tx_id: str) -> dict[str, PreparedWrites]:
         """The prepared writes of a transaction, from their durable records (after a restart)."""
