@@ -54,6 +54,8 @@ log = logging.getLogger("reptables.engine.replication")
 
 #: how long delivered commit decisions gather before one write forgets them all (seconds)
 FORGET_BATCH_DELAY = 0.05
+#: a participant's ``instance`` is a uuid4 in hex (``ParticipantSide.instance``): a longer one is not
+_MAX_INSTANCE_LENGTH = 64
 
 
 def _undo_commit_sync(replica: Replica, tablet: int, previous: tuple[int, int], end: int) -> Callable[[], None]:
@@ -171,12 +173,16 @@ class SyncCommits:
             self._pool.submit(self.call_quietly, rp.cluster, "abort", {"transaction_id": tx_id})
 
     def call_quietly(self, cluster: str, method: str, body: dict[str, Any]) -> bool:
+        return self._call_answer(cluster, method, body) is not None
+
+    def _call_answer(self, cluster: str, method: str, body: dict[str, Any]) -> Any:
+        """The peer's answer to ``method``, or None (logged) if the call failed."""
         try:
-            self.peers.client(cluster).call(method, body)
-            return True
+            answer = self.peers.client(cluster).call(method, body)
         except YtError as exc:
             log.warning("peer call failed", extra={"cluster": cluster, "method": method, "error": exc.message})
-            return False
+            return None
+        return {} if answer is None else answer
 
     def after_queue_append(self, conn: sa.Connection, part: Participant, commit_ts: int,
                            remote: list[RemoteParticipant]) -> tuple[list[Replica], list[Replica]]:
@@ -228,11 +234,8 @@ class SyncCommits:
             remaining: list[dict[str, Any]] = []
             relaxed: list[tuple[str, str, int]] = []  # (cluster, instance, number) not yet durable
             for m in messages:
-                try:
-                    answer = self.peers.client(m["cluster"]).call("commit", {**m, "relaxed": True})
-                except YtError as exc:
-                    log.warning("peer call failed", extra={"cluster": m["cluster"], "method": "commit",
-                                                           "error": exc.message})
+                answer = self._call_answer(m["cluster"], "commit", {**m, "relaxed": True})
+                if answer is None:
                     remaining.append(m)
                     continue
                 number = answer.get("sequence") if isinstance(answer, dict) else None
@@ -293,8 +296,9 @@ class SyncCommits:
         if not isinstance(answer, dict):
             return
         instance, through = answer.get("instance"), answer.get("durable_through")
-        if not isinstance(instance, str) or not isinstance(through, int):
-            return  # (an engine that commits durably only)
+        if not isinstance(instance, str) or len(instance) > _MAX_INSTANCE_LENGTH or \
+                isinstance(through, bool) or not isinstance(through, int):
+            return  # (an engine that commits durably only; an answer that is not one this side makes)
         done: list[tuple[str, list[dict[str, Any]]]] = []
         with self._unsynced_lock:
             self._durable_seen[cluster] = (instance, through)
@@ -323,12 +327,15 @@ class SyncCommits:
     def deliver_decisions(self) -> None:
         """Background: resend commits that sync replicas have not acknowledged yet, or not as durable
         (a relaxed commit no answer has covered since: the resend, durable, makes it so)."""
+        delivered: list[tuple[str, list[dict[str, Any]]]] = []
         for tx_id, _ts, pending in self.host.transactions.undelivered_decisions():
             remaining = [m for m in pending if not self.call_quietly(m["cluster"], "commit", m)]
             with self._unsynced_lock:
                 self._awaiting.pop(tx_id, None)
             if len(remaining) != len(pending):
-                self.host.transactions.forget_decision(tx_id, remaining)
+                delivered.append((tx_id, remaining))
+        if delivered:
+            self.host.transactions.forget_decisions(delivered)
 
     # -- in-doubt resolution (replica side) -------------------------------------------------------
 
