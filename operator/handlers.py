@@ -185,9 +185,8 @@ def _reconcile(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, w
 def _reconcile_one(kind: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, waiting_retries: bool) -> None:
     runtime = _runtime(memo)
     registry = runtime.registry
-    registry.upsert(body)
     try:
-        res = registry.stored(body)
+        res = registry.upserted(body)
     except models.InvalidResourceError as exc:
         patch.status["conditions"] = merge((body.get("status") or {}).get("conditions"),
                                            [Cond(ConditionType.READY, False, "InvalidSpec", str(exc))],

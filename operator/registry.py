@@ -168,6 +168,23 @@ class Registry:
     # -- feeding ---------------------------------------------------------------------------------
 
     def upsert(self, body: Mapping[str, Any]) -> None:
+        self._store(body)
+
+    def upserted(self, body: Mapping[str, Any]) -> Resource:
+        """:meth:`upsert` ``body``, and return the resource as :meth:`resource` parses it: the parse kept
+        while its content is unchanged (a refresh of an unchanged resource parses nothing), with its
+        own copy of the status map; raises InvalidResourceError as :meth:`resource` does."""
+        key, stored = self._store(body)
+        with self._lock:
+            parsed = self._parsed.get(key) if self._objects.get(key) is stored else None
+        if parsed is None:
+            parsed = self._parse_body(key, stored)  # (kept only if no other version came meanwhile)
+        if isinstance(parsed, InvalidResourceError):
+            raise parsed
+        return replace(parsed, status=dict(parsed.status))
+
+    def _store(self, body: Mapping[str, Any]) -> tuple[tuple[str, str | None, str], dict[str, Any]]:
+        """Store ``body`` (a shallow copy): its key and the copy stored."""
         meta = body.get("metadata", {})
         key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
         stored = dict(body)
@@ -187,6 +204,7 @@ class Registry:
             self._keys.setdefault(key[0], {})[key] = None
         if key[0] == "TableCluster":
             self.refresh_cluster(key[2])
+        return key, stored
 
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
         with self._lock:
@@ -239,22 +257,6 @@ class Registry:
             generation=int(meta.get("generation") or 1), created=str(meta.get("creationTimestamp", "")),
             spec=model.spec, status=dict(body.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")))
-
-    def stored(self, body: Mapping[str, Any]) -> Resource:
-        """The resource of ``body`` as :meth:`resource` parses it, from the parse kept for the stored
-        version when ``body`` is what was last upserted (a refresh of an unchanged resource parses
-        nothing), with its own copy of the status map; raises InvalidResourceError as it does."""
-        meta = body.get("metadata", {})
-        key = (str(body.get("kind")), meta.get("namespace"), str(meta.get("name")))
-        signature = _signature(body)
-        with self._lock:
-            same = signature is not None and self._signatures.get(key) == signature
-        parsed = self._parse(key) if same else None
-        if isinstance(parsed, InvalidResourceError):
-            raise parsed
-        if isinstance(parsed, Resource):
-            return replace(parsed, status=dict(parsed.status))
-        return self.resource(body)
 
     def of_kind(self, kind: str, namespace: str | None = None,
                 where: Callable[[Resource], bool] | None = None) -> list[Resource]:

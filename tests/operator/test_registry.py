@@ -89,14 +89,14 @@ def test_an_invalid_resource_is_left_out_and_read_again_once_fixed() -> None:
     assert [r.name for r in reg.of_kind("TableReplica")] == ["r1"]
     assert reg.find("TableReplica", "shop", "r0") is None
     with pytest.raises(InvalidResourceError, match="mode"):
-        reg.stored(body)  # (what a reconcile of the body just upserted reads)
+        reg.upserted(body)  # (what a reconcile of the body just upserted reads)
     body["spec"]["mode"] = "async"
     reg.upsert(body)
     assert [r.name for r in reg.of_kind("TableReplica")] == ["r0", "r1"]
-    stored = reg.stored(body)
+    stored = reg.upserted(body)
     assert stored.spec.mode.value == "async"
     stored.status["mine"] = True
-    assert reg.stored(body).status == {} and reg.stored(body | {"status": {"a": 1}}).status == {"a": 1}
+    assert reg.upserted(body).status == {} and reg.upserted(body | {"status": {"a": 1}}).status == {"a": 1}
 
 
 def test_what_reconcilers_derive_from_whole_kinds_follows_every_spec_change_but_not_status_ones() -> None:
