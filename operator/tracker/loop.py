@@ -21,11 +21,12 @@ from typing import Any
 
 import httpx
 
+from reptables.engine.client import TransportError
 from reptables.engine.errors import YtError
 from reptables.engine.replica_types import ReplicaMode, ReplicaState
 from reptables.engine.tablets import TabletState
 
-from ..controllers.world import Resource, TrackerJournal, TrackerSwitch, World, describe_error, probe_tls
+from ..controllers.world import Engines, Resource, TrackerJournal, TrackerSwitch, World, describe_error, probe_tls
 from ..metrics import MODE_SWITCHES, TRACKER_CHECKS
 from ..models import Atomicity
 from . import decision as tk
@@ -38,6 +39,11 @@ PROBE_TIMEOUT = 0.5
 #: between checks, the clusters are probed this often (``/healthz`` only): a cluster that refuses
 #: connections triggers a check at once instead of at the next period
 PROBE_PERIOD = 0.2
+#: seconds a check waits for a replica cluster to say whether a replica table is mounted: a cluster
+#: that answers its probe but not this (cut off just after the probe, overloaded) counts as a bad
+#: probe for this check, and one slow cluster never holds up the check of every table (with the
+#: operator's 5 s request timeout, three tables on a cut cluster kept a check waiting for 15 s)
+TABLE_READ_TIMEOUT = 1.5
 
 
 
@@ -76,6 +82,8 @@ class TrackerLoop:
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tracker-probe")
+        #: clients with a short timeout for the reads of replica tables (``_replica_tables``)
+        self._readers = Engines(timeout=TABLE_READ_TIMEOUT)
 
     def maybe_check(self) -> bool:
         """Run a check if a period has passed since the last one (callable from many places); between
@@ -89,6 +97,12 @@ class TrackerLoop:
                 self.check(now)
                 return True
         return self.quick_probe()
+
+    @property
+    def healthy_clusters(self) -> frozenset[str]:
+        """The clusters healthy at the last probe (a check's or a quick one's)."""
+        with self._lock:
+            return frozenset(self._healthy)
 
     def quick_probe(self) -> bool:
         """Probe the clusters (``/healthz`` only) if ``probe_period`` has passed; a cluster healthy at
@@ -132,7 +146,7 @@ class TrackerLoop:
             clusters = self._probe_clusters()
             self._last_probe = now
             self._healthy = {name for name, health in clusters.items() if health.healthy}
-        tables, owners = self._tracked_tables(clusters)
+        tables, owners, clusters = self._tracked_tables(clusters)
         if not tables:
             return
         decision = tk.decide(*self.state.observe(tables, clusters, now))
@@ -206,8 +220,10 @@ class TrackerLoop:
         names = list(refs)
         return dict(zip(names, self._pool.map(probe, names), strict=True))
 
-    def _tracked_tables(self, clusters: dict[str, tk.ClusterHealth]) -> tuple[list[tk.TrackedTable],
-                                                                               dict[str, Resource]]:
+    def _tracked_tables(self, clusters: dict[str, tk.ClusterHealth]) -> tuple[
+            list[tk.TrackedTable], dict[str, Resource], dict[str, tk.ClusterHealth]]:
+        """The tracked tables with their replicas, their owners by table id, and ``clusters`` with
+        the clusters that did not answer a replica table read marked unhealthy."""
         collocations: dict[tuple[str | None, str], tuple[str, tuple[str, ...] | None]] = {}
         for col in self.world.of_kind("TableCollocation"):
             collocation_id = col.status.get("collocationId")
@@ -217,8 +233,7 @@ class TrackerLoop:
                 if col.spec.preferred_sync_replica_clusters else None
             for name in col.spec.tables:
                 collocations[(col.namespace, name)] = (collocation_id, preferred)
-        tables: list[tk.TrackedTable] = []
-        owners: dict[str, Resource] = {}
+        read: list[tuple[Resource, dict[str, Any], tuple[str, ...] | None, str | None]] = []
         for res in self.world.of_kind("ReplicatedTable"):
             opts = res.spec.replicated_table_options
             table_id = res.status.get("tableId")
@@ -227,11 +242,30 @@ class TrackerLoop:
             if not clusters.get(res.spec.cluster, tk.ClusterHealth(False)).healthy:
                 continue  # the meta-cluster itself is down: nothing can be switched
             try:
-                replicas = self._replicas(res, clusters)
+                info: dict[str, Any] = self.world.engines.client(res.spec.cluster).get(f"{res.spec.path}/@replicas")
             except YtError as exc:
                 log.warning("tracker cannot read replicas", extra={"table": res.display, "error": describe_error(exc)})
                 continue
             collocation = collocations.get((res.namespace, res.name))
+            read.append((res, info, collocation[1] if collocation else None,
+                         collocation[0] if collocation else None))
+        # every replica table on a healthy cluster, read at once
+        places = {(r["cluster_name"], r["replica_path"]) for _, info, _, _ in read for r in info.values()
+                  if clusters.get(r["cluster_name"], tk.ClusterHealth(False)).healthy}
+        mounted = self._replica_tables(places)
+        clusters = dict(clusters)
+        for (cluster, _), state in mounted.items():
+            if isinstance(state, str) and clusters[cluster].healthy:
+                clusters[cluster] = tk.ClusterHealth(False, state)
+        tables: list[tk.TrackedTable] = []
+        owners: dict[str, Resource] = {}
+        for res, info, preferred, collocation_id in read:
+            opts = res.spec.replicated_table_options
+            table_id = str(res.status["tableId"])
+            # (a replica on a cluster that is unhealthy or did not answer is judged by the cluster's health)
+            replicas = [_tracked_replica(replica_id, r,
+                                         mounted.get((r["cluster_name"], r["replica_path"])) is not False)
+                        for replica_id, r in info.items()]
             tables.append(tk.TrackedTable(
                 table_id=table_id,
                 options=tk.TableOptions(
@@ -240,42 +274,47 @@ class TrackerLoop:
                     preferred_sync_replica_clusters=tuple(opts.preferred_sync_replica_clusters or ()),
                     sync_replica_lag_threshold=opts.sync_replica_lag_threshold.total_seconds()),
                 replicas=tuple(replicas),
-                collocation_id=collocation[0] if collocation else None,
-                collocation_preferred_clusters=collocation[1] if collocation else None))
+                collocation_id=collocation_id,
+                collocation_preferred_clusters=preferred))
             owners[table_id] = res
-        return tables, owners
+        return tables, owners, clusters
 
-    def _replicas(self, res: Resource, clusters: dict[str, tk.ClusterHealth]) -> list[tk.TrackedReplica]:
-        meta = self.world.engines.client(res.spec.cluster)
-        info: dict[str, Any] = meta.get(f"{res.spec.path}/@replicas")
-        out = []
-        for replica_id, r in info.items():
-            exists = True
-            if clusters.get(r["cluster_name"], tk.ClusterHealth(False)).healthy:
-                exists = self._replica_table_mounted(r["cluster_name"], r["replica_path"])
-            out.append(tk.TrackedReplica(
-                replica_id=str(replica_id), cluster=r["cluster_name"], mode=ReplicaMode(r["mode"]),
-                enabled=r["state"] == ReplicaState.ENABLED, enabling=r["state"] == ReplicaState.ENABLING,
-                tracker_enabled=bool(r["replicated_table_tracker_enabled"])
-                # a non-atomic replica can only be asynchronous: the tracker leaves it alone
-                and r.get("atomicity", Atomicity.FULL) == Atomicity.FULL,
-                lag=None if r.get("errors") else float(r.get("replication_lag_time", 0)) / 1000.0,
-                table_exists=exists))
-        return out
+    def _replica_tables(self, places: set[tuple[str, str]]) -> dict[tuple[str, str], bool | str]:
+        """Whether each (cluster, path) is a mounted (or frozen) table, all read in parallel with a
+        short timeout; a cluster that did not answer gets the reason instead (a str)."""
+        self._readers.update(self.world.engines.clusters().values())
 
-    def _replica_table_mounted(self, cluster: str, path: str) -> bool:
-        try:
-            client = self.world.engines.client(cluster)
-            return bool(client.exists(path)) and \
-                client.get(f"{path}/@tablet_state") in (TabletState.MOUNTED, TabletState.FROZEN)
-        except Exception:  # noqa: BLE001 - any failure to see the table makes the replica bad
-            return False
+        def mounted(place: tuple[str, str]) -> bool | str:
+            cluster, path = place
+            try:
+                return self._readers.client(cluster).get(f"{path}/@tablet_state") in (
+                    TabletState.MOUNTED, TabletState.FROZEN)
+            except TransportError as exc:
+                return f"replica table read failed: {type(exc.cause).__name__}"
+            except Exception:  # noqa: BLE001 - any other failure to see the table makes the replica bad
+                return False
+
+        ordered = sorted(places)
+        return dict(zip(ordered, self._pool.map(mounted, ordered), strict=True))
 
     def close(self) -> None:
         self._stop.set()
         if self._watch is not None and self._watch is not threading.current_thread():
             self._watch.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._readers.close()
+
+
+def _tracked_replica(replica_id: str, r: dict[str, Any], table_exists: bool) -> tk.TrackedReplica:
+    """A replica as the decision sees it, from its ``@replicas`` entry."""
+    return tk.TrackedReplica(
+        replica_id=str(replica_id), cluster=r["cluster_name"], mode=ReplicaMode(r["mode"]),
+        enabled=r["state"] == ReplicaState.ENABLED, enabling=r["state"] == ReplicaState.ENABLING,
+        tracker_enabled=bool(r["replicated_table_tracker_enabled"])
+        # a non-atomic replica can only be asynchronous: the tracker leaves it alone
+        and r.get("atomicity", Atomicity.FULL) == Atomicity.FULL,
+        lag=None if r.get("errors") else float(r.get("replication_lag_time", 0)) / 1000.0,
+        table_exists=table_exists)
 
 
 def _named(text: str, names: dict[str, str]) -> str:

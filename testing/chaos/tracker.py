@@ -85,11 +85,26 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 runtime.registry.upsert(doc)
         print(json.dumps({"event": "started", "time": time.time()}), flush=True)
+        healthy: frozenset[str] | None = None
+        verdicts: dict[str, str] = {}
         while not stop.is_set():
             try:
-                runtime.tracker.maybe_check()
+                checked = runtime.tracker.maybe_check()
             except Exception as exc:  # noqa: BLE001 - a check that fails is reported and the loop goes on
                 print(json.dumps({"event": "check_failed", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+                checked = False
+            # what the checks saw, when it changes: a run whose tracker did not act says why
+            now_healthy = runtime.tracker.healthy_clusters
+            if now_healthy != healthy:
+                healthy = now_healthy
+                print(json.dumps({"event": "health", "healthy": sorted(healthy), "time": time.time()}), flush=True)
+            if checked:
+                for (_, name), verdict in runtime.tracker.verdicts.items():
+                    text = f"{verdict.decision}: {verdict.reason}"
+                    if verdicts.get(name) != text:
+                        verdicts[name] = text
+                        print(json.dumps({"event": "verdict", "table": name, "verdict": text,
+                                          "time": time.time()}), flush=True)
             for switch in runtime.pending_switches():
                 print(json.dumps({"event": "switch", "table": switch.table.name, "replica_id": switch.replica_id,
                                   "mode": switch.mode, "reason": switch.reason, "time": time.time()}), flush=True)

@@ -9,6 +9,8 @@ with two replicas managed by hand (one sync) the tracker promoted the third.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,9 @@ from typing import Any
 import pytest
 
 from reptables.engine.process import start_all
-from reptables.operator.controllers.world import Engines
+from reptables.operator.controllers.world import ENGINE_TIMEOUT, Engines
 from reptables.operator.registry import CredentialPolicy, Registry
+from reptables.operator.tracker.decision import ClusterHealth
 from reptables.operator.tracker.loop import TrackerLoop
 from reptables.testing import wait_for
 from tests.harness import EngineProcess
@@ -168,3 +171,34 @@ def test_collocated_tables_follow_a_sync_replica_pinned_by_hand_and_never_split(
     pinned_from = next(i for i, check in enumerate(after) if check["events"] == [other])
     assert all(check["events"] == check["audit"] for check in after[pinned_from:]), after
     assert tracked.mode(f"events-{before}") == "async" and tracked.mode(f"audit-{other}") == "sync"
+
+
+def test_a_replica_cluster_that_stops_answering_after_its_probe_costs_a_check_one_short_read(
+        tracked: TrackedOperator) -> None:
+    """A fault run found this: the sync replica's cluster answered the check's probe and was cut off a
+    moment later, and the check then waited for the operator's 5 s request timeout on each of its
+    replica tables, in turn - the tracker sat in one check for the cut's whole length and moved nothing.
+    The replica tables are read in parallel with a short timeout, and a cluster that does not answer
+    that read counts as a bad probe: tolerated once, acted on at the next check."""
+    op = tracked.op
+    tracked.tables.append("stalled")
+    op.add(tracked_table("stalled", preferredSyncReplicaClusters=["c2"]))
+    for on in ("c1", "c2"):
+        op.add(replica(f"stalled-{on}", "stalled", on))
+    tracked.until(lambda: tracked.sync_clusters("stalled") == ["c2"], 90, "the sync replica on c2")
+    probed = {name: ClusterHealth(True) for name in NAMES}  # every probe answered, just before the cut
+    engine = op.engines["c2"]
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        tracked.tracker.check(time.monotonic(), probed)
+        took = time.monotonic() - started
+        assert tracked.sync_clusters("stalled") == ["c2"]  # one bad probe is tolerated
+        # c2 holds replica tables of three tables; one read each at 5 s was 15 s
+        assert took < ENGINE_TIMEOUT, f"the check waited {took:.1f} s on a cluster that did not answer"
+        tracked.tracker.check(time.monotonic(), probed)
+        assert tracked.sync_clusters("stalled") == ["c1"], tracked.tracker.verdicts[(NS, "stalled")]
+        assert "c2 unhealthy: replica table read failed" in tracked.tracker.verdicts[(NS, "stalled")].reason
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)
+    tracked.until(lambda: tracked.sync_clusters("stalled") == ["c2"], 60, "the sync replica back on c2")
