@@ -11,6 +11,14 @@ rows/s:
   same partitions and only counts the rows.
 
 Spark start-up (session creation) is reported separately and is in none of the three figures.
+
+Both ceilings are measured with the machine to themselves; the copy runs the read and the write at
+once, on the same cores. So the run also measures the CPU each phase costs the whole machine (every
+process: the engines, Spark's JVM and Python workers, the client; from ``/proc/stat``, which is
+why the machine should be otherwise idle) and prints the **shared-core ceiling**: the rate at
+which this machine's cores could run a read and a write of every row at once, ``cores / (read CPU
+per row + write CPU per row)``, never above the lower ceiling. Where that is below the lower
+ceiling, the copy is bound by the cores, not by how well it overlaps its read and its write.
 The verify job's comparison of the copy with its source at T (1,000,000 rows on each side; target:
 under 30 s) is timed after the copy.
 Three engines (meta, source, target) on loopback in their own sessions, stopped by pid
@@ -72,6 +80,13 @@ def new_replica(es: EngineSet, ts: int, path: str) -> str:
     return replica_id
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds every process of the machine has used so far (``/proc/stat``: all but idle and iowait)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def write_ceiling(es: EngineSet, replica_id: str, path: str, ts: int, rows: list[dict[str, Any]],
                   chunk_rows: int) -> float:
     target = es.engines["target"]
@@ -128,19 +143,21 @@ def main() -> int:
                 info = TableInfo.fetch(client, source_path)
                 ranges = plan_partitions(client, info, ts, opts.partitions)
             reader = ReptablesReader(opts, spark_schema(info.columns))
-            started = time.perf_counter()
+            started, busy = time.perf_counter(), busy_cpu_seconds()
             counted = spark.sparkContext.parallelize(ranges, len(ranges)).map(
                 lambda r: sum(b.num_rows for b in reader.read(r))).sum()
             read_s = time.perf_counter() - started
+            results["read_cpu_us_per_row"] = (busy_cpu_seconds() - busy) / args.rows * 1e6
             assert counted == args.rows, counted
             results["read_ceiling_rows_per_s"] = args.rows / read_s
 
             # the copy, end to end (its own replica, plan resolved on the meta-cluster)
             replica_id = new_replica(es, ts, "//tmp/target")
             plan = resolve(es.meta, replica_id, source, wait=60)
-            started = time.perf_counter()
+            started, busy = time.perf_counter(), busy_cpu_seconds()
             totals = copy(spark, plan, source_cred, target_cred, args.partitions, args.chunk_rows)
             copy_s = time.perf_counter() - started
+            results["copy_cpu_us_per_row"] = (busy_cpu_seconds() - busy) / args.rows * 1e6
             assert totals["rows"] == args.rows, totals
             results["copy_rows_per_s"] = args.rows / copy_s
             results["copy_seconds"] = copy_s
@@ -159,7 +176,9 @@ def main() -> int:
         # the write ceiling: the same rows, same chunks, one client, no Spark
         rows = _all_rows(es, source_path, ts, args.rows)
         other = new_replica(es, ts, "//tmp/target_ceiling")
+        busy = busy_cpu_seconds()
         write_s = write_ceiling(es, other, "//tmp/target_ceiling", ts, rows, args.chunk_rows)
+        results["write_cpu_us_per_row"] = (busy_cpu_seconds() - busy) / args.rows * 1e6
         results["write_ceiling_rows_per_s"] = args.rows / write_s
         # the copy is whole: enabled, the replica catches up and equals the source in count
         es.meta.call("alter_table_replica", {"replica_id": replica_id, "enabled": True})
@@ -167,6 +186,11 @@ def main() -> int:
         results["verified_rows"] = count
     lower = min(results["read_ceiling_rows_per_s"], results["write_ceiling_rows_per_s"])
     results["copy_vs_lower_ceiling"] = results["copy_rows_per_s"] / lower
+    cores = os.cpu_count() or 1
+    shared = cores * 1e6 / (results["read_cpu_us_per_row"] + results["write_cpu_us_per_row"])
+    results["cores"] = cores
+    results["shared_core_ceiling_rows_per_s"] = min(lower, shared)
+    results["copy_vs_shared_core_ceiling"] = results["copy_rows_per_s"] / results["shared_core_ceiling_rows_per_s"]
     results["load_average_after"] = os.getloadavg()
     log(json.dumps(results, indent=2))
     if args.json:

@@ -35,11 +35,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
 
 from reptables.engine import yson_util
 from reptables.engine.client import Client
@@ -49,7 +48,7 @@ from reptables.engine.replica_types import ReplicaState
 
 from .options import ReptablesSparkError, SourceOptions
 from .reader import KeyRange, ReptablesReader, plan_partitions
-from .schema_mapping import JSON_TYPES, batch_to_rows, parse_columns, spark_schema
+from .schema_mapping import JSON_TYPES, parse_columns, spark_schema
 from .session import job_session
 from .tables import TableInfo
 
@@ -120,29 +119,44 @@ def resolve(meta: Client, replica_id: str, source_replica_id: str, wait: float) 
 
 
 def write_partition(plan: Plan, credential: str, chunk_rows: int, partition: int,
-                    batches: Iterator[pa.RecordBatch]) -> tuple[int, int, int]:
-    """Write one partition's rows in numbered chunks: (rows, chunks applied, chunks already there)."""
+                    pages: Iterator[list[dict[str, Any]]]) -> tuple[int, int, int]:
+    """Write one partition's rows (``pages`` of them as ``select_rows`` answers them: the reader's
+    ``read_rows``) in numbered chunks: (rows, chunks applied, chunks already there).
+
+    A chunk is written from a thread of its own while the next one is read and converted, one write
+    in flight at a time, so chunks still arrive in their order: reading the source and writing the
+    target overlap instead of taking turns."""
     pool = ConnectionPool(plan.target_proxy, {"Authorization": f"OAuth {credential}"}, timeout=120.0)
     rows_written = applied = skipped = 0
     pending: list[dict[str, Any]] = []
     seq = 0
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bootstrap-write-{partition}")
+    in_flight: Future[dict[str, Any]] | None = None
 
-    def flush() -> None:
-        nonlocal seq, applied, skipped, rows_written
-        body = {"upstream_replica_id": plan.replica_id, "replica_path": plan.target_path,
-                "timestamp": plan.timestamp, "chunk": partition * CHUNKS_PER_PARTITION + seq, "rows": pending}
-        answer = _call(pool, plan, body)
-        seq += 1
-        rows_written += len(pending)
+    def settle() -> None:
+        """Wait for the chunk in flight (its error, if any, is the job's)."""
+        nonlocal in_flight, applied, skipped
+        if in_flight is None:
+            return
+        answer, in_flight = in_flight.result(), None
         if answer.get("applied"):
             applied += 1
         else:
             skipped += 1
-        pending.clear()
+
+    def flush() -> None:
+        nonlocal seq, rows_written, pending, in_flight
+        body = {"upstream_replica_id": plan.replica_id, "replica_path": plan.target_path,
+                "timestamp": plan.timestamp, "chunk": partition * CHUNKS_PER_PARTITION + seq, "rows": pending}
+        settle()
+        in_flight = writer.submit(_call, pool, plan, body)
+        seq += 1
+        rows_written += len(pending)
+        pending = []
 
     try:
-        for batch in batches:
-            for row in batch_to_rows(batch, plan.yson_columns, plan.source_path):
+        for page in pages:
+            for row in page:
                 for name in plan.yson_columns:
                     if row.get(name) is not None:
                         row[name] = yson_util.dumps_text(row[name])
@@ -151,7 +165,9 @@ def write_partition(plan: Plan, credential: str, chunk_rows: int, partition: int
                     flush()
         if pending or seq == 0:
             flush()
+        settle()
     finally:
+        writer.shutdown(wait=True)  # (a failed read leaves at most one write to finish)
         pool.close()
     return rows_written, applied, skipped
 
@@ -238,8 +254,8 @@ def copy(spark: Any, plan: Plan, source_credential: str, target_credential: str,
 
     The partitions are planned by the data source's reader (``plan_partitions``: the same plan for
     the same T and count, which keeps chunk numbers stable across runs) and each Spark task reads its
-    range with the reader's own ``read`` — Arrow batches straight from the engine's answers, no
-    DataFrame conversion in between — and writes them."""
+    range with the reader's own ``read_rows`` — the engine's answers as they come, no Arrow batch or
+    DataFrame in between — and writes them."""
     opts = SourceOptions.parse({"proxy": plan.source_proxy, "token": source_credential, "path": plan.source_path,
                                 "timestamp": str(plan.timestamp),
                                 **({"partitions": str(partitions)} if partitions else {})})
@@ -254,7 +270,7 @@ def copy(spark: Any, plan: Plan, source_credential: str, target_credential: str,
 
         def per_partition(item: tuple[int, KeyRange]) -> tuple[int, int, int, int]:
             index, key_range = item
-            return (index, *write_partition(plan, target_credential, chunk_rows, index, reader.read(key_range)))
+            return (index, *write_partition(plan, target_credential, chunk_rows, index, reader.read_rows(key_range)))
 
         results = spark.sparkContext.parallelize(list(enumerate(ranges)), max(1, len(ranges))).map(
             per_partition).collect()

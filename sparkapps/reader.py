@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -171,11 +172,19 @@ class ReptablesReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KeyRange)
+        wanted = {f.name for f in self.schema.fields}
+        json_columns = partition.json_columns & wanted
+        for rows in self.read_rows(partition):
+            yield rows_to_batch(rows, self.arrow_schema, json_columns, self.options.path)
+
+    def read_rows(self, partition: KeyRange) -> Iterator[list[dict[str, Any]]]:
+        """The partition's rows at its timestamp, a page at a time, as ``select_rows`` answers them
+        (the columns of the schema, and the key columns). For a job that writes them to an engine
+        again (the bootstrap copy): no Arrow batch to build and take apart in between."""
         opts = self.options
         key_names, key_types = partition.key_names, partition.key_types
         wanted = [f.name for f in self.schema.fields]
         projection = wanted + [k for k in key_names if k not in wanted]
-        json_columns = partition.json_columns & set(wanted)
         conditions = ([compare(key_names, key_types, ">=", b) for b in partition.lower]
                       + [compare(key_names, key_types, "<", b) for b in partition.upper])
         page = opts.page_rows
@@ -195,7 +204,7 @@ class ReptablesReader(DataSourceReader):
                     if rows:
                         last = rows[-1]
                         after = tuple(last[k] for k in key_names)
-                        yield rows_to_batch(rows, self.arrow_schema, json_columns, opts.path)
+                        yield rows
                     if len(rows) < page:
                         return
         except YtError as exc:
