@@ -11,10 +11,12 @@ silently dropped. The targets of the issue, measured in this order:
   compared. After each XDCR round the benchmark waits until both sides shipped everything and
   checks that they converged; the rows of both sides over the writes and that catch-up give the
   rate the group *sustains* per side;
-* **convergence lag** p99 <= 200 ms at steady load: a fresh XDCR table; each side takes writes
+* **convergence lag** p99 <= 100 ms at half the sustained rate (issue 27; issue 19 asked for 200 ms
+  at 0.8 of it): a fresh XDCR table; each side takes writes
   from its own writer *process* (``--writers`` threads, each with its own :class:`Client`,
   ``--batch`` rows per commit) paced at ``--rate`` rows/s per side, by default ``--rate-fraction``
-  (0.8) of the sustained rate just measured, so that the load is steady and a bit below flat out;
+  (0.5) of the sustained rate just measured, so that the load is steady, half of what the group
+  sustains flat out (``--rate-fraction 0.8`` measures the older figure);
   ``--rows`` rows in total (half per side). ``--shared-pct`` (10) % of the rows of each side write
   keys of a range both sides write (conflicts), the rest keys of the side's own range. Each side's
   change stream is followed by a consumer *process* (``pull_changes`` in a loop) from an event
@@ -85,7 +87,7 @@ SCHEMA: list[dict[str, Any]] = [
     {"name": "i", "type": "int64"},
     {"name": "s", "type": "string"},
 ]
-TARGET_P99_MS = 200.0
+TARGET_P99_MS = 100.0
 TARGET_COST_PCT = 25.0
 #: keys of side s's own range start at s * SIDE_BASE; the shared range is [0, SIDE_BASE)
 SIDE_BASE = 10**12
@@ -805,8 +807,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "1,000,000; 20,000 with --quick)")
     p.add_argument("--rate", type=float, default=None, help="paced write rate per side, rows/s (default: "
                    "--rate-fraction of the sustained XDCR flat-out rate the cost runs measured)")
-    p.add_argument("--rate-fraction", type=float, default=0.8, help="the default --rate as a fraction of the "
-                   "sustained flat-out rate per side (default 0.8)")
+    p.add_argument("--rate-fraction", type=float, default=0.5, help="the default --rate as a fraction of the "
+                   "sustained flat-out rate per side (default 0.5, issue 27's load)")
     p.add_argument("--writers", type=int, default=2, help="writer threads per side, each its own Client (default 2)")
     p.add_argument("--batch", type=int, default=100, help="rows per commit (default 100)")
     p.add_argument("--shared-pct", type=int, default=10, help="percent of each side's rows written to the key range "

@@ -35,8 +35,23 @@ def _sink_chunks_in_64_bits(conn: sa.Connection) -> None:
         conn.exec_driver_sql("ALTER TABLE _rt_replica_sink ALTER COLUMN tablet_index TYPE bigint")
 
 
+def _xdcr_delete_horizons(conn: sa.Connection) -> None:
+    """XDCR rows kept the version each change was made on (``parent_*``); the rules now order
+    changes by their delete horizon (``tablets/xdcr.py``): the columns are renamed, a tombstone's
+    horizon is its own version, and a live row's history is not known - none (as a row whose history
+    has no delete). A database made by this engine has the new columns already."""
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("_rt_xdcr_rows")}
+    if "parent_timestamp" not in columns:
+        return
+    for old, new in (("parent_timestamp", "horizon_timestamp"), ("parent_cluster_id", "horizon_cluster_id")):
+        conn.exec_driver_sql(f"ALTER TABLE _rt_xdcr_rows RENAME COLUMN {old} TO {new}")
+    conn.exec_driver_sql("UPDATE _rt_xdcr_rows SET horizon_timestamp = CASE WHEN deleted THEN timestamp END, "
+                         "horizon_cluster_id = CASE WHEN deleted THEN cluster_id END")
+
+
 STEPS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (2, "bootstrap chunk numbers in 64 bits on PostgreSQL", _sink_chunks_in_64_bits),
+    (3, "XDCR rows ordered by their delete horizon", _xdcr_delete_horizons),
 ]
 #: the version this engine brings a database to
 SCHEMA_VERSION = max([1, *(v for v, _, _ in STEPS)])

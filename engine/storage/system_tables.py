@@ -157,10 +157,10 @@ xdcr_rows_table = sa.Table(
     sa.Column("cluster_id", sa.Integer, nullable=False),
     sa.Column("timestamp", sa.BigInteger, nullable=False),
     sa.Column("deleted", sa.Boolean, nullable=False),
-    #: the version the change was made on (None: on no row): a delete beats only changes not made
-    #: after it, which this tells (docs/xdcr.md)
-    sa.Column("parent_timestamp", sa.BigInteger, nullable=True),
-    sa.Column("parent_cluster_id", sa.Integer, nullable=True),
+    #: the delete horizon: the version of the newest delete in the row's history (a tombstone's
+    #: own; None: none), which orders changes before their versions do (``tablets/xdcr.py``)
+    sa.Column("horizon_timestamp", sa.BigInteger, nullable=True),
+    sa.Column("horizon_cluster_id", sa.Integer, nullable=True),
     # small rows found only by their key: kept in the key's B-tree itself (SQLite), with no rowid
     # table beside a second copy of the key in an index. A data directory made before keeps its table
     sqlite_with_rowid=False,

@@ -245,7 +245,8 @@ def _xdcr_versions(table: SortedTable, conn: sa.Connection, keyed: dict[Any, Row
                    before: dict[tuple[Any, ...], tuple[Any, ...]], names: list[str]) -> list[dict[str, Any]]:
     """XDCR: the new version of every changed row (stored beside it, ``tablets/xdcr.py``) and
     what the log carries to the peers: the change's version, the version it was made on
-    (``e``: [timestamp, cluster id, deleted], None on no row) and the image it replaced."""
+    (``e``: [timestamp, cluster id, deleted], None on no row), its delete horizon (``h``) and the
+    image it replaced."""
     own = table.xdcr_cluster_id
     assert own is not None
     unread = [key for key, _ in logged if not ((w := keyed.get(key)) is not None and w.here_known)]
@@ -256,20 +257,20 @@ def _xdcr_versions(table: SortedTable, conn: sa.Connection, keyed: dict[Any, Row
         write = keyed.get(key)
         origin = write.origin if write is not None else None
         cur = write.here if write is not None and write.here_known else current.get(key)
-        if origin is None:
-            parent = None if cur is None else cur.version
-            # after the version it replaces (stored here, so within the bound every peer checks)
-            version: xdcr.Version = (table.xdcr_clock.next(0 if parent is None else parent[0]), own)
-        else:
-            version, parent = origin, write.origin_parent if write is not None else None
         deleted = image is None
-        stored = version
-        if deleted and cur is not None and cur.deleted:
-            stored = xdcr.newer(version, cur.version)  # a delete of a deleted row: the later tombstone
-        versions[key] = xdcr.RowVersion(stored, deleted, parent)
+        if origin is None:
+            # after the version it replaces (stored here, so within the bound every peer checks)
+            version: xdcr.Version = (table.xdcr_clock.next(0 if cur is None else cur.version[0]), own)
+            stored = xdcr.local_version(version, deleted, cur)
+        else:
+            version = origin
+            horizon = write.origin_horizon if write is not None else None
+            stored = xdcr.RowVersion(version, deleted, version if deleted else horizon)
+        versions[key] = stored
         replaced = before.get(key)
         extras.append({"o": list(version),
                        "e": None if cur is None else [cur.version[0], cur.version[1], cur.deleted],
+                       "h": None if stored.horizon is None else list(stored.horizon),
                        "b": None if replaced is None else dict(zip(names, replaced, strict=False))})
     xdcr.write_versions(conn, table.table_id, versions)
     return extras

@@ -42,8 +42,8 @@ class RowWrite:
     #: XDCR: the (commit timestamp, cluster id) of the change on the cluster it came from, for a
     #: change replicated by an XDCR peer (None: a change made here, versioned by its commit)
     origin: tuple[int, int] | None = None
-    #: XDCR: the version such a change was made on at its origin (None: on no row)
-    origin_parent: tuple[int, int] | None = None
+    #: XDCR: the delete horizon of such a change (``tablets/xdcr.py``; None: no delete in its history)
+    origin_horizon: tuple[int, int] | None = None
     #: XDCR: the version the row has here, when the receiver already read it to resolve the change
     #: (in the same SQL transaction, under the writer), so the commit does not read it again
     here_known: bool = False

@@ -15,11 +15,23 @@ had before it on the origin (the *expected* version). The receiver resolves it w
   (CNST: an insert of a key that exists; the key is the primary key);
 * DELETE always wins; otherwise the later version wins; an accepted action overwrites the whole row.
 
-One refinement makes every cluster converge when three or more write: an update whose row is
-missing *without a tombstone* has not met a delete, only a row whose insert has not arrived from
-a third cluster yet, so it is accepted as the whole row it carries; and an action whose expected
-version is newer than the tombstone it meets was made after that delete (a re-insert), so the
-delete does not beat it. Both are resolved the same way on every cluster.
+Which action wins is decided by one total order, so that every cluster ends with the same row
+whatever order the changes reach it in, with three or more writers too. Each version carries its
+*delete horizon*: the version of the newest delete in the history the change was made on (for a
+delete, its own version; None when that history has no delete). Actions compare by horizon, then
+by version. So a delete beats every change made without having seen it (whose horizon is older),
+however late that change's clock; a change made after the delete (a re-insert, an update of the
+re-inserted row) beats the delete; changes of the same history compare by version, the later one
+winning, as the seed's rules say. The horizon travels with each change (``h``) and is stored
+beside the row's version.
+
+The seed's rules decide by the version a change expected and the row it meets; with three
+clusters, and with two when a delete and a re-insert race two updates, the order changes reach a
+cluster in changed the outcome (a model of the rules diverged in about 2 % of random histories of
+one key between 2 clusters, 5 % between 3; the CI run of 2026-11-28 met one). The order above
+agrees with the seed's rules in every two-cluster case its text describes, and where they differ
+it is the delete that wins over the changes that did not see it. The conflict log still classifies
+each action by the seed's conflict types (MISS, MSMT, CNST) against the row it met.
 """
 
 from __future__ import annotations
@@ -81,8 +93,24 @@ class VersionClock:
 class RowVersion:
     version: Version
     deleted: bool
-    #: the version this change was made on (None: on no row)
-    parent: Version | None = None
+    #: the newest delete in the history of the row (a tombstone's own version; None: no delete)
+    horizon: Version | None = None
+
+    @property
+    def rank(self) -> tuple[Version, Version]:
+        """Where this version stands in the order every cluster resolves by (module docstring)."""
+        return (NO_HORIZON if self.horizon is None else self.horizon), self.version
+
+
+#: below every version: the horizon of a history without a delete
+NO_HORIZON: Version = (-1, -2)
+
+
+def local_version(version: Version, deleted: bool, current: RowVersion | None) -> RowVersion:
+    """The version of a change made here on ``current``: it inherits the row's delete horizon, or
+    is its own (a delete). Always above ``current`` in the order (``version`` is later)."""
+    horizon = version if deleted else (None if current is None else current.horizon)
+    return RowVersion(version, deleted, horizon)
 
 
 def key_text(key: Iterable[Any]) -> str:
@@ -91,11 +119,11 @@ def key_text(key: Iterable[Any]) -> str:
 
 
 _READ = sa.select(xdcr_rows_table.c.row_key, xdcr_rows_table.c.timestamp, xdcr_rows_table.c.cluster_id,
-                  xdcr_rows_table.c.deleted, xdcr_rows_table.c.parent_timestamp,
-                  xdcr_rows_table.c.parent_cluster_id).where(
+                  xdcr_rows_table.c.deleted, xdcr_rows_table.c.horizon_timestamp,
+                  xdcr_rows_table.c.horizon_cluster_id).where(
     xdcr_rows_table.c.table_id == sa.bindparam("table_id"),
     xdcr_rows_table.c.row_key.in_(sa.bindparam("keys", expanding=True)))
-_COLUMNS = ["table_id", "row_key", "cluster_id", "timestamp", "deleted", "parent_timestamp", "parent_cluster_id"]
+_COLUMNS = ["table_id", "row_key", "cluster_id", "timestamp", "deleted", "horizon_timestamp", "horizon_cluster_id"]
 
 
 def read_versions(conn: sa.Connection, table_id: str, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowVersion]:
@@ -108,8 +136,8 @@ def read_versions(conn: sa.Connection, table_id: str, keys: list[tuple[Any, ...]
     texts = list(by_text)
     for i in range(0, len(texts), 500):
         for row in conn.execute(_READ, {"table_id": table_id, "keys": texts[i:i + 500]}):
-            parent = None if row[4] is None else (int(row[4]), int(row[5]))
-            out[by_text[row[0]]] = RowVersion((int(row[1]), int(row[2])), bool(row[3]), parent)
+            horizon = None if row[4] is None else (int(row[4]), int(row[5]))
+            out[by_text[row[0]]] = RowVersion((int(row[1]), int(row[2])), bool(row[3]), horizon)
     return out
 
 
@@ -119,7 +147,7 @@ def write_versions(conn: sa.Connection, table_id: str, versions: dict[tuple[Any,
     if not versions:
         return
     rows = [(table_id, key_text(k), v.version[1], v.version[0], v.deleted,
-             None if v.parent is None else v.parent[0], None if v.parent is None else v.parent[1])
+             None if v.horizon is None else v.horizon[0], None if v.horizon is None else v.horizon[1])
             for k, v in versions.items()]
     system_upsert(xdcr_rows_table, conn).run(conn, rows, _COLUMNS)
 
@@ -148,30 +176,24 @@ class Resolution:
         return self.conflict != "NONE"
 
 
-def resolve(kind: str, version: Version, expected: RowVersion | None, current: RowVersion | None) -> Resolution:
-    """The seed's rules for one action (``kind`` insert/update/delete, its ``version``, the
-    ``expected`` version it was made on, None for a row the origin never had) against the
-    ``current`` version here (None: never a row here)."""
+def resolve(kind: str, incoming: RowVersion, expected: RowVersion | None,
+            current: RowVersion | None) -> Resolution:
+    """One incoming action (``kind`` insert/update/delete; ``incoming``: its version and delete
+    horizon; ``expected``: the version it was made on, None for a row the origin never had) against
+    the ``current`` version here (None: never a row here). Accepted when it stands above the
+    current version in the order (module docstring); classified by the seed's conflict types."""
+    accept = current is None or incoming.rank > current.rank
     here = current if current is not None and not current.deleted else None
     if _same(expected, current):
-        return Resolution(True, "NONE")
+        # made on exactly this row: above it in the order, unless a peer sent a horizon it cannot have
+        return Resolution(accept, "NONE" if accept else "MSMT")
     if kind == "delete":
-        if here is None:
-            return Resolution(True, "MISS")  # deleted already: a no-op (the later tombstone stays)
-        # DELETE always wins - over changes it did not see, not over one made after it
-        made_after = here.parent is not None and here.parent >= version
-        return Resolution(not made_after, "MSMT")
+        return Resolution(accept, "MISS" if here is None else "MSMT")
     if here is not None:
-        if kind == "insert":
-            return Resolution(version > here.version, "CNST", on_primary_key=True)
-        return Resolution(version > here.version, "MSMT")
-    # the row is missing here
-    if current is None:
-        # no delete was ever seen here: the row's insert has not arrived yet (three or more clusters)
-        return Resolution(True, "MISS")
-    # a tombstone: DELETE wins, unless the action was made after that delete
-    made_after = expected is not None and expected.version >= current.version
-    return Resolution(made_after, "MISS")
+        return Resolution(accept, "CNST" if kind == "insert" else "MSMT", on_primary_key=kind == "insert")
+    # the row is missing here: never seen (its insert has not arrived from a third cluster yet), or
+    # deleted (the delete wins over what did not see it)
+    return Resolution(accept, "MISS")
 
 
 def _same(expected: RowVersion | None, current: RowVersion | None) -> bool:
@@ -179,10 +201,6 @@ def _same(expected: RowVersion | None, current: RowVersion | None) -> bool:
     if expected is None:
         return current is None
     return current is not None and current.deleted == expected.deleted and current.version == expected.version
-
-
-def newer(a: Version, b: Version) -> Version:
-    return a if a > b else b
 
 
 # -- what a peer sends (``xdcr_apply``) --------------------------------------------------------------
@@ -269,6 +287,8 @@ class Action:
     expected: RowVersion | None
     #: the row it was made on, for the conflict log
     before: dict[str, Any] | None
+    #: its version with its delete horizon, as it stands in the order actions are resolved by
+    incoming: RowVersion
 
 
 @dataclass
@@ -333,6 +353,7 @@ def parse_apply(body: dict[str, Any], bounds: Bounds, max_actions: int) -> Apply
                 raise _bad(f"{where}.e {list(parent)} is not before the change's version {list(version)}",
                            f"{where}.e")
             expected = RowVersion(parent, e[2])
+        incoming = RowVersion(version, kind == "delete", _horizon(raw, kind, version, expected, where, bounds))
         before = raw.get("b")
         if before is not None and not isinstance(before, dict):
             raise _bad(f"{where}.b must be a row (a map) or null", f"{where}.b")
@@ -342,5 +363,23 @@ def parse_apply(body: dict[str, Any], bounds: Bounds, max_actions: int) -> Apply
             raise _bad(f"{where}.key must be the key of the deleted row (a list)", f"{where}.key")
         if kind != "delete" and not isinstance(row, dict):
             raise _bad(f"{where}.row must be the new row (a map)", f"{where}.row")
-        actions.append(Action(position, kind, key, row, version, expected, before))
+        actions.append(Action(position, kind, key, row, version, expected, before, incoming))
     return ApplyBatch(path, origin, origin_id, body.get("schema"), start, end, actions)
+
+
+def _horizon(raw: dict[str, Any], kind: str, version: Version, expected: RowVersion | None, where: str,
+             bounds: Bounds) -> Version | None:
+    """An action's delete horizon (``h``): a delete's own version; for another change, one not after
+    the version it was made on. A peer that sends none (an older engine) gets the horizon its
+    expected version tells: that of the tombstone it was made on, if it was."""
+    if kind == "delete":
+        if raw.get("h") is not None and parse_version(raw["h"], f"{where}.h", bounds) != version:
+            raise _bad(f"{where}.h of a delete must be its own version {list(version)}", f"{where}.h")
+        return version
+    if raw.get("h") is None:
+        return expected.version if expected is not None and expected.deleted else None
+    horizon = parse_version(raw["h"], f"{where}.h", bounds)
+    if expected is None or horizon > expected.version:
+        raise _bad(f"{where}.h {list(horizon)} is not within the history the change was made on "
+                   f"(expected version {None if expected is None else list(expected.version)})", f"{where}.h")
+    return horizon

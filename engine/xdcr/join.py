@@ -160,8 +160,8 @@ class Join:
                 sa.select(s.origin_cluster_id, s.timestamp, s.seq).where(s.table_id == table.table_id))}
             logged = (0, 0) if newest is None else (int(newest[0]), int(newest[1]))
             positions[str(own)] = list(max(logged, trimmed))
-            result = conn.execute(sa.select(v.row_key, v.timestamp, v.cluster_id, v.deleted, v.parent_timestamp,
-                                            v.parent_cluster_id).where(v.table_id == table.table_id)
+            result = conn.execute(sa.select(v.row_key, v.timestamp, v.cluster_id, v.deleted, v.horizon_timestamp,
+                                            v.horizon_cluster_id).where(v.table_id == table.table_id)
                                   .order_by(v.row_key))
             while True:
                 chunk = result.fetchmany(page_rows)
@@ -178,7 +178,7 @@ class Join:
                             if image.get(name) is not None:
                                 image[name] = bool(image[name])
                     entries.append({"key": list(key), "row": image, "v": [int(r[1]), int(r[2])], "d": bool(r[3]),
-                                    "p": None if r[4] is None else [int(r[4]), int(r[5])]})
+                                    "h": None if r[4] is None else [int(r[4]), int(r[5])]})
                     rows += image is not None
                     tombstones += image is None
                 _write_private(directory / f"{pages}.json", json.dumps(entries))
@@ -451,14 +451,16 @@ class Join:
                 if not isinstance(entry, dict):
                     raise ValueError("an entry is a map")
                 version = xdcr.parse_version(entry["v"], "v", bounds)
-                parent = None if entry.get("p") is None else xdcr.parse_version(entry["p"], "p", bounds)
+                horizon = None if entry.get("h") is None else xdcr.parse_version(entry["h"], "h", bounds)
+                if horizon is not None and horizon > version:
+                    raise ValueError("h (the delete horizon) is after the version")
                 if not isinstance(entry["d"], bool):
                     raise ValueError("d (deleted) is a boolean")
                 if entry["d"]:
                     key = tuple(entry["key"])
                     if len(key) != len(key_names):
                         raise ValueError("the key has the wrong number of columns")
-                    tombstones[key] = xdcr.RowVersion(version, True, parent)
+                    tombstones[key] = xdcr.RowVersion(version, True, version)
                     continue
                 row = entry["row"]
                 if not isinstance(row, dict):
@@ -468,7 +470,7 @@ class Join:
                 raise YtError(f"Malformed entry {i} of page {page} of the snapshot of {path}: {message}",
                               code=ErrorCode.PROTOCOL_ERROR) from None
             write = RowWrite(WriteKind.WRITE, dict(row), table.schema.full_lock_mask)
-            write.origin, write.origin_parent = version, parent
+            write.origin, write.origin_horizon = version, horizon
             writes.append(write)
         return writes, tombstones
 

@@ -162,8 +162,8 @@ class Receiver:
             expected = action.expected
             assert write.origin is not None
             here = current.get(key)
-            resolution = xdcr.resolve(action.kind, write.origin, expected, here)
-            write.origin_parent = None if expected is None else expected.version
+            resolution = xdcr.resolve(action.kind, action.incoming, expected, here)
+            write.origin_horizon = action.incoming.horizon
             write.here_known, write.here = True, here
             if resolution.accept:
                 accepted.append(write)

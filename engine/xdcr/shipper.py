@@ -137,7 +137,7 @@ class Shipper:
     def _action(change: changes.Change) -> dict[str, Any]:
         p = change.payload
         return {"p": list(change.position), "k": change.kind, "key": p.get("key"), "row": p.get("row"),
-                "o": p.get("o"), "e": p.get("e"), "b": p.get("b")}
+                "o": p.get("o"), "e": p.get("e"), "h": p.get("h"), "b": p.get("b")}
 
     def log_hold(self, table: DynamicTable) -> Position | None:
         """An XDCR table's changes stay until every connected peer has them."""

@@ -107,12 +107,20 @@ def test_a_database_of_an_older_schema_is_migrated_at_start(postgres: RunServer,
     database = url.rsplit("/", 1)[1]
     started("alpha", tmp_path / "a", url).stop()
     # as the first PostgreSQL-backed engines left it: schema version 1, bootstrap chunks in 32 bits
+    # and XDCR rows with the version each change was made on (schema 2), not their delete horizon
     postgres.psql("ALTER TABLE _rt_replica_sink ALTER COLUMN tablet_index TYPE integer; "
+                  "ALTER TABLE _rt_xdcr_rows RENAME COLUMN horizon_timestamp TO parent_timestamp; "
+                  "ALTER TABLE _rt_xdcr_rows RENAME COLUMN horizon_cluster_id TO parent_cluster_id; "
+                  "INSERT INTO _rt_xdcr_rows VALUES ('t', '[1]', 2, 500, true, 400, 1), "
+                  "('t', '[2]', 1, 600, false, 550, 2); "
                   "UPDATE _rt_meta SET value = '1' WHERE name = 'schema_version'", database)
     started("alpha", tmp_path / "a", url).stop()
-    assert postgres.psql("SELECT value FROM _rt_meta WHERE name = 'schema_version'", database) == "2"
+    assert postgres.psql("SELECT value FROM _rt_meta WHERE name = 'schema_version'", database) == "3"
     assert postgres.psql("SELECT data_type FROM information_schema.columns WHERE table_name = "
                          "'_rt_replica_sink' AND column_name = 'tablet_index'", database) == "bigint"
+    # a tombstone's horizon is its own version; a live row's history is not known: none
+    assert postgres.psql("SELECT row_key, horizon_timestamp, horizon_cluster_id FROM _rt_xdcr_rows "
+                         "WHERE table_id = 't' ORDER BY row_key", database).splitlines() == ["[1]|500|2", "[2]||"]
 
 
 def test_a_password_on_the_command_line_is_refused_without_echoing_it(postgres: RunServer, tmp_path: Path) -> None:
