@@ -195,9 +195,8 @@ class ReplicaRegistry:
                           "every commit, atomically", code=ErrorCode.INVALID_PARAMETER)
         # lock order: the storage writer, then the registry (the duplicate check and the insert are one step)
         with self.host.storage.write() as conn, self._lock:
-            for other in self._replicas.values():
-                if other.table_id == table.table_id and other.cluster_name == cluster_name and \
-                        other.replica_path == replica_path:
+            for other in self._by_table.get(table.table_id, ()):
+                if other.cluster_name == cluster_name and other.replica_path == replica_path:
                     raise YtError(f"Replica {other.id} of {path} already points to {cluster_name}:{replica_path}",
                                   code=ErrorCode.ALREADY_EXISTS)
             # the id carries this cluster's cell tag: replica clusters accept its rows only from here

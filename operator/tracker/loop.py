@@ -233,7 +233,7 @@ class TrackerLoop:
                 if col.spec.preferred_sync_replica_clusters else None
             for name in col.spec.tables:
                 collocations[(col.namespace, name)] = (collocation_id, preferred)
-        read: list[tuple[Resource, dict[str, Any], tuple[str, ...] | None, str | None]] = []
+        tracked: list[Resource] = []
         for res in self.world.of_kind("ReplicatedTable"):
             opts = res.spec.replicated_table_options
             table_id = res.status.get("tableId")
@@ -241,10 +241,20 @@ class TrackerLoop:
                 continue
             if not clusters.get(res.spec.cluster, tk.ClusterHealth(False)).healthy:
                 continue  # the meta-cluster itself is down: nothing can be switched
+            tracked.append(res)
+
+        def replicas_of(res: Resource) -> dict[str, Any] | None:
             try:
                 info: dict[str, Any] = self.world.engines.client(res.spec.cluster).get(f"{res.spec.path}/@replicas")
             except YtError as exc:
                 log.warning("tracker cannot read replicas", extra={"table": res.display, "error": describe_error(exc)})
+                return None
+            return info
+
+        # every table's @replicas at once: a meta-cluster cut off after its probe costs one timeout, not one per table
+        read: list[tuple[Resource, dict[str, Any], tuple[str, ...] | None, str | None]] = []
+        for res, info in zip(tracked, self._pool.map(replicas_of, tracked), strict=True):
+            if info is None:
                 continue
             collocation = collocations.get((res.namespace, res.name))
             read.append((res, info, collocation[1] if collocation else None,

@@ -461,3 +461,26 @@ def test_a_transaction_that_wrote_before_a_reshard_cannot_commit_after_it(cluste
     meta.insert_rows(path, [{"k": 5, "v": "after the reshard"}], require_sync_replica=False)
     wait_for(lambda: clusters.rows("remote_0", "//tmp/r") == [{"k": 5, "v": "after the reshard"}], 20,
              "the replica")
+
+
+def test_a_second_replica_of_a_table_to_the_same_place_is_refused_and_another_table_may_use_it(
+        clusters: ClusterSet) -> None:
+    """Two replicas of one table writing one replica table would apply every change twice: the second
+    is refused (ALREADY_EXISTS, naming the first); a replica of another table may name the same
+    place (it is that table's business whether the replica table accepts it)."""
+    first_table = clusters.replicated_table("//tmp/rt_twice")
+    other_table = clusters.replicated_table("//tmp/rt_twice_other")
+
+    def create(table_path: str, replica_path: str) -> str:
+        return str(clusters.meta.call("create", {"type": "table_replica", "attributes": {
+            "table_path": table_path, "cluster_name": "remote_0", "replica_path": replica_path,
+            "mode": "async"}})["node_id"])
+
+    first = create(first_table, "//tmp/r_twice")
+    with pytest.raises(YtError, match=f"Replica {first} of //tmp/rt_twice already points to remote_0://tmp/r_twice") \
+            as refused:
+        create(first_table, "//tmp/r_twice")
+    assert refused.value.code == ErrorCode.ALREADY_EXISTS
+    create(first_table, "//tmp/r_twice_elsewhere")
+    create(other_table, "//tmp/r_twice")
+    assert len(clusters.meta.get(f"{first_table}/@replicas")) == 2
