@@ -379,7 +379,8 @@ def _horizon(raw: dict[str, Any], kind: str, version: Version, expected: RowVers
     if raw.get("h") is None:
         return expected.version if expected is not None and expected.deleted else None
     horizon = parse_version(raw["h"], f"{where}.h", bounds)
-    if expected is None or horizon > expected.version:
-        raise _bad(f"{where}.h {list(horizon)} is not within the history the change was made on "
+    # within the history the change was made on; made on a tombstone, that tombstone's own version
+    if expected is None or horizon > expected.version or (expected.deleted and horizon != expected.version):
+        raise _bad(f"{where}.h {list(horizon)} is not the delete horizon of the history the change was made on "
                    f"(expected version {None if expected is None else list(expected.version)})", f"{where}.h")
     return horizon

@@ -149,6 +149,10 @@ def test_malformed_xdcr_bodies_are_protocol_errors_never_500(group: XdcrGroup) -
         {**good, "actions": [{**action, "k": "delete", "key": 5}]}, {**good, "actions": [{**action, "row": [1]}]},
         {**good, "actions": [{**action, "b": "not a row"}]}, {**good, "start": {"x": 1}},
         {**good, "origin_cluster_id": "2"}, {**good, "actions": {"0": action}}, {**good, "path": 7},
+        # a delete horizon that is not a version, or that the change's own history cannot have
+        {**good, "actions": [{**action, "h": ["x", 1]}]}, {**good, "actions": [{**action, "h": [1, 1]}]},
+        {**good, "actions": [{**action, "e": [5, 1, True], "h": [4, 1]}]},
+        {**good, "actions": [{**action, "k": "delete", "key": [1], "h": [1, 1]}]},
     ]
     for body in bodies:
         response = internal(group, "a", "b", "xdcr_apply", body)
