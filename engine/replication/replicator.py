@@ -326,7 +326,7 @@ def render_columns(batch: list[QueueEntry], after: int) -> bytes | None:
     commits = [[ts, sum(1 for _ in run)] for ts, run in groupby(map(_TIMESTAMP, batch))]
     values = list(zip(*map(_IMAGE, batch), strict=True))
     rows = len(batch)
-    kept = [i for i, column in enumerate(values) if column.count(None) != rows]
+    kept = [i for i, column in enumerate(values) if column[0] is not None or column.count(None) != rows]
     if len(kept) != len(names):
         names, values = tuple(names[i] for i in kept), [values[i] for i in kept]
     return orjson.dumps({"columns": names, "values": values, "commits": commits})
