@@ -84,24 +84,35 @@ class LockTable:
 
     def acquire_many(self, table_id: str, keyed: dict[Any, RowWrite], tx_id: str) -> None:
         locks = self._locks
+        lock = WriteKind.LOCK
+        # (a sync batch locks up to 100,000 keys: one holder per distinct mode, shared by its keys -
+        # holders are immutable - and the keys' list extended at once)
+        made: dict[tuple[int, bool], _LockHolder] = {}
+        lock_keys = [(table_id, key) for key in keyed]
         with self._mutex:
-            held = self._by_tx.setdefault(tx_id, [])
-            for key, write in keyed.items():
-                lock_key = (table_id, key)
-                locks[lock_key].append(_LockHolder(tx_id, write.mask, write.kind is WriteKind.LOCK and write.shared))
-                held.append(lock_key)
+            for lock_key, write in zip(lock_keys, keyed.values(), strict=True):
+                mode = (write.mask, write.kind is lock and write.shared)
+                holder = made.get(mode)
+                if holder is None:
+                    holder = made[mode] = _LockHolder(tx_id, *mode)
+                locks[lock_key].append(holder)
+            self._by_tx.setdefault(tx_id, []).extend(lock_keys)
 
     def release(self, tx_id: str) -> None:
+        locks = self._locks
         with self._mutex:
             for lock_key in self._by_tx.pop(tx_id, ()):
-                holders = self._locks.get(lock_key)
+                holders = locks.get(lock_key)
                 if holders is None:
+                    continue
+                if len(holders) == 1 and holders[0].transaction_id == tx_id:
+                    del locks[lock_key]  # (the usual case: the key's only holder, no list to make)
                     continue
                 holders = [h for h in holders if h.transaction_id != tx_id]
                 if holders:
-                    self._locks[lock_key] = holders
+                    locks[lock_key] = holders
                 else:
-                    del self._locks[lock_key]
+                    del locks[lock_key]
 
 
 def check_conflicts(conn: sa.Connection, lock_table: LockTable, metrics: EngineMetrics, tx_id: str, start_ts: int,
