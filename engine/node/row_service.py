@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from itertools import repeat
 from typing import Any
 
 import sqlalchemy as sa
@@ -149,8 +150,7 @@ class RowService:
         validated: list[tuple[int, RowWrite]]
         if single_tablet and not update:
             # the hot path: one tablet, whole-row writes
-            write = WriteKind.WRITE
-            validated = [(0, RowWrite(write, row, full_mask)) for row in checked]
+            validated = list(zip(repeat(0), map(RowWrite, repeat(WriteKind.WRITE), checked, repeat(full_mask))))
         else:
             validated = []
             for raw, row in zip(rows, checked, strict=True):

@@ -306,3 +306,17 @@ def test_timestamps_stay_monotonic_across_restart(tmp_path: Path) -> None:
         assert c.rows.generate_timestamp() > last
     finally:
         c.close()
+
+
+def test_a_batch_writing_a_key_twice_keeps_its_last_write_and_a_later_batch_merges_with_it(cluster: Cluster) -> None:
+    """A transaction's writes are merged per key (last write wins, an update merges its columns),
+    whether the key repeats within one insert_rows call, across calls, or across tablets."""
+    tx = cluster.rows.start_transaction()
+    cluster.rows.insert_rows("//tmp/t", [{"k": 1, "v": "first", "a": 1}, {"k": 2, "v": "two"},
+                                         {"k": 1, "v": "second"}], transaction_id=tx)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 2, "b": 5}], update=True, transaction_id=tx)
+    cluster.rows.insert_rows("//tmp/t", [{"k": 3, "v": "three"}, {"k": 150, "v": "other tablet"}], transaction_id=tx)
+    cluster.rows.commit_transaction(tx)
+    assert lookup(cluster, 1) == {"k": 1, "v": "second", "a": None, "b": None}
+    assert lookup(cluster, 2) == {"k": 2, "v": "two", "a": None, "b": 5}
+    assert lookup(cluster, 3)["v"] == "three" and lookup(cluster, 150)["v"] == "other tablet"
