@@ -323,7 +323,7 @@ def render_columns(batch: list[QueueEntry], after: int) -> bytes | None:
     names = batch[0].columns
     if names is None or list(map(_COLUMNS, batch)).count(names) != len(batch):
         return None
-    commits = [[ts, sum(1 for _ in run)] for ts, run in groupby(map(_TIMESTAMP, batch))]
+    commits = [[ts, len(list(run))] for ts, run in groupby(map(_TIMESTAMP, batch))]
     values = list(zip(*map(_IMAGE, batch), strict=True))
     rows = len(batch)
     kept = [i for i, column in enumerate(values) if column[0] is not None or column.count(None) != rows]

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -56,6 +57,9 @@ log = logging.getLogger("reptables.engine.replication")
 FORGET_BATCH_DELAY = 0.05
 #: a participant's ``instance`` is a uuid4 in hex (``ParticipantSide.instance``): a longer one is not
 _MAX_INSTANCE_LENGTH = 64
+
+
+_KIND = attrgetter("kind")
 
 
 def _undo_commit_sync(replica: Replica, tablet: int, previous: tuple[int, int], end: int) -> Callable[[], None]:
@@ -196,7 +200,8 @@ class SyncCommits:
         table = part.table
         tablet = part.tablet_index
         end = table.tablet_rows[tablet][0]
-        start = end - sum(1 for w in part.writes if w.kind is not WriteKind.LOCK)
+        kinds = list(map(_KIND, part.writes))  # (a C pass: up to 100,000 writes)
+        start = end - (len(kinds) - kinds.count(WriteKind.LOCK))
         mine = {rp.replica_id: rp for rp in remote
                 if rp.meta_table_id == table.table_id and rp.tablet_index == tablet}
         fed: list[Replica] = []
