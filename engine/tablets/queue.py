@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Callable
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -46,6 +46,18 @@ from ..storage import (
 from .writes import RowWrite, WriteKind
 
 
+class ColumnBlock(NamedTuple):
+    """The rows of one commit's whole-row writes to one tablet, as columns: what replicators send as
+    a push's ``columnar`` form (``replicator.render_columns``) while the commit is in the queue's
+    in-memory tail. A column a row lacks is null there (a whole-row write sets every column)."""
+
+    names: tuple[str, ...]
+    #: one list per name, a value per change of the commit, in queue order
+    values: list[list[Any]]
+    #: the row index of the commit's first change
+    start: int
+
+
 class QueueEntry(NamedTuple):
     """One change in a replication queue (a tuple: made by the thousand for every replicator batch)."""
 
@@ -53,12 +65,10 @@ class QueueEntry(NamedTuple):
     timestamp: int
     kind: str
     payload: str
-    #: a whole-row write of plain JSON values, while it is in the in-memory tail: the names of the
-    #: columns (one tuple shared by the commit's entries) and its values in their order, which
-    #: replicators send as columns (``replicator.render_columns``); None for a change read back from
-    #: SQL, a delete, an update and a row JSON cannot carry as is (they go as ``payload``)
-    columns: tuple[str, ...] | None
-    image: tuple[Any, ...] | None
+    #: its commit's columns (shared by the commit's entries), while in the in-memory tail; None for a
+    #: change read back from SQL, and for a commit of other changes (deletes, updates) or of rows
+    #: JSON cannot carry as they are (they go as ``payload``)
+    block: ColumnBlock | None
 
 
 class QueueTable(Protocol):
@@ -76,6 +86,7 @@ class QueueTable(Protocol):
 
 #: a change's kind as the queue stores it (an enum's ``.value`` is a property call)
 _KIND_NAMES = {kind: kind.value for kind in WriteKind}
+_KIND, _UPDATE = attrgetter("kind"), attrgetter("update")
 
 _SET_ROW_COUNT = FastStatement.update(tablets_table, "table_id", "tablet_index", columns=("row_count",))
 
@@ -86,19 +97,23 @@ def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commi
     counts = table.tablet_rows.setdefault(tablet_index, [0, 0])
     start = counts[0]
     lock = WriteKind.LOCK
-    changes = [w for w in writes if w.kind is not lock]
+    # (C passes: a commit's batch is up to 100,000 changes)
+    write_kinds = list(map(_KIND, writes))
+    changes = writes if lock not in write_kinds else [w for w in writes if w.kind is not lock]
     if not changes:
         return 0
     doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
-    kinds = [_KIND_NAMES[w.kind] for w in changes]
+    if len(changes) != len(writes):
+        write_kinds = list(map(_KIND, changes))
+    kinds = list(map(_KIND_NAMES.__getitem__, write_kinds))
     payloads, plain = _payloads(changes, doubles)
     indices = range(start, start + len(changes))
-    names, images = _images(table.schema, changes) if plain else (None, None)
+    whole_rows = plain and write_kinds.count(WriteKind.WRITE) == len(changes) and not any(map(_UPDATE, changes))
+    block = _block(table.schema, changes, start) if whole_rows else None
     # a commit's batch is up to 100,000 changes: the rows of the SQL table and the tail's entries
     # are zipped in C (tuple.__new__ makes a QueueEntry without its Python-level constructor)
     entries: list[QueueEntry] = list(map(tuple.__new__, repeat(QueueEntry),
-                                         zip(indices, repeat(commit_ts), kinds, payloads, repeat(names),
-                                             images if images is not None else repeat(None))))
+                                         zip(indices, repeat(commit_ts), kinds, payloads, repeat(block))))
     table.sql.bulk("insert:data", conn).run(conn, list(zip(repeat(tablet_index), indices, repeat(commit_ts), kinds,
                                                            payloads)),
                                             [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD])
@@ -133,8 +148,8 @@ def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: in
     if tail and base <= from_row:
         return tail[from_row - base:from_row - base + limit]
     data = table.sql.data
-    # (the two nulls: no columns, no image; such entries go as payloads)
-    stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD], sa.null(), sa.null())
+    # (the null: no column block; such entries go as payloads)
+    stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD], sa.null())
             .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= from_row)
             .order_by(data.c[ROW_INDEX]).limit(limit))
     # a batch is up to 90,000 rows: the driver's plain tuples made QueueEntry in C, no row objects
@@ -218,22 +233,19 @@ def trim(table: QueueTable, conn: sa.Connection, tablet_index: int, below_row: i
     return removed
 
 
-def _images(schema: TableSchema, writes: list[RowWrite]) -> tuple[tuple[str, ...] | None, list[tuple[Any, ...]] | None]:
-    """The column names and each write's values in their order, for a commit of whole-row writes
-    whose rows orjson encodes as they are (the caller checked that); (None, None) for any other
-    commit, and for a table with ``any`` columns (their YSON text is parsed back on the replica).
-    A column a row lacks is null in its image: a whole-row write sets every column."""
-    write = WriteKind.WRITE
-    if any(w.kind is not write or w.update for w in writes) or \
-            any(c.type is ColumnType.ANY for c in schema.columns):
-        return None, None
+def _block(schema: TableSchema, writes: list[RowWrite], start: int) -> ColumnBlock | None:
+    """The :class:`ColumnBlock` of a commit of whole-row writes whose rows orjson encodes as they
+    are (the caller checked both), a C pass per column; None for a table with ``any`` columns
+    (their YSON text is parsed back on the replica)."""
+    if any(c.type is ColumnType.ANY for c in schema.columns):
+        return None
     names = tuple(c.name for c in schema.columns)
     rows = [w.row for w in writes]
     try:
-        # (one C call a row; a row without some column takes the slower form)
-        return names, list(map(itemgetter(*names), rows)) if len(names) > 1 else [(r[names[0]],) for r in rows]
+        values = [list(map(itemgetter(name), rows)) for name in names]
     except KeyError:
-        return names, [tuple(map(r.get, names)) for r in rows]
+        values = [list(map(methodcaller("get", name), rows)) for name in names]  # (a row lacks a column)
+    return ColumnBlock(names, values, start)
 
 
 def _payloads(writes: list[RowWrite], doubles: list[str]) -> tuple[list[str], bool]:

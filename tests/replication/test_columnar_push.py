@@ -68,6 +68,19 @@ def test_whole_row_writes_go_as_columns_and_arrive_with_their_commits(make_world
     assert world.stored_progress(replica) == 6
 
 
+def test_a_batch_cut_inside_commits_carries_the_part_of_each(make_world: Callable[..., World]) -> None:
+    world = make_world(batch_rows=4)
+    replica = world.add_replica("replica")
+    t1, t2 = world.commit(rows(0, 6)), world.commit(rows(6, 3))
+    while world.replicate_once(replica):
+        pass
+    sent = [(b["prev_row_index"], b["row_index"], b["columnar"]["commits"], b["columnar"]["values"][0])
+            for b in pushes(world)]
+    assert sent == [(0, 4, [[t1, 4]], [0, 1, 2, 3]), (4, 8, [[t1, 2], [t2, 2]], [4, 5, 6, 7]),
+                    (8, 9, [[t2, 1]], [8])]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(9)]
+
+
 def test_a_batch_with_a_delete_or_an_update_goes_as_entries(make_world: Callable[..., World]) -> None:
     world = make_world()
     replica = world.add_replica("replica")
