@@ -8,7 +8,7 @@ tables, ``statements`` the statements the hot paths compile once, ``datadir`` th
 
 from .database import DatabaseRefused, DatabaseReservation, open_database
 from .datadir import DataDir, new_database_id, open_data_dir, storage_for_data_dir
-from .shapes import DELETED, KIND, LOCK_MASK, PAYLOAD, ROW_INDEX, TABLET_INDEX, TS, UserTables, view_name
+from .shapes import DELETED, KIND, LOCK_MASK, PAYLOAD, ROW_COUNT, ROW_INDEX, TABLET_INDEX, TS, UserTables, view_name
 from .sql import Storage, on_commit, on_rollback
 from .statements import COPY_FORM_ROWS, FastStatement, array_parameter, bulk_insert, positional, system_upsert
 from .system_tables import (
@@ -31,7 +31,8 @@ __all__ = [
     "changes_table", "commits_table", "consumers_table", "DatabaseRefused", "DatabaseReservation", "DataDir",
     "DELETED", "FastStatement", "KIND", "LOCK_MASK", "meta_table", "new_database_id", "nodes_table", "on_commit",
     "on_rollback", "open_data_dir", "open_database", "positional", "PAYLOAD", "prepared_table", "read_locks_table",
-    "replica_progress_table", "replica_sink_table", "ROW_INDEX", "Storage", "storage_for_data_dir", "system_upsert",
+    "replica_progress_table", "replica_sink_table", "ROW_COUNT", "ROW_INDEX", "Storage", "storage_for_data_dir",
+    "system_upsert",
     "TABLET_INDEX", "array_parameter", "bulk_insert", "tablets_table", "TS", "view_name", "UserTables",
     "xdcr_progress_table", "xdcr_rows_table", "xdcr_sink_table", "COPY_FORM_ROWS",
 ]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from ..errors import DataDirError
+from .shapes import PAYLOAD, ROW_COUNT, ROW_INDEX
 from .sql import Storage
 from .system_tables import meta_table
 
@@ -49,9 +50,22 @@ def _xdcr_delete_horizons(conn: sa.Connection) -> None:
                          "horizon_cluster_id = CASE WHEN deleted THEN cluster_id END")
 
 
+def _queue_row_runs(conn: sa.Connection) -> None:
+    """A replication queue row may hold a run of changes of one commit (``tablets/queue.py``):
+    every queue table gets its count, 1 for the rows it has. Queue tables are the user tables
+    with a payload column; a database made by this engine has the column already."""
+    inspector = sa.inspect(conn)
+    for name in inspector.get_table_names():
+        columns = {c["name"] for c in inspector.get_columns(name)}
+        if PAYLOAD in columns and ROW_INDEX in columns and ROW_COUNT not in columns:
+            quoted = conn.dialect.identifier_preparer.quote(name)
+            conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {ROW_COUNT} INTEGER NOT NULL DEFAULT 1")
+
+
 STEPS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (2, "bootstrap chunk numbers in 64 bits on PostgreSQL", _sink_chunks_in_64_bits),
     (3, "XDCR rows ordered by their delete horizon", _xdcr_delete_horizons),
+    (4, "replication queue rows hold runs of changes", _queue_row_runs),
 ]
 #: the version this engine brings a database to
 SCHEMA_VERSION = max([1, *(v for v, _, _ in STEPS)])

@@ -36,6 +36,8 @@ TABLET_INDEX = "_rt_tablet_index"
 ROW_INDEX = "_rt_row_index"
 KIND = "_rt_kind"
 PAYLOAD = "_rt_payload"
+#: a replication queue row holds a run of this many changes of one commit (tablets/queue.py)
+ROW_COUNT = "_rt_row_count"
 
 
 #: strings compare byte by byte, as YT compares them (and as SQLite's BINARY collation does): on
@@ -105,6 +107,7 @@ class UserTables:
             sa.Column(TS, sa.BigInteger, nullable=False),
             sa.Column(KIND, sa.String(16), nullable=False),
             sa.Column(PAYLOAD, sa.Text, nullable=False),
+            sa.Column(ROW_COUNT, sa.Integer, nullable=False, server_default=sa.text("1")),
             sqlite_with_rowid=False,
         )
         tables.versions = None

@@ -49,16 +49,12 @@ import sqlalchemy as sa
 from ..errors import ErrorCode, YtError
 from ..schema import ColumnType, TableSchema
 from ..storage import (
-    KIND,
-    PAYLOAD,
-    ROW_INDEX,
-    TABLET_INDEX,
-    TS,
     UserTables,
     bulk_insert,
     changes_table,
     consumers_table,
 )
+from . import queue
 from .queue import QueueEntry
 
 #: a position: (commit timestamp, seq)
@@ -361,17 +357,15 @@ def _first_row_after(table: ChangeTable, conn: sa.Connection, tablet: int, after
     yet delivered (found by the 10-minute reshard fault run). A row missing inside the range was
     trimmed meanwhile (PostgreSQL reads each statement afresh): it lies before every row kept."""
     data = table.sql.data
-    first, last = conn.execute(sa.select(sa.func.min(data.c[ROW_INDEX]), sa.func.max(data.c[ROW_INDEX]))
-                               .where(data.c[TABLET_INDEX] == tablet)).one()
-    if first is None:
+    held = queue.last_row(data, conn, tablet)
+    if held is None:
         return table.tablet_rows.get(tablet, [0, 0])[0]  # nothing to read in this tablet now
 
     def position(row: int) -> Position | None:
-        ts = conn.execute(sa.select(data.c[TS]).where(data.c[TABLET_INDEX] == tablet,
-                                                      data.c[ROW_INDEX] == row)).scalar()
+        ts = queue.timestamp_at(data, conn, tablet, row)  # (a queue row holds a run of one commit's changes)
         return None if ts is None else (int(ts), tablet << _ROW_BITS | row)
 
-    low, high = int(first), int(last) + 1  # the answer is in [low, high]
+    low, high = held[0], held[1] + 1  # the answer is in [low, high]
     while low < high:
         middle = (low + high) // 2
         at = position(middle)
@@ -392,15 +386,7 @@ def _read_queue(table: ChangeTable, conn: sa.Connection, after: Position, bound_
         if start >= end:
             continue
         # (a commit's rows of one tablet are contiguous: read a little past the limit to end it)
-        stmt = (sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD])
-                .where(data.c[TABLET_INDEX] == tablet, data.c[ROW_INDEX] >= start, data.c[TS] <= bound_ts)
-                .order_by(data.c[ROW_INDEX]).limit(limit))
-        rows = list(conn.execute(stmt).all())
-        if len(rows) == limit:
-            last_ts, last_row = rows[-1][1], rows[-1][0]
-            rows += conn.execute(sa.select(data.c[ROW_INDEX], data.c[TS], data.c[KIND], data.c[PAYLOAD]).where(
-                data.c[TABLET_INDEX] == tablet, data.c[ROW_INDEX] > last_row,
-                data.c[TS] == last_ts).order_by(data.c[ROW_INDEX])).all()
+        rows = queue.read_sql(data, conn, tablet, start, limit, bound_ts, whole_commits=True)
         streams.append([((int(r[1]), tablet << _ROW_BITS | int(r[0])), tablet, r) for r in rows])
     merged = list(heapq.merge(*streams, key=lambda item: item[0]))
     if len(merged) > limit:

@@ -113,9 +113,14 @@ def test_a_database_of_an_older_schema_is_migrated_at_start(postgres: RunServer,
                   "ALTER TABLE _rt_xdcr_rows RENAME COLUMN horizon_cluster_id TO parent_cluster_id; "
                   "INSERT INTO _rt_xdcr_rows VALUES ('t', '[1]', 2, 500, true, 400, 1), "
                   "('t', '[2]', 1, 600, false, 550, 2); "
-                  "UPDATE _rt_meta SET value = '1' WHERE name = 'schema_version'", database)
+                  "UPDATE _rt_meta SET value = '1' WHERE name = 'schema_version'; "
+                  # and a replicated table's queue with a row per change (schema 3), not runs of them
+                  "CREATE TABLE t_older_queue (_rt_tablet_index integer, _rt_row_index bigint, _rt_ts bigint, "
+                  "_rt_kind varchar(16), _rt_payload text, PRIMARY KEY (_rt_tablet_index, _rt_row_index)); "
+                  "INSERT INTO t_older_queue VALUES (0, 0, 100, 'write', '{}')", database)
     started("alpha", tmp_path / "a", url).stop()
-    assert postgres.psql("SELECT value FROM _rt_meta WHERE name = 'schema_version'", database) == "3"
+    assert postgres.psql("SELECT value FROM _rt_meta WHERE name = 'schema_version'", database) == "4"
+    assert postgres.psql("SELECT _rt_row_count FROM t_older_queue", database) == "1"
     assert postgres.psql("SELECT data_type FROM information_schema.columns WHERE table_name = "
                          "'_rt_replica_sink' AND column_name = 'tablet_index'", database) == "bigint"
     # a tombstone's horizon is its own version; a live row's history is not known: none

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from reptables.engine.config import EngineConfig
 from reptables.engine.errors import YtError
 from reptables.engine.replication.sink import ReplicaSink, read_sink
-from reptables.engine.storage import TS
-from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, encode_writes
+from reptables.engine.storage import KIND, ROW_COUNT, ROW_INDEX, TS
+from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, encode_writes, queue
 from reptables.engine.transactions import Participant
 
 from .test_units import SORTED, FakeHost, World, make_world, rows
@@ -303,3 +303,56 @@ def test_a_columnar_prepare_the_schema_refuses_is_named_as_in_rows(
     assert by_columns.value.message == by_rows.value.message and by_columns.value.code == by_rows.value.code
     assert words in by_columns.value.message and "//replica" in by_columns.value.message
     assert not host.transactions.has_remote_prepared(table.table_id)
+
+
+# -- the queue's SQL rows: a run of one commit's changes each ----------------------------------------
+
+
+def queue_rows(world: World) -> list[tuple[int, int, str]]:
+    data = world.table.sql.data
+    with world.meta.storage.read() as conn:
+        return [(int(r[0]), int(r[1]), str(r[2])) for r in conn.execute(
+            sa.select(data.c[ROW_INDEX], data.c[ROW_COUNT], data.c[KIND]).order_by(data.c[ROW_INDEX]))]
+
+
+def test_a_commit_is_one_queue_row_per_run_of_one_kind_and_reads_back_change_by_change(
+        make_world: Callable[..., World]) -> None:
+    world = make_world()
+    replica = world.add_replica("replica")
+    first = world.commit(rows(0, 10))
+    second = commit_writes(world, [RowWrite(WriteKind.WRITE, {"k": 20, "v": "a"}, 1),
+                                   RowWrite(WriteKind.WRITE, {"k": 21, "v": "b"}, 1),
+                                   RowWrite(WriteKind.DELETE, {"k": 3}, 1),
+                                   RowWrite(WriteKind.WRITE, {"k": 22, "v": "c"}, 1)])
+    assert queue_rows(world) == [(0, 10, "write"), (10, 2, "write"), (12, 1, "delete"), (13, 1, "write")]
+    with world.meta.storage.read() as conn:
+        # from inside a run, across runs, at most the limit; and the rest of a commit with whole_commits
+        middle = queue.read_sql(world.table.sql.data, conn, 0, 7, 5)
+        assert [(e.row_index, e.timestamp, e.kind) for e in middle] == [
+            (7, first, "write"), (8, first, "write"), (9, first, "write"), (10, second, "write"),
+            (11, second, "write")]
+        assert [e.row_index for e in queue.read_sql(world.table.sql.data, conn, 0, 7, 4, whole_commits=True)] == \
+            list(range(7, 14))
+        assert queue.first_timestamp_from(world.table, conn, 0, 9) == first
+        assert queue.first_timestamp_from(world.table, conn, 0, 12) == second
+        assert queue.first_timestamp_from(world.table, conn, 0, 14) is None
+    world.table.queue_tail.clear()  # (as after a restart: every batch is read back from SQL)
+    while world.replicate_once(replica):
+        pass
+    assert world.remote.rows(world.replica_tables[replica.id]) == [
+        (k, f"v{k}") for k in range(10) if k != 3] + [(20, "a"), (21, "b"), (22, "c")]
+
+
+def test_a_run_is_trimmed_whole_once_every_replica_has_all_of_it(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.commit(rows(0, 10))
+    world.commit(rows(10, 5))
+    with world.meta.storage.write() as conn:
+        # a replica has rows below 12: the first run goes, the second stays whole
+        assert queue.trim(world.table, conn, 0, 12, world.meta.timestamps.generate()) == 10
+    assert world.table.tablet_rows[0] == [15, 10]
+    assert queue_rows(world) == [(10, 5, "write")]
+    with world.meta.storage.write() as conn:
+        assert queue.trim(world.table, conn, 0, 14, world.meta.timestamps.generate()) == 0
+        assert queue.trim(world.table, conn, 0, 15, world.meta.timestamps.generate()) == 5
+    assert queue_rows(world) == [] and world.table.tablet_rows[0] == [15, 15]
