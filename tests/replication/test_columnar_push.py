@@ -9,8 +9,7 @@ on the engine's real storage, queue, replicator and sink (``test_units.py``'s fa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,9 +22,9 @@ from reptables.engine.storage import KIND, ROW_COUNT, ROW_INDEX, TS
 from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, encode_writes, queue
 from reptables.engine.transactions import Participant
 
-from .test_units import SORTED, FakeHost, World, make_world, rows
+from .test_units import SORTED, FakeHost, World, host, make_world, rows
 
-__all__ = ["make_world"]  # (the fixture, for pytest)
+__all__ = ["host", "make_world"]  # (the fixtures, for pytest)
 
 WITH_DOUBLE = [*SORTED, {"name": "d", "type": "double"}]
 
@@ -121,15 +120,6 @@ def test_a_column_null_in_every_row_is_left_out(make_world: Callable[..., World]
 
 
 # -- the sink alone: the same changes as entries and as columns ----------------------------------------
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[FakeHost]:
-    fake = FakeHost("remote", tmp_path)
-    try:
-        yield fake
-    finally:
-        fake.storage.close()
 
 
 def as_entries(replica_id: str, path: str, commits: list[tuple[int, list[dict[str, Any]]]]) -> dict[str, Any]:

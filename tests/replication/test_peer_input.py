@@ -40,7 +40,9 @@ from reptables.engine.transactions import make_object_id
 from reptables.testing import wait_for
 
 from .conftest import SCHEMA, ClusterSet
-from .test_units import SORTED, FakeHost
+from .test_units import SORTED, FakeHost, host
+
+__all__ = ["host"]  # (the fixture, for pytest)
 
 IN_DOUBT_TIMEOUT = 2.0
 META = "primary"
@@ -387,15 +389,6 @@ def test_a_late_read_at_a_timestamp_is_refused_at_once_while_a_prepare_is_stalle
 
 
 # -- in-process: the bounds too big for HTTP, records older than the checks -----------------------------
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[FakeHost]:
-    fake = FakeHost("remote", tmp_path)
-    try:
-        yield fake
-    finally:
-        fake.storage.close()
 
 
 def test_a_batch_over_the_byte_bound_is_refused_with_413(host: FakeHost) -> None:

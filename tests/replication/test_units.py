@@ -218,6 +218,16 @@ def make_world(tmp_path: Path) -> Iterator[Callable[..., World]]:
         world.close()
 
 
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[FakeHost]:
+    """One replica engine's real parts, without HTTP (for the sink's checks in other modules too)."""
+    fake = FakeHost("remote", tmp_path)
+    try:
+        yield fake
+    finally:
+        fake.storage.close()
+
+
 # -- the sink: a replica applies each batch once, in order ---------------------------------------------
 
 
