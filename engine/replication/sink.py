@@ -338,6 +338,15 @@ class ReplicaSink:
         heaviest = max(map(len, map(orjson.dumps, rows)))
         return (heaviest + 8 * widest) * 4 + 64 * widest <= MAX_ROW_WEIGHT
 
+    def check_column_writes(self, table: DynamicTable, path: str, writes: list[RowWrite], names: list[str],
+                            values: list[list[Any]], what: str) -> None:
+        """:meth:`check_writes` for whole-row writes that arrived as columns (``names``, ``values``):
+        a column at a time (``columns_clean``) when that passes them whole and within the batch
+        bound, else row by row, with its precise errors and conversions."""
+        size = columns_clean(table.schema, names, values, keys_not_null=table.sorted)
+        if size is None or size > self.config.max_peer_batch_bytes:
+            self.check_writes(table, path, writes, what)
+
     def parse_columnar(self, table: DynamicTable, path: str, columnar: Any, what: str, preserve: bool,
                        max_rows: int) -> tuple[list[tuple[int, list[RowWrite]]], list[RowWrite]]:
         """The changes of a push in the columnar form (``replicator.render_columns``): whole-row
@@ -380,9 +389,7 @@ class ReplicaSink:
             writes = list(map(RowWrite, repeat(write), made, repeat(table.schema.full_lock_mask)))
         else:
             writes = list(map(RowWrite, repeat(write), made, repeat(1)))
-        size = columns_clean(table.schema, names, values, keys_not_null=table.sorted)
-        if size is None or size > self.config.max_peer_batch_bytes:
-            self.check_writes(table, path, writes, what)  # (precise errors and conversions, a row at a time)
+        self.check_column_writes(table, path, writes, names, values, what)
         groups: list[tuple[int, list[RowWrite]]] = []
         first = 0
         for ts, count in zip(stamps, counts, strict=True):
@@ -448,11 +455,10 @@ class ReplicaSink:
             raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(writes)} rows, more than "
                           f"the {self.config.max_rows_per_transaction} a transaction may write",
                           code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"path": path})
-        # whole-row writes as columns (``encode_writes``) are checked a column at a time when they can be
-        size = columns_clean(table.schema, body["columns"], body["values"], keys_not_null=table.sorted) \
-            if "columns" in body and body.get("kind", "write") == "write" and body.get("update", False) is False \
-            else None
-        if size is None or size > self.config.max_peer_batch_bytes:
+        if "columns" in body and body.get("kind", "write") == "write" and body.get("update", False) is False:
+            # whole-row writes as columns (``encode_writes``)
+            self.check_column_writes(table, path, writes, body["columns"], body["values"], what)
+        else:
             self.check_writes(table, path, writes, what)
         if table.sorted:
             # this table's lock groups, not the meta's
