@@ -10,7 +10,15 @@ from .database import DatabaseRefused, DatabaseReservation, open_database
 from .datadir import DataDir, new_database_id, open_data_dir, storage_for_data_dir
 from .shapes import DELETED, KIND, LOCK_MASK, PAYLOAD, ROW_COUNT, ROW_INDEX, TABLET_INDEX, TS, UserTables, view_name
 from .sql import Storage, on_commit, on_rollback
-from .statements import COPY_FORM_ROWS, FastStatement, array_parameter, bulk_insert, positional, system_upsert
+from .statements import (
+    COPY_FORM_ROWS,
+    BulkStatement,
+    FastStatement,
+    array_parameter,
+    bulk_insert,
+    positional,
+    system_upsert,
+)
 from .system_tables import (
     changes_table,
     commits_table,
@@ -29,7 +37,8 @@ from .system_tables import (
 
 __all__ = [
     "changes_table", "commits_table", "consumers_table", "DatabaseRefused", "DatabaseReservation", "DataDir",
-    "DELETED", "FastStatement", "KIND", "LOCK_MASK", "meta_table", "new_database_id", "nodes_table", "on_commit",
+    "BulkStatement", "DELETED", "FastStatement", "KIND", "LOCK_MASK", "meta_table", "new_database_id", "nodes_table",
+    "on_commit",
     "on_rollback", "open_data_dir", "open_database", "positional", "PAYLOAD", "prepared_table", "read_locks_table",
     "replica_progress_table", "replica_sink_table", "ROW_COUNT", "ROW_INDEX", "Storage", "storage_for_data_dir",
     "system_upsert",

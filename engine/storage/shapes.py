@@ -114,7 +114,8 @@ class UserTables:
         return tables
 
     def bulk(self, name: str, conn: sa.Connection) -> BulkStatement:
-        """A cached compiled statement: "insert:data", "upsert:data", "insert:versions"."""
+        """A cached compiled statement: "insert:data", "upsert:data", "insert:versions", "point:data"
+        (one row by its key), "max:data" (the largest value of the first key column)."""
         cache = self.__dict__.setdefault("_bulk", {})
         key = (name, conn.dialect.name)
         stmt = cache.get(key)
@@ -126,6 +127,8 @@ class UserTables:
                 keys = [c for c in table.primary_key.columns]
                 statement: sa.ClauseElement = sa.select(*[c for c in table.columns if c.name in self.schema.by_name]) \
                     .where(*[c == sa.bindparam(c.name) for c in keys])
+            elif kind == "max":
+                statement = sa.select(sa.func.max(table.c[self.schema.key_names[0]]))
             elif kind == "upsert":
                 statement = upsert(table, conn.dialect)
             else:

@@ -67,6 +67,19 @@ class BulkStatement:
         by_name = dict(zip(columns, values, strict=True))
         return tuple(by_name[n] for n in self.names) if self.positional else {n: by_name[n] for n in self.names}
 
+    def query(self, conn: sa.Connection, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[Any]:
+        """Run a query once on the DBAPI cursor of ``conn`` and return its rows (for the small queries
+        of every commit, whose SQLAlchemy execution costs more than the query itself). The driver's
+        errors are raised as SQLAlchemy's, as a statement's would be."""
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute(self.sql, params)
+            return cast(list[Any], cursor.fetchall())
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise _wrapped(conn, cursor, self.sql, exc) from exc
+        finally:
+            cursor.close()
+
     def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
         """``rows`` are tuples in the order of ``columns``."""
         if not rows:

@@ -266,6 +266,17 @@ def read(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int
         return []
     if table.replicated:
         return _read_queue(table, conn, after, bound_ts, limit)
+    rows = read_logged(table, conn, after, bound_ts, limit)
+    return [Change((r[0], r[1]), r[2], r[3], decode_payload(r[4])) for r in rows]
+
+
+def read_logged(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int,
+                limit: int) -> list[Any]:
+    """:func:`read` of a table's log (not a queue) as its SQL rows: (timestamp, seq, tablet index,
+    kind, payload as logged). For a reader that passes payloads on as they are (XDCR's shippers)."""
+    if bound_ts <= after[0] and after[1] == HEARTBEAT_SEQ:
+        return []
+    assert not table.replicated, "a replicated table streams its queue, not a log"
     c = changes_table.c
     base = sa.select(c.timestamp, c.seq, c.tablet_index, c.kind, c.payload).where(
         c.table_id == table.table_id, c.timestamp <= bound_ts)
@@ -278,7 +289,7 @@ def read(table: ChangeTable, conn: sa.Connection, after: Position, bound_ts: int
     if len(rows) == limit:
         last_ts, last_seq = rows[-1][0], rows[-1][1]
         rows += conn.execute(base.where(c.timestamp == last_ts, c.seq > last_seq).order_by(c.seq)).all()
-    return [Change((r[0], r[1]), r[2], r[3], decode_payload(r[4])) for r in rows]
+    return rows
 
 
 def can_read_json(table: ChangeTable, conn: sa.Connection) -> bool:

@@ -214,7 +214,9 @@ def _past_every_row(table: SortedTable, conn: sa.Connection, keys: list[tuple[An
     if first.type is not ColumnType.INT64:
         return False
     lowest = min(map(_FIRST, keys))
-    largest = conn.execute(sa.select(sa.func.max(table.sql.data.c[first.name]))).scalar()
+    # compiled once per table and run on the driver: SQLAlchemy's building and execution of the
+    # statement cost more than the index probe (a fifth of an XDCR table's commit of 100 rows)
+    largest = table.sql.bulk("max:data", conn).query(conn)[0][0]
     return largest is None or lowest > largest
 
 

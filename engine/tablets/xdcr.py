@@ -46,7 +46,7 @@ import orjson
 import sqlalchemy as sa
 
 from ..errors import ErrorCode, YtError
-from ..storage import system_upsert, xdcr_rows_table
+from ..storage import BulkStatement, system_upsert, xdcr_rows_table
 from ..timestamps import MAX_TIMESTAMP, unix_to_timestamp
 
 #: (timestamp, cluster id): ordered by timestamp, then cluster id
@@ -118,24 +118,53 @@ def key_text(key: Iterable[Any]) -> str:
     return orjson.dumps(list(key)).decode()
 
 
-_READ = sa.select(xdcr_rows_table.c.row_key, xdcr_rows_table.c.timestamp, xdcr_rows_table.c.cluster_id,
-                  xdcr_rows_table.c.deleted, xdcr_rows_table.c.horizon_timestamp,
-                  xdcr_rows_table.c.horizon_cluster_id).where(
-    xdcr_rows_table.c.table_id == sa.bindparam("table_id"),
-    xdcr_rows_table.c.row_key.in_(sa.bindparam("keys", expanding=True)))
 _COLUMNS = ["table_id", "row_key", "cluster_id", "timestamp", "deleted", "horizon_timestamp", "horizon_cluster_id"]
+#: keys per read of stored versions; shorter lists are padded to a power of two (a few statements)
+_READ_KEYS = 512
+#: the compiled reads of stored versions, by (dialect, number of keys)
+_READS: dict[tuple[str, int], BulkStatement] = {}
+
+
+def _read_statement(conn: sa.Connection, size: int) -> BulkStatement:
+    """The read of ``size`` keys' versions of one table, compiled once: on PostgreSQL one array of
+    keys (``row_key = ANY(...)``, any size), elsewhere an IN list of ``size`` parameters."""
+    pg = conn.dialect.name == "postgresql"
+    found = _READS.get((conn.dialect.name, 0 if pg else size))
+    if found is None:
+        c = xdcr_rows_table.c
+        if pg:
+            from sqlalchemy.dialects.postgresql import ARRAY
+
+            keys: sa.ColumnElement[bool] = c.row_key == sa.func.any(sa.bindparam("keys", type_=ARRAY(sa.Text)))
+        else:
+            keys = c.row_key.in_([sa.bindparam(f"k{i}") for i in range(size)])
+        found = _READS[(conn.dialect.name, 0 if pg else size)] = BulkStatement(
+            sa.select(c.row_key, c.timestamp, c.cluster_id, c.deleted, c.horizon_timestamp, c.horizon_cluster_id)
+            .where(c.table_id == sa.bindparam("table_id"), keys), conn.dialect)
+        # (the parameters go by position: the table id, then the keys)
+        assert found.positional and found.names[0] == "table_id", found.names
+    return found
 
 
 def read_versions(conn: sa.Connection, table_id: str, keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], RowVersion]:
     """The stored versions of ``keys`` (absent: the key never had a row here). One statement per
-    500 keys, compiled once (an expanding IN list)."""
+    512 keys, compiled once per list length and run on the driver: an expanding IN list is
+    compiled anew by SQLAlchemy at every execution, which cost more than the read."""
     out: dict[tuple[Any, ...], RowVersion] = {}
     if not keys:
         return out
     by_text = {key_text(k): k for k in keys}
     texts = list(by_text)
-    for i in range(0, len(texts), 500):
-        for row in conn.execute(_READ, {"table_id": table_id, "keys": texts[i:i + 500]}):
+    pg = conn.dialect.name == "postgresql"
+    for i in range(0, len(texts), _READ_KEYS):
+        chunk = texts[i:i + _READ_KEYS]
+        if pg:
+            params: tuple[Any, ...] = (table_id, chunk)
+        else:
+            # padded with its last key (changes nothing in an IN list)
+            size = 1 << (len(chunk) - 1).bit_length()
+            params = (table_id, *chunk, *[chunk[-1]] * (size - len(chunk)))
+        for row in _read_statement(conn, 0 if pg else size).query(conn, params):
             horizon = None if row[4] is None else (int(row[4]), int(row[5]))
             out[by_text[row[0]]] = RowVersion((int(row[1]), int(row[2])), bool(row[3]), horizon)
     return out
