@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any
 
 import orjson
 import sqlalchemy as sa
@@ -179,13 +178,14 @@ class Shipper:
         are never shipped, so never owed, though the peer's record passes them only every half second)."""
         c = changes_table.c
         own = table.xdcr_cluster_id
-        if conn.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import JSONB
-
-            origin: sa.ColumnElement[Any] = sa.func.jsonb_extract_path_text(sa.cast(c.payload, JSONB), "o", "1")
-            mine: sa.ColumnElement[bool] = origin == str(own)
-        else:
-            mine = sa.func.json_extract(c.payload, "$.o[1]") == own
+        # the cluster id of the version at the head of the payload (``_ORIGIN``): between its first
+        # comma and its first "]". Not a JSON path: a payload with an infinite double is written by
+        # the standard encoder (``Infinity``), which neither SQLite's nor PostgreSQL's JSON reads
+        find = sa.func.strpos if conn.dialect.name == "postgresql" else sa.func.instr
+        comma, close = find(c.payload, ","), find(c.payload, "]")
+        origin = sa.case((c.payload.like('{"o":%'), sa.cast(sa.func.trim(
+            sa.func.substr(c.payload, comma + 1, close - comma - 1)), sa.Integer)), else_=None)
+        mine = origin == own
         after = sa.or_(c.timestamp > position[0], sa.and_(c.timestamp == position[0], c.seq > position[1]))
         # (the redundant ``timestamp >= position`` is the index's lower bound, as in ``changes.read``)
         return sa.and_(c.table_id == table.table_id, c.timestamp >= position[0], after, mine)
