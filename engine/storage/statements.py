@@ -68,17 +68,8 @@ class BulkStatement:
         return tuple(by_name[n] for n in self.names) if self.positional else {n: by_name[n] for n in self.names}
 
     def query(self, conn: sa.Connection, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[Any]:
-        """Run a query once on the DBAPI cursor of ``conn`` and return its rows (for the small queries
-        of every commit, whose SQLAlchemy execution costs more than the query itself). The driver's
-        errors are raised as SQLAlchemy's, as a statement's would be."""
-        cursor = conn.connection.cursor()
-        try:
-            cursor.execute(self.sql, params)
-            return cast(list[Any], cursor.fetchall())
-        except conn.dialect.loaded_dbapi.Error as exc:
-            raise _wrapped(conn, cursor, self.sql, exc) from exc
-        finally:
-            cursor.close()
+        """Run a query once on the driver (:func:`on_driver`) and return its rows."""
+        return on_driver(conn, self.sql, params)
 
     def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
         """``rows`` are tuples in the order of ``columns``."""
@@ -91,14 +82,14 @@ class BulkStatement:
             self.arrays.run(conn, rows, None if self.names == columns else [columns.index(n) for n in self.names])
             return
         if self.positional and self.names == columns:
-            conn.exec_driver_sql(self.sql, rows)
+            on_driver(conn, self.sql, rows, many=True)
             return
         index = {name: i for i, name in enumerate(columns)}
         if self.positional:
             order = [index[n] for n in self.names]
-            conn.exec_driver_sql(self.sql, [tuple(r[i] for i in order) for r in rows])
+            on_driver(conn, self.sql, [tuple(r[i] for i in order) for r in rows], many=True)
         else:
-            conn.exec_driver_sql(self.sql, [{n: r[index[n]] for n in self.names} for r in rows])
+            on_driver(conn, self.sql, [{n: r[index[n]] for n in self.names} for r in rows], many=True)
 
 
 #: from this many rows on, a PostgreSQL INSERT runs once with an array per column
@@ -213,7 +204,7 @@ class _ArrayForm:
             arrays[i] = [None if v is None else float(v) for v in arrays[i]]
         for i in self.booleans:
             arrays[i] = [None if v is None else bool(v) for v in arrays[i]]
-        conn.exec_driver_sql(self.sql, tuple(arrays))
+        on_driver(conn, self.sql, tuple(arrays))
 
 
 def _array_form(stmt: sa.ClauseElement, compiled: SQLCompiler, names: list[str]) -> _ArrayForm | None:
@@ -349,6 +340,28 @@ class FastStatement:
         except conn.dialect.loaded_dbapi.Error as exc:
             raise _wrapped(conn, cursor, sql, exc) from exc
         return cursor
+
+
+def on_driver(conn: sa.Connection, sql: str, params: Any, many: bool = False) -> list[Any]:
+    """Run compiled ``sql`` on the DBAPI cursor of ``conn`` (inside its open transaction): once with
+    ``params``, or with each of them (``many``: nothing is returned); returns the rows it produced
+    (none for a write without RETURNING).
+
+    For the statements of every commit: SQLAlchemy's execution of a statement already compiled
+    (``exec_driver_sql``: its context, result object and row processing) cost about as much Python
+    as the rest of an XDCR table's commit of 100 rows. The driver's errors are raised as
+    SQLAlchemy's, as a statement's would be (:func:`_wrapped`)."""
+    cursor = conn.connection.cursor()
+    try:
+        if many:
+            cursor.executemany(sql, params)
+            return []
+        cursor.execute(sql, params)
+        return cast(list[Any], cursor.fetchall()) if cursor.description is not None else []
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _wrapped(conn, cursor, sql, exc) from exc
+    finally:
+        cursor.close()
 
 
 def _wrapped(conn: sa.Connection, cursor: Any, sql: str, exc: Exception) -> sa.exc.DBAPIError:

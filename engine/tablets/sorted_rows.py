@@ -47,6 +47,7 @@ from ..storage import (
     TS,
     UserTables,
     array_parameter,
+    on_driver,
     on_rollback,
     positional,
     read_locks_table,
@@ -436,9 +437,9 @@ def drop_compiled(table: KeyedTable) -> None:
 
 def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: sa.Table,
                   build: Callable[[sa.ColumnElement[bool]], sa.ClauseElement], keys: list[tuple[Any, ...]],
-                  extra: dict[str, Any] | None = None) -> Iterator[sa.CursorResult[Any]]:
+                  extra: dict[str, Any] | None = None) -> Iterator[list[Any]]:
     """Run ``build(key IN (...))`` (the key columns of ``sql_table``) once per chunk of ``keys``;
-    yields each result.
+    yields the rows each returns (tuples).
 
     The statement is compiled once per chunk length and run straight on the driver: SQLAlchemy
     would otherwise render and process thousands of bound values on every execution."""
@@ -480,7 +481,7 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
                 for j, value in enumerate(key):
                     values[f"k{i}_{j}"] = value
             params = tuple(values[n] for n in order) if order is not None else values
-        yield conn.exec_driver_sql(sql, params)
+        yield on_driver(conn, sql, params)
 
 
 #: where the key list goes in a statement compiled for PostgreSQL (replaced by its arrays)
@@ -489,7 +490,7 @@ _KEYS_MARKER = "rt_keys_marker"
 
 def _run_with_key_arrays(table: KeyedTable, conn: sa.Connection, name: str, sql_table: sa.Table,
                          build: Callable[[sa.ColumnElement[bool]], sa.ClauseElement], keys: list[tuple[Any, ...]],
-                         extra: dict[str, Any], cache: dict[Any, Any]) -> sa.CursorResult[Any]:
+                         extra: dict[str, Any], cache: dict[Any, Any]) -> list[Any]:
     """:func:`run_with_keys` on PostgreSQL: every key in one statement, one array per key column
     (``k = ANY(%b::BIGINT[])``, or ``(a, b) IN (SELECT * FROM unnest(...))`` for a composite key).
     An IN list of thousands of placeholders is parsed and planned anew by the server at every
@@ -518,7 +519,7 @@ def _run_with_key_arrays(table: KeyedTable, conn: sa.Connection, name: str, sql_
     params: list[Any] = [extra[n] for n in order]
     # one array per key column (a single-column key, the usual one, without zip(*keys)'s 10,000 arguments)
     params[at:at] = [[k for (k,) in keys]] if len(keys[0]) == 1 else [list(c) for c in zip(*keys, strict=True)]
-    return conn.exec_driver_sql(sql, tuple(params))
+    return on_driver(conn, sql, tuple(params))
 
 
 def chunks(items: list[Any], size: int = _CHUNK) -> list[list[Any]]:
