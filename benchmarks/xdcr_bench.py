@@ -5,12 +5,16 @@ on one cluster is soon visible on the other, if replicating does not eat the clu
 throughput, and if every conflicting write that loses is accounted for in the conflict log, never
 silently dropped. The targets of the issue, measured in this order:
 
-* **write cost of XDCR** <= 25 %: writers flat out (unpaced) for ``--cost-seconds`` on both sides at
-  once, into a NON-XDCR table with no connections, then into a fresh XDCR table with replication
-  running; ``--cost-rounds`` alternated rounds, medians of the rows/s of both sides together
-  compared. After each XDCR round the benchmark waits until both sides shipped everything and
-  checks that they converged; the rows of both sides over the writes and that catch-up give the
-  rate the group *sustains* per side;
+* **engine CPU per row of XDCR** <= 2.5x the plain table's (issue 27: applying the peer's equal
+  share explains 2x, the rest is XDCR's own): writers flat out (unpaced) for ``--cost-seconds`` on
+  both sides at once, into a NON-XDCR table with no connections, then into a fresh XDCR table with
+  replication running; ``--cost-rounds`` alternated rounds. Each engine's CPU over the writes (and,
+  for XDCR, the catch-up after them until both sides have shipped everything: that work is the
+  writes' too) per 1,000 rows its own writers wrote; medians over sides and rounds compared. The
+  medians of the rows/s of both sides together give the *write cost* in throughput (reported, no
+  longer a target: on one 2-core machine both engines and all writers share the cores). After each
+  XDCR round the benchmark checks that the sides converged; the rows of both sides over the writes
+  and that catch-up give the rate the group *sustains* per side;
 * **convergence lag** p99 <= 100 ms at half the sustained rate (issue 27; issue 19 asked for 200 ms
   at 0.8 of it): a fresh XDCR table; each side takes writes
   from its own writer *process* (``--writers`` threads, each with its own :class:`Client`,
@@ -88,7 +92,8 @@ SCHEMA: list[dict[str, Any]] = [
     {"name": "s", "type": "string"},
 ]
 TARGET_P99_MS = 100.0
-TARGET_COST_PCT = 25.0
+#: engine CPU per row written, XDCR table over plain table (issue 27)
+TARGET_CPU_RATIO = 2.5
 #: keys of side s's own range start at s * SIDE_BASE; the shared range is [0, SIDE_BASE)
 SIDE_BASE = 10**12
 #: answers retried by the writers (as yt.wrapper does for dynamic tables), at most RETRIES times
@@ -599,6 +604,8 @@ def cost_phase(group: Group, args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(1.0)  # the shippers notice that the connections are gone
             cpu0 = {c: cpu_seconds(e.pid) for c, e in group.engines.items()}
             writes = group.writers(path, 10**9, args, 0.0, args.cost_seconds, record=False, tag=f"cost-{r}-{mode}")
+            if mode == "xdcr":
+                group.wait_shipped(args.converge_timeout)  # the catch-up's CPU is the writes' too
             cpu = {c: cpu_seconds(e.pid) - cpu0[c] for c, e in group.engines.items()}
             entry: dict[str, Any] = {"sides": {}}
             for cid, w in writes.items():
@@ -627,7 +634,11 @@ def cost_phase(group: Group, args: argparse.Namespace) -> dict[str, Any]:
     group.connect(True)
     plain = statistics.median(e["rows_per_s"] for e in runs["plain"])
     xdcr = statistics.median(e["rows_per_s"] for e in runs["xdcr"])
+    cpu = {mode: statistics.median(s["engine_cpu_ms_per_1000_rows"] for e in runs[mode] for s in e["sides"].values())
+           for mode in ("plain", "xdcr")}
     return {"runs": runs, "plain_rows_per_s": plain, "xdcr_rows_per_s": xdcr,
+            "plain_cpu_ms_per_1000_rows": cpu["plain"], "xdcr_cpu_ms_per_1000_rows": cpu["xdcr"],
+            "cpu_ratio": cpu["xdcr"] / cpu["plain"] if cpu["plain"] > 0 else float("nan"),
             "sustained_per_side": statistics.median(e["sustained_per_side"] for e in runs["xdcr"]),
             "difference_pct": (plain - xdcr) / plain * 100.0 if plain > 0 else float("nan"),
             "converged": all(e["convergence"]["passed"] for e in runs["xdcr"])}
@@ -776,9 +787,13 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
         Figure("flat-out writes, XDCR table replicating (median)", cost["xdcr_rows_per_s"], "rows/s",
                note="both sides together; " + runs_note("xdcr") + f"; shipped {catch_up} s after the writes"
                + ("" if cost["converged"] else "; contents DIFFER")),
-        Figure("write cost of XDCR", cost["difference_pct"], "%", f"<= {TARGET_COST_PCT:g}",
-               cost["difference_pct"] <= TARGET_COST_PCT,
+        Figure("engine CPU per row, XDCR over plain", cost["cpu_ratio"], "x", f"<= {TARGET_CPU_RATIO:g}",
+               cost["cpu_ratio"] <= TARGET_CPU_RATIO,
+               f"medians {cost['xdcr_cpu_ms_per_1000_rows']:.1f} / {cost['plain_cpu_ms_per_1000_rows']:.1f} ms "
+               "engine CPU per 1,000 rows written (XDCR: the writes and the catch-up after them); "
                f"{args.cost_rounds} alternated rounds of {args.cost_seconds:g} s"),
+        Figure("write cost of XDCR", cost["difference_pct"], "%",
+               note="(plain - XDCR) / plain flat-out rows/s, medians; reported, not a target (issue 27)"),
         Figure("sustained XDCR rate per side (median)", cost["sustained_per_side"], "rows/s",
                note="the rows of both flat-out XDCR writers / (the writes + the catch-up after them) / 2; runs "
                + ", ".join(f"{e['sustained_per_side']:,.0f}" for e in cost["runs"]["xdcr"])

@@ -76,6 +76,7 @@ def test_quick_run_converges_and_accounts_for_every_conflict(tmp_path: Path) -> 
     for value in (cost["plain_rows_per_s"], cost["xdcr_rows_per_s"], cost["sustained_per_side"]):
         assert value > 0
     assert math.isfinite(cost["difference_pct"])
+    assert cost["cpu_ratio"] == cost["xdcr_cpu_ms_per_1000_rows"] / cost["plain_cpu_ms_per_1000_rows"] > 1.0
 
     names = [f["name"] for f in data["figures"]]
     for name in ("paced writes, east", "paced writes, west", "convergence lag p50", "convergence lag p99",
@@ -83,6 +84,7 @@ def test_quick_run_converges_and_accounts_for_every_conflict(tmp_path: Path) -> 
                  "conflicts logged, east", "conflicts logged, west", "every rejected action accounted for",
                  "flat-out writes, plain table, no connections (median)",
                  "flat-out writes, XDCR table replicating (median)", "write cost of XDCR",
+                 "engine CPU per row, XDCR over plain",
                  "sustained XDCR rate per side (median)"):
         assert name in names
     assert "convergence lag p99" in proc.stdout and "write cost of XDCR" in proc.stdout
