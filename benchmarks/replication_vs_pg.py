@@ -7,8 +7,9 @@ reptables re-implements YTsaurus replicated dynamic tables: a meta-cluster engin
 table's replication queue, replicas live on other engines, async replicas are fed by the meta's
 replicator (batches of up to 90,000 rows), sync replicas are written inside each commit (2PC over
 HTTP). The issue's targets compare it with the replication most users know, PostgreSQL's logical
-replication: end-to-end replicated throughput >= 0.5x PostgreSQL's, and a single-row commit with
-one sync replica at p50 <= 5 ms. This benchmark measures both sides in one run, on the same rows,
+replication: end-to-end replicated throughput >= 1.0x PostgreSQL's, and a single-row commit with
+one sync replica at p50 <= 1.0 ms and p99 <= 3 ms (issue 27; the first issue asked for 0.5x and
+p50 <= 5 ms). This benchmark measures both sides in one run, on the same rows,
 on the same machine, one system after the other.
 
 What is measured
@@ -134,8 +135,9 @@ SCHEMA: list[dict[str, Any]] = [
 TABLE = "//tmp/bench_replicated"
 REPLICA_TABLE = "//tmp/bench_replica"
 
-TARGET_RATIO = 0.5
-TARGET_COMMIT_P50_MS = 5.0
+TARGET_RATIO = 1.0
+TARGET_COMMIT_P50_MS = 1.0
+TARGET_COMMIT_P99_MS = 3.0
 
 #: answers a YT client retries (yt.wrapper's dynamic-table retries include these codes), with backoff
 RETRY_ATTEMPTS = 6
@@ -661,8 +663,11 @@ def build_lines(rep: dict[str, Any], pg_tp: pg_logical.PgThroughputResult | None
                           + (f" ({pg_lat.sync_state})" if pg_lat else "")
                           + _cpu_note(lat.cpu_ms_per_commit, "ms per commit"),
                           storage=storage))
+        ok99 = lat.p99_ms <= TARGET_COMMIT_P99_MS and lat.verified
+        all_ok &= ok99
         lines.append(Line("single-row commit p99 ms, 1 sync replica", _ms(lat.p99_ms),
-                          _ms(pg_lat.p99_ms) if pg_lat else "-",
+                          _ms(pg_lat.p99_ms) if pg_lat else "-", "", f"<= {TARGET_COMMIT_P99_MS:g} ms",
+                          "PASS" if ok99 else "MISS",
                           note=f"mean {lat.mean_ms:.2f}, max {lat.max_ms:.2f}" + (
                               f"; PostgreSQL mean {pg_lat.mean_ms:.2f}, max {pg_lat.max_ms:.2f}" if pg_lat else ""),
                           storage=storage))

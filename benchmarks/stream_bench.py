@@ -5,11 +5,11 @@ changes reach the consumer soon after their commit is acknowledged, if a consume
 catches up faster than the table is written, and if an open stream does not slow the writers down.
 The targets of the issue:
 
-* **delivery latency** p99 <= 50 ms: writers commit batches of rows at a steady, paced rate
-  (default 10,000 rows/s in total, ``--rate``, for ``--seconds`` = 20 s) from ``--writers`` threads,
-  each with its own :class:`Client`; every commit's acknowledgement time (when ``insert_rows``
-  returned) is recorded per row key + value. One consumer, in its own process with its own
-  ``Client``, pulls the stream (``pull_changes`` in a loop, the same loop as
+* **delivery latency** p99 <= 20 ms (issue 27; issue 18 asked for 50 ms): writers commit batches
+  of rows at a steady, paced rate (default 10,000 rows/s in total, ``--rate``, for ``--seconds`` =
+  20 s) from ``--writers`` threads, each with its own :class:`Client`; every commit's
+  acknowledgement time (when ``insert_rows`` returned) is recorded per row key + value. One
+  consumer, in its own process with its own ``Client``, pulls the stream (``pull_changes`` in a loop, the same loop as
   ``Client.stream_changes``) from an event token taken before the writes and records the time it
   received each change. Latency = receive time - acknowledgement time of that row's commit (both
   ``CLOCK_MONOTONIC``, shared by the processes of one machine). A change can arrive before its
@@ -18,10 +18,13 @@ The targets of the issue:
 * **drain throughput** >= the write rate: after the writers stop, a second consumer reads the
   whole history from the timestamp taken before the writes, as fast as it can (``--drain-rows``
   rows per answer, no waiting);
-* **write cost of one open stream** <= 10 %: the same writers, unpaced (flat out, same batch size),
-  for ``--cost-seconds`` with no consumer, then with one consumer streaming; the two runs alternate
-  ``--cost-rounds`` times (each on a fresh table) and the medians are compared, because the 2 cores
-  of this machine are shared by the writers, the consumer and the engine and one run is noisy.
+* **engine CPU of one open stream** <= 5 % per row (issue 27): the same writers, unpaced (flat out,
+  same batch size), for ``--cost-seconds`` with no consumer, then with one consumer streaming (both
+  tables keep a change log: what is measured is serving the stream); the two runs alternate
+  ``--cost-rounds`` times (each on a fresh table). The engine's CPU per 1,000 rows written, medians
+  compared. The medians of the flat-out rates give the *write cost* in throughput (reported, issue
+  18's figure; no longer a target: the 2 cores of this machine are shared by the writers, the
+  consumer and the engine, and one run is noisy).
 
 **Exactly once** is checked, not assumed: the first consumer must have seen every acknowledged row
 exactly once (no duplicate, none missing, none unexpected), each key's values in commit order
@@ -67,8 +70,9 @@ SCHEMA: list[dict[str, Any]] = [
     {"name": "v", "type": "int64"},
     {"name": "s", "type": "string"},
 ]
-TARGET_P99_MS = 50.0
-TARGET_COST_PCT = 10.0
+TARGET_P99_MS = 20.0
+#: engine CPU per row written with one stream open over without, in percent (issue 27)
+TARGET_CPU_PCT = 5.0
 #: the consumer's own limit, so that a lost parent never leaves it running
 CONSUMER_MAX_S = 900.0
 #: after the stop timestamp is sent, how long a consumer may take to catch up and write its records
@@ -387,7 +391,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     log(f"cost round {r + 1}/{args.cost_rounds}, {mode} a stream: {flat.rows_per_s:,.0f} rows/s")
             without = statistics.median(e["rows_per_s"] for e in cost["without"])
             with_ = statistics.median(e["rows_per_s"] for e in cost["with"])
+            cpu = {m: statistics.median(e["engine_cpu_ms_per_1000_rows"] for e in cost[m]) for m in cost}
             result["cost"] = {"runs": cost, "without_rows_per_s": without, "with_rows_per_s": with_,
+                              "cpu_without_ms_per_1000_rows": cpu["without"],
+                              "cpu_with_ms_per_1000_rows": cpu["with"],
+                              "cpu_pct": (cpu["with"] - cpu["without"]) / cpu["without"] * 100.0
+                              if cpu["without"] > 0 else float("nan"),
                               "difference_pct": (without - with_) / without * 100.0 if without > 0 else float("nan"),
                               "all_delivered": all(e["all_delivered"] for e in cost["with"])}
     finally:
@@ -426,9 +435,13 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
                note=_runs_note(cost["runs"]["without"])),
         Figure("flat-out writes, one stream open (median)", cost["with_rows_per_s"], "rows/s",
                note=_runs_note(cost["runs"]["with"]) + ("" if cost["all_delivered"] else "; the consumer MISSED rows")),
-        Figure("write cost of one open stream", cost["difference_pct"], "%", f"<= {TARGET_COST_PCT:g}",
-               cost["difference_pct"] <= TARGET_COST_PCT, f"{args.cost_rounds} alternated rounds of "
+        Figure("engine CPU per row of one open stream", cost["cpu_pct"], "%", f"<= {TARGET_CPU_PCT:g}",
+               cost["cpu_pct"] <= TARGET_CPU_PCT,
+               f"medians {cost['cpu_with_ms_per_1000_rows']:.2f} with / {cost['cpu_without_ms_per_1000_rows']:.2f} "
+               f"without ms engine CPU per 1,000 rows; {args.cost_rounds} alternated rounds of "
                f"{args.cost_seconds:g} s"),
+        Figure("write cost of one open stream", cost["difference_pct"], "%",
+               note="(without - with) / without flat-out rows/s, medians; reported, not a target (issue 27)"),
         Figure("exactly once, in per-key commit order", None, "", "all", once["passed"],
                f"{once['rows_received']:,} of {once['rows_written']:,} rows; duplicates {once['duplicates']}, "
                f"missing {once['missing']}, unexpected {once['unexpected']}, out of order "

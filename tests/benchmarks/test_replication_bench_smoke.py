@@ -68,7 +68,8 @@ def test_sync_commit_latency_and_report(tmp_path: Path) -> None:
     bench.print_lines(lines, out)
     text = out.getvalue()
     assert "end-to-end rows/s, 2 async" in text and "single-row commit p50 ms" in text
-    assert ("PASS" in text) == (lat.p50_ms <= bench.TARGET_COMMIT_P50_MS)
+    assert ("PASS" in text) == (lat.p50_ms <= bench.TARGET_COMMIT_P50_MS or lat.p99_ms <= bench.TARGET_COMMIT_P99_MS)
+    assert f"<= {bench.TARGET_COMMIT_P50_MS:g} ms" in text and f"<= {bench.TARGET_COMMIT_P99_MS:g} ms" in text
 
 
 @pytest.fixture

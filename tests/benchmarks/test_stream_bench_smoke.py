@@ -56,12 +56,13 @@ def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None
     for value in (data["write"]["rows_per_s"], data["drain"]["rows_per_s"], data["cost"]["without_rows_per_s"],
                   data["cost"]["with_rows_per_s"]):
         assert value > 0
-    assert math.isfinite(data["cost"]["difference_pct"])
+    assert math.isfinite(data["cost"]["difference_pct"]) and math.isfinite(data["cost"]["cpu_pct"])
     assert [len(data["cost"]["runs"][m]) for m in ("without", "with")] == [2, 2]
 
     names = [f["name"] for f in data["figures"]]
     for name in ("paced write rate", "delivery latency p50", "delivery latency p99", "delivery latency max",
                  "drain of the whole history", "write cost of one open stream",
+                 "engine CPU per row of one open stream",
                  "exactly once, in per-key commit order"):
         assert name in names
     assert "exactly once" in proc.stdout and "delivery latency p99" in proc.stdout
