@@ -173,12 +173,19 @@ class CypressService:
                           "one; load data on one cluster after the group is set up)", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": node.path})
         before = (table.xdcr_cluster_id, table.change_log)
+        had = node.attributes.get(CHANGE_LOG_ATTRIBUTE)
         table.xdcr_cluster_id = self.tables.cluster_id
-        # its changes are shipped from its log (empty: nothing was left out of it)
+        # its changes are shipped from its log (empty: nothing was left out of it); every change is
+        # logged, as on an XDCR table made so, until @enable_change_log is set to %false
         table.change_log = True
+        node.attributes[CHANGE_LOG_ATTRIBUTE] = True
 
         def undo() -> None:
             table.xdcr_cluster_id, table.change_log = before
+            if had is None:
+                node.attributes.pop(CHANGE_LOG_ATTRIBUTE, None)
+            else:
+                node.attributes[CHANGE_LOG_ATTRIBUTE] = had
 
         on_rollback(conn, undo)
 
@@ -541,9 +548,6 @@ class CypressService:
             raise YtError(f"Attribute \"{CHANGE_LOG_ATTRIBUTE}\" of {node.path} cannot be set: a replicated table "
                           "streams its replication queue, which it always keeps", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"path": node.path})
-        if not on and table.xdcr_cluster_id is not None:
-            raise YtError(f"Cannot switch off the change log of {node.path}: it is an XDCR table, whose changes "
-                          "are shipped from its log", code=ErrorCode.INVALID_PARAMETER, attributes={"path": node.path})
         if not on:
             c = consumers_table.c
             consumers = conn.execute(sa.select(c.consumer_path).where(c.table_id == table.table_id)

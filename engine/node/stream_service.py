@@ -116,7 +116,7 @@ class StreamService:
         """The newest position no longer kept (a stream starts after it, or later)."""
         if table.replicated:
             return heartbeat_position(table.trimmed_timestamp) if table.trimmed_timestamp else (0, 0)
-        return table.changes_trimmed
+        return max(table.changes_trimmed, table.stream_start)
 
     @staticmethod
     def _check_logged(table: DynamicTable, table_path: str) -> None:
@@ -353,7 +353,7 @@ class StreamService:
                 # a consumer streams the table: its log starts now (a consumer "from now" starts with it)
                 self.tables.switch_change_log(conn, node, True)
                 if from_timestamp is None:
-                    start = max(start, table.changes_trimmed)
+                    start = max(start, self._trimmed(table))
             self._check_kept(table, table_path, start)
             c = consumers_table.c
             if self._consumer_row(conn, table, consumer) is not None:

@@ -50,6 +50,8 @@ DEFAULT_MIN_DATA_TTL_MS = 30 * 60 * 1000
 COMPACTED_UNTIL_ATTRIBUTE = "_rt_compacted_until"
 #: a table's node attribute holding ``DynamicTable.changes_trimmed`` (change streams)
 CHANGES_TRIMMED_ATTRIBUTE = "_rt_changes_trimmed"
+#: a table's node attribute holding ``DynamicTable.stream_start`` (an XDCR table's log switched on)
+STREAM_START_ATTRIBUTE = "_rt_stream_start"
 #: a table's node attribute holding ``DynamicTable.layout_revision`` (how many reshards it had)
 LAYOUT_REVISION_ATTRIBUTE = "_rt_layout_revision"
 #: the attribute that switches a sorted or ordered table's change log on (``switch_change_log``)
@@ -174,8 +176,13 @@ class Tables:
         table.xdcr_clock = self.xdcr_clock
         if flag(attrs.get("xdcr")) and table.sorted and not replicated:
             table.xdcr_cluster_id = self.cluster_id
-        # an XDCR table ships from its log: it always keeps one
-        table.change_log = not replicated and (flag(attrs.get(CHANGE_LOG_ATTRIBUTE)) or flag(attrs.get("xdcr")))
+        # an XDCR table ships its own changes from its log, and logs every change unless it was told not
+        # to (``@enable_change_log`` %false: then only its own, which is all its shippers read)
+        explicit = attrs.get(CHANGE_LOG_ATTRIBUTE)
+        table.change_log = not replicated and (flag(explicit) if explicit is not None else flag(attrs.get("xdcr")))
+        start = attrs.get(STREAM_START_ATTRIBUTE)
+        if isinstance(start, list) and len(start) == 2:
+            table.stream_start = (int(start[0]), int(start[1]))
         return table
 
     def switch_change_log(self, conn: sa.Connection, node: Node, on: bool) -> None:
@@ -186,21 +193,31 @@ class Tables:
         timestamp this engine has given or applied so far (``changes_trimmed``): a commit applied
         later has a later timestamp, or one a stream from that start skips as before it - never a
         gap after the start. Off: the log is dropped (the callers refuse while a consumer is
-        registered or the table is an XDCR table)."""
+        registered).
+
+        An XDCR table's log holds its own changes whatever this says (its shippers read them from
+        it): off keeps them and stops logging the changes it receives; on moves the start of its
+        streams (``stream_start``), not ``changes_trimmed``, which tells its shippers what the log
+        no longer holds."""
         table = node.table
         assert table is not None and not table.replicated
-        before = (table.change_log, table.changes_trimmed)
+        before = (table.change_log, table.changes_trimmed, table.stream_start)
+        xdcr = table.xdcr_cluster_id is not None
         if on and not table.change_log:
             start = changes.heartbeat_position(max(self.timestamps.last, table.applied_ts))
-            table.changes_trimmed = max(table.changes_trimmed, start)
-            node.attributes[CHANGES_TRIMMED_ATTRIBUTE] = list(table.changes_trimmed)
-        elif not on and table.change_log:
+            if xdcr:
+                table.stream_start = max(table.stream_start, start)
+                node.attributes[STREAM_START_ATTRIBUTE] = list(table.stream_start)
+            else:
+                table.changes_trimmed = max(table.changes_trimmed, start)
+                node.attributes[CHANGES_TRIMMED_ATTRIBUTE] = list(table.changes_trimmed)
+        elif not on and table.change_log and not xdcr:
             changes.drop_changes(conn, table.table_id)
         table.change_log = on
         node.attributes[CHANGE_LOG_ATTRIBUTE] = on
 
         def undo() -> None:
-            table.change_log, table.changes_trimmed = before
+            table.change_log, table.changes_trimmed, table.stream_start = before
 
         on_rollback(conn, undo)
         self.cypress.save(conn, node)

@@ -184,6 +184,11 @@ def apply(table: SortedTable, conn: sa.Connection, writes: list[RowWrite], commi
     if logged and log:
         single = len(table.pivot_keys) == 1
         extras = _xdcr_versions(table, conn, keyed, logged, commit_ts, before, names) if versioned else None
+        if extras is not None and not table.change_log:
+            # an XDCR table nobody streams: its shippers need its own changes only (docs/xdcr.md)
+            own = [i for i, (key, _) in enumerate(logged) if getattr(keyed.get(key), "origin", None) is None]
+            if len(own) < len(logged):
+                logged, extras = [logged[i] for i in own], [extras[i] for i in own]
         changes.record(table, conn, commit_ts, (
             (0 if single else table.tablet_of_key(key),
              "delete" if image is None else "update" if key in existed else "insert",

@@ -122,9 +122,14 @@ class DynamicTable:
     #: stream may start only after it. Changed only under Storage.write_lock; kept on the table's
     #: node (``_rt_changes_trimmed``)
     changes_trimmed: tuple[int, int] = (0, 0)
-    #: change streams: whether commits log their changes (``@enable_change_log``; always on an XDCR
-    #: table, whose shipping reads the log). A table nobody streams writes no log: the log would
-    #: double the rows every commit writes. Changed only under Storage.write_lock
+    #: change streams: the position a stream may start after at the earliest because the log was
+    #: switched on there (an XDCR table's; a plain table's switch moves ``changes_trimmed``
+    #: instead). Kept on the node (``_rt_stream_start``); changed only under Storage.write_lock
+    stream_start: tuple[int, int] = (0, 0)
+    #: change streams: whether commits log every change (``@enable_change_log``; on an XDCR table
+    #: by default). A table nobody streams writes no log: the log would double the rows every
+    #: commit writes. An XDCR table logs its own changes whatever this says (its shippers read
+    #: them); with it false, not the changes it received. Changed only under Storage.write_lock
     change_log: bool = False
     #: the newest commit timestamp applied to the table (a log switched on starts after it);
     #: under Storage.write_lock

@@ -122,6 +122,40 @@ def test_changes_ship_as_logged_with_infinite_doubles(pair: XdcrGroup) -> None:
     assert pair.rows("a", path) == [{"id": 1, "x": float("inf")}, {"id": 2, "x": float("-inf")}]
 
 
+def test_an_xdcr_table_nobody_streams_logs_only_what_its_shippers_need(pair: XdcrGroup) -> None:
+    """``@enable_change_log %false`` on an XDCR table (docs/xdcr.md): changes still flow both ways and
+    its stream is refused; switched on again, a stream starts at the switch and shows the peer's
+    changes as well as its own, and the shippers go on as before (the log kept every change of its
+    own, so nothing looks trimmed to them)."""
+    path = pair.table(fresh_path())
+    a, b = pair.client("a"), pair.client("b")
+    a.set(f"{path}/@enable_change_log", False)
+    assert a.get(f"{path}/@enable_change_log") is False and b.get(f"{path}/@enable_change_log") is True
+    before_switch = a.generate_timestamp()
+    a.insert_rows(path, [{"id": i, "name": "from-a", "password": "p"} for i in range(5)])
+    b.insert_rows(path, [{"id": 10 + i, "name": "from-b", "password": "p"} for i in range(5)])
+    a.delete_rows(path, [{"id": 0}])
+    wait_for(lambda: pair.converged(path) and len(pair.rows("a", path)) == 9, 20, "both clusters to converge")
+    with pytest.raises(YtError) as refused:
+        a.pull_changes(path, wait_timeout=0)
+    assert refused.value.code == 1762 and "enable_change_log" in refused.value.message
+
+    a.set(f"{path}/@enable_change_log", True)
+    with pytest.raises(YtError) as too_early:
+        a.pull_changes(path, from_timestamp=before_switch, wait_timeout=0)
+    assert too_early.value.code == 1760
+    token = a.pull_changes(path, wait_timeout=0)["event_token"]
+    b.insert_rows(path, [{"id": 20, "name": "from-b", "password": "p"}])
+    a.insert_rows(path, [{"id": 21, "name": "from-a", "password": "p"}])
+    wait_for(lambda: pair.converged(path) and len(pair.rows("b", path)) == 11, 20, "both clusters to converge again")
+    events = [e for e in a.pull_changes(path, from_event_token=token, wait_timeout=0)["events"]
+              if e["kind"] != "heartbeat"]
+    assert sorted((e["key"]["id"], e["origin_cluster_id"]) for e in events) == [(20, 2), (21, 1)]
+    wait_for(lambda: all(c.call("dr_status", {})["peers"][p]["state"] == "connected" and
+                         c.call("dr_status", {})["peers"][p]["queued_rows"] == 0 for c, p in ((a, "b"), (b, "a"))),
+             10, "both shippers connected, nothing queued")
+
+
 def test_a_cluster_that_only_receives_owes_its_peer_nothing(pair: XdcrGroup) -> None:
     """What b only received from a is never shipped back, so b's status never shows it queued for a,
     nor a lag, nor does b's drain wait for it (docs/xdcr.md: the peer's record of b's log passes
