@@ -213,6 +213,10 @@ def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
     """Append ``(tablet, kind, row, key, row_index)`` changes of one commit to the table's log
     (``extras``: more fields of each change's payload, in the same order: XDCR's versions).
 
+    The extras come first in each payload's text, and XDCR's version ``o`` first of them: XDCR's
+    shippers and ``dr_status`` read whose change it is from the head of the payload, without
+    parsing the rest (``xdcr/shipper.py``, ``_ORIGIN`` and ``owed``).
+
     Under the writer lock, inside the commit's SQL transaction; ``table.change_seq`` moves on
     (and back on rollback, by the caller's undo of the whole apply: see ``DynamicTable.apply``)."""
     doubles = [c.name for c in table.schema.columns if c.type is ColumnType.DOUBLE]
