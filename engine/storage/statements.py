@@ -18,7 +18,7 @@ both store an equal result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -139,7 +139,7 @@ class _CopyForm:
                 for row in rows:
                     write(row)
         except psycopg.Error as exc:
-            raise sa.exc.DBAPIError.instance(self.sql, None, exc, psycopg.Error) from exc
+            raise _wrapped(conn, None, self.sql, exc) from exc
 
 
 def _copy_form(stmt: sa.ClauseElement, compiled: SQLCompiler, names: list[str]) -> _CopyForm | None:
@@ -358,6 +358,22 @@ def on_driver(conn: sa.Connection, sql: str, params: Any, many: bool = False) ->
             return []
         cursor.execute(sql, params)
         return cast(list[Any], cursor.fetchall()) if cursor.description is not None else []
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _wrapped(conn, cursor, sql, exc) from exc
+    finally:
+        cursor.close()
+
+
+def on_driver_each(conn: sa.Connection, sql: str, params: Iterable[Any]) -> Iterator[Any]:
+    """Run compiled ``sql`` once with each of ``params`` on one DBAPI cursor of ``conn``, yielding
+    the first row of each run (None if it produced none): the point lookups of a few keys, whose
+    result objects SQLAlchemy would build at a higher cost than the queries. Errors as
+    :func:`on_driver`'s."""
+    cursor = conn.connection.cursor()
+    try:
+        for one in params:
+            cursor.execute(sql, one)
+            yield cursor.fetchone()
     except conn.dialect.loaded_dbapi.Error as exc:
         raise _wrapped(conn, cursor, sql, exc) from exc
     finally:

@@ -48,6 +48,7 @@ from ..storage import (
     UserTables,
     array_parameter,
     on_driver,
+    on_driver_each,
     on_rollback,
     positional,
     read_locks_table,
@@ -326,16 +327,12 @@ def fetch_latest(sql: UserTables, conn: sa.Connection, keys: list[tuple[Any, ...
     if len(keys) <= _POINT_LOOKUPS:
         # a few keys: a point query compiled once per table, run straight on the driver
         point = sql.bulk("point:data", conn)
-        # on the DBAPI cursor: SQLAlchemy's result machinery costs more than the query
-        cursor = conn.connection.cursor()
-        try:
-            for key in keys:
-                cursor.execute(point.sql, point.params(key, names))
-                row = cursor.fetchone()
-                if row is not None:
-                    result[key] = dict(zip(colnames, row, strict=True))
-        finally:
-            cursor.close()
+        # on the DBAPI cursor: SQLAlchemy's result machinery costs more than the query (a driver
+        # error raised as SQLAlchemy's, a dropped connection invalidated: a 503, never a 500)
+        found = on_driver_each(conn, point.sql, (point.params(key, names) for key in keys))
+        for key, row in zip(keys, found, strict=True):
+            if row is not None:
+                result[key] = dict(zip(colnames, row, strict=True))
         return result
     cols = [data.c[c.name] for c in schema.columns]
     for chunk in chunks(keys):

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +205,48 @@ def test_a_value_postgresql_cannot_hold_is_refused_with_400_and_nothing_applied(
             assert client.select_rows("k from [//tmp/t]") == []
             client.insert_rows("//tmp/t", [{"k": 1, "v": "fine"}])  # the engine goes on
             assert client.select_rows("k, v from [//tmp/t]") == [{"k": 1, "v": "fine"}]
+    finally:
+        engine.stop()
+
+
+def test_connections_the_server_dropped_answer_reads_and_writes_retriably_then_are_replaced(
+        postgres: RunServer, tmp_path: Path) -> None:
+    """A database server that drops the engine's connections (a restart behind a proxy, an idle-session
+    timeout, an administrator's ``pg_terminate_backend``): each statement that meets a dropped
+    connection answers 105, never an internal error - also the few-key lookups and the commit
+    statements that run on the driver's cursor - and the next request gets a new connection."""
+    url = postgres.create_database("dropped")
+    database = url.rsplit("/", 1)[1]
+    engine = started("alpha", tmp_path / "a", url)
+    try:
+        with engine.client() as client:
+            client.create("table", "//tmp/t", attributes={"dynamic": True, "schema": SCHEMA})
+            client.mount_table("//tmp/t")
+            wait_for(lambda: client.get("//tmp/t/@tablet_state") == "mounted", 30, "mounted")
+            client.insert_rows("//tmp/t", [{"k": k, "v": f"v{k}"} for k in range(100)])
+            def retried(what: str, request: Callable[[], Any]) -> Any:
+                for _attempt in range(5):
+                    try:
+                        return request()
+                    except YtError as exc:
+                        # retriable; an internal error (500, code 1) would be the engine's fault
+                        assert exc.code == ErrorCode.UNAVAILABLE, (what, exc.code, str(exc)[:300])
+                raise AssertionError(f"{what} still refused after 5 attempts")
+
+            requests: list[tuple[str, Callable[[], Any]]] = [
+                ("lookup", lambda: client.lookup_rows("//tmp/t", [{"k": 1}, {"k": 2}])),
+                ("insert", lambda: client.insert_rows("//tmp/t", [{"k": 1000 + n, "v": "new"} for n in range(3)])),
+                ("select", lambda: client.select_rows("k from [//tmp/t] where k < 3")),
+            ]
+            for _round in range(3):
+                for what, request in requests:
+                    postgres.psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                  f"WHERE datname = '{database}' AND pid <> pg_backend_pid()")
+                    retried(what, request)
+            assert retried("lookup", lambda: client.lookup_rows("//tmp/t", [{"k": 1}, {"k": 1000}])) == [
+                {"k": 1, "v": "v1"}, {"k": 1000, "v": "new"}]
+        logged = engine.log_path.read_text(errors="replace")
+        assert "failed with an internal error" not in logged and '"level": "error"' not in logged
     finally:
         engine.stop()
 
