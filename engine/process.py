@@ -117,15 +117,46 @@ class LocalEngine:
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the engine's process group; SIGKILL it if it has not exited after ``timeout``."""
-        if not self.alive():
+        self.begin_stop()
+        self.finish_stop(timeout)
+
+    def begin_stop(self) -> None:
+        """SIGTERM the engine's process group and return: :meth:`finish_stop` waits for it."""
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def finish_stop(self, timeout: float = 15.0) -> None:
+        """Wait up to ``timeout`` for an engine :meth:`begin_stop` signalled to exit; SIGKILL it after."""
+        if self.proc is None or self.proc.poll() is not None:
             return
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=max(0.0, timeout))
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def stop_all(engines: Iterable[LocalEngine], timeout: float = 15.0) -> list[str]:
+    """Stop several engines side by side: every one is sent SIGTERM before any is waited for, so their
+    graceful stops (uvicorn's, then the node's close) overlap; one still running after ``timeout`` is
+    SIGKILLed. Each engine is stopped whatever another does: the answer lists the ones that failed
+    (``"<cluster name> (pid N): <error>"``), empty if none did."""
+    errors: list[str] = []
+    signalled: list[LocalEngine] = []
+    for engine in engines:
+        try:
+            engine.begin_stop()
+            signalled.append(engine)
+        except Exception as exc:  # noqa: BLE001 - the others are stopped still
+            errors.append(f"{engine.cluster_name} (pid {engine.proc.pid if engine.proc else '-'}): {exc}")
+    deadline = time.monotonic() + timeout
+    for engine in signalled:
+        try:
+            engine.finish_stop(deadline - time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - the others are stopped still
+            errors.append(f"{engine.cluster_name} (pid {engine.proc.pid if engine.proc else '-'}): {exc}")
+    return errors
 
 
 def start_all(engines: Iterable[E], timeout: float = 30.0) -> list[E]:

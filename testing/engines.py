@@ -49,7 +49,7 @@ import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.credentials import peer_credential
-from reptables.engine.process import LocalEngine, free_port, start_all
+from reptables.engine.process import LocalEngine, free_port, start_all, stop_all
 
 from . import backends
 from .waits import wait_for
@@ -253,17 +253,14 @@ class EngineSet:
         self._stop_engines()
 
     def _stop_engines(self) -> None:
-        errors: list[str] = []
         engines = [e for name in self.engines for e in self.group(name)]
         for engine in engines:  # a paused engine (SIGSTOP) cannot stop
             if engine.alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(engine.pid, signal.SIGCONT)
-        for engine in reversed(engines):
-            try:
-                engine.stop()
-            except Exception as exc:  # stop the others, then say which did not stop
-                errors.append(f"{engine.cluster_name} (pid {engine.proc.pid if engine.proc else '-'}): {exc}")
+        # side by side (each engine's graceful stop takes 0.2-0.3 s): stop the others whatever one
+        # does, then say which did not stop
+        errors = stop_all(reversed(engines))
         if errors:
             raise RuntimeError(f"could not stop every engine: {'; '.join(errors)}")
 
