@@ -329,7 +329,11 @@ class CypressService:
         for key in attr[:-1]:
             container = container.get(key) if isinstance(container, dict) else None
         if attr == (CHANGE_LOG_ATTRIBUTE,) and node.table is not None and not node.table.replicated:
-            self._switch_change_log(conn, node, False)  # removed: the default, no log
+            # removed: back to the default - a log on an XDCR table (docs/xdcr.md), none elsewhere -
+            # and no longer stored, so the default decides again at the next start
+            self._switch_change_log(conn, node, node.table.xdcr_cluster_id is not None)
+            del node.attributes[CHANGE_LOG_ATTRIBUTE]
+            self.cypress.save(conn, node)
             return
         if not isinstance(container, dict) or attr[-1] not in container:
             if force:

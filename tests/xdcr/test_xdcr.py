@@ -154,6 +154,15 @@ def test_an_xdcr_table_nobody_streams_logs_only_what_its_shippers_need(pair: Xdc
     wait_for(lambda: all(c.call("dr_status", {})["peers"][p]["state"] == "connected" and
                          c.call("dr_status", {})["peers"][p]["queued_rows"] == 0 for c, p in ((a, "b"), (b, "a"))),
              10, "both shippers connected, nothing queued")
+    # removing the attribute restores an XDCR table's default: every change logged, its stream served
+    a.set(f"{path}/@enable_change_log", False)
+    a.remove(f"{path}/@enable_change_log")
+    assert a.get(f"{path}/@enable_change_log") is True
+    token = a.pull_changes(path, wait_timeout=0)["event_token"]
+    b.insert_rows(path, [{"id": 22, "name": "from-b", "password": "p"}])
+    wait_for(lambda: any(e["kind"] != "heartbeat" for e in
+                         a.pull_changes(path, from_event_token=token, wait_timeout=0)["events"]), 20,
+             "b's change in a's stream after the attribute was removed")
 
 
 def test_a_cluster_that_only_receives_owes_its_peer_nothing(pair: XdcrGroup) -> None:
