@@ -20,7 +20,7 @@ which direction is better, the commit and date of the recording, the command tha
 the conditions it ran in. ``python -m benchmarks.regression record`` makes them: it runs the smoke
 tests themselves (the same sizes, fixtures and PostgreSQL server as the suite) ``--runs`` times
 with :data:`RECORD_ENV` set, so that each test hands its ratios to :func:`check`, which writes them
-down instead of comparing. The suite runs under ``pytest -n 2``: another worker keeps the second
+down instead of comparing. The suite runs under ``pytest -n 3``: other workers keep the second
 core busy. The recorder mimics that by default with one CPU-bound neighbour process of its own for
 the whole recording (``--no-neighbour`` to leave it out), so the spread is the spread under the
 suite's load, not an idle machine's.

@@ -8,7 +8,9 @@ source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/lint-imports
 .venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache -p reptables.testing
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
-# two workers (pytest-xdist): most tests wait on engine processes; tests/conftest.py keeps each module
+# three workers (pytest-xdist) on the 2 cores: many tests wait on engine processes, timers or faults
+# (two workers left the machine idle a quarter of the time: 25:24 then, 22:11 with three on
+# 2026-11-28, CPU 94 % busy); tests/conftest.py keeps each module
 # on one worker, in order, and all Spark tests on one (one Spark session per run), and starts the
-# minutes-long modules first (tests/conftest.py HEAVY_FIRST) so that both workers finish together
-exec .venv/bin/python -m pytest -n 2 --durations=25 "$@"
+# minutes-long modules first (tests/conftest.py HEAVY_FIRST) so that the workers finish together
+exec .venv/bin/python -m pytest -n 3 --durations=25 "$@"

@@ -147,7 +147,7 @@ def clean_engine(shared_engine: EngineProcess) -> Iterator[EngineProcess]:
         reset_engine(shared_engine)
 
 
-#: the modules that take minutes (Spark jobs, operator bootstraps), heaviest first: the two workers
+#: the modules that take minutes (Spark jobs, operator bootstraps), heaviest first: the workers
 #: take modules in collection order, so these start first and the run does not end on one worker
 #: still busy with a long module while the other is idle (longest first)
 HEAVY_FIRST = ("tests/sparkapps/", "tests/operator/test_bootstrap.py", "tests/operator/test_sparkapplication.py",
@@ -166,7 +166,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (hack/test.sh runs two workers), one worker per module, and one for all Spark tests.
+    """Under pytest-xdist (hack/test.sh runs three workers), one worker per module, and one for all Spark tests.
 
     * each module's tests run in order on one worker and share its module-scoped engines (several
       modules build each test on the one before, as a walkthrough does);
