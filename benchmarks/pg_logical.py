@@ -110,7 +110,7 @@ except ImportError:  # reported by _require_psycopg() with the install line
 from reptables.testing import wait_for
 
 if TYPE_CHECKING:
-    from psycopg import Connection
+    from psycopg import Connection, Cursor
 
 PG_MAJOR = 15
 PG_OS_USER = "postgres"
@@ -423,6 +423,13 @@ class _Server:
 # -- replication set-up ----------------------------------------------------------------------------
 
 
+def _one_row(cursor: Cursor[Any]) -> Any:
+    """The row of a query that always returns one (an aggregate, SHOW)."""
+    row = cursor.fetchone()
+    assert row is not None, "the query returned no row"
+    return row
+
+
 def _create_table(conns: Iterable[Connection[Any]]) -> None:
     for c in conns:
         c.execute(TABLE_DDL)
@@ -436,23 +443,23 @@ def _subscribe(pub: _Server, pub_conn: Connection[Any], subs: list[tuple[Connect
 
     def ready() -> bool:
         for conn, name in subs:
-            not_ready, total = conn.execute(
+            not_ready, total = _one_row(conn.execute(
                 "SELECT count(*) FILTER (WHERE r.srsubstate <> 'r'), count(*) FROM pg_subscription_rel r"
-                " JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = %s", (name,)).fetchone()
+                " JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = %s", (name,)))
             worker = conn.execute("SELECT pid FROM pg_stat_subscription WHERE subname = %s AND relid IS NULL"
                                   " AND pid IS NOT NULL", (name,)).fetchone()
             if not_ready or total < 1 or worker is None:
                 return False
-        streaming = pub_conn.execute(
+        streaming = _one_row(pub_conn.execute(
             "SELECT count(DISTINCT application_name) FROM pg_stat_replication"
-            " WHERE state = 'streaming' AND application_name = ANY(%s)", ([n for _, n in subs],)).fetchone()[0]
+            " WHERE state = 'streaming' AND application_name = ANY(%s)", ([n for _, n in subs],)))[0]
         return streaming == len(subs)
 
     wait_for(ready, SETUP_TIMEOUT_S, "the subscriptions to finish their initial sync and stream")
 
 
 def _checksum(conn: Connection[Any]) -> tuple[int, str]:
-    count, digest = conn.execute(CHECKSUM_SQL).fetchone()
+    count, digest = _one_row(conn.execute(CHECKSUM_SQL))
     return int(count), str(digest)
 
 
@@ -499,7 +506,7 @@ def run_logical_replication(rows: int = 1_000_000, batch_size: int = 10_000,
                         if conn.execute("SELECT 1 FROM t WHERE k = %s", (last_key,)).fetchone() is None:
                             continue
                         done_at[i] = time.perf_counter()
-                    if conn.execute("SELECT count(*) FROM t").fetchone()[0] == rows:
+                    if _one_row(conn.execute("SELECT count(*) FROM t"))[0] == rows:
                         confirmed[i] = True
                     else:  # cannot happen with one ordered writer; then the count decides
                         done_at[i] = None
@@ -546,7 +553,7 @@ def run_sync_commit_latency(samples: int = 1000, workdir: Path | None = None) ->
 
             with pub.connect() as writer:  # autocommit: every INSERT is one commit
                 writer.execute(f"SET statement_timeout = {SAMPLE_STATEMENT_TIMEOUT_MS}")
-                setting = writer.execute("SHOW synchronous_commit").fetchone()[0]
+                setting = _one_row(writer.execute("SHOW synchronous_commit"))[0]
                 if setting != "on":
                     raise RuntimeError(f"synchronous_commit is {setting!r}, expected 'on'")
                 insert = "INSERT INTO t (k, v, d) VALUES (%s, %s, %s)"
@@ -564,7 +571,7 @@ def run_sync_commit_latency(samples: int = 1000, workdir: Path | None = None) ->
             total = samples + LATENCY_WARMUP
 
             def sub_has_all() -> int | None:
-                n = int(sub_conn.execute("SELECT count(*) FROM t").fetchone()[0])
+                n = int(_one_row(sub_conn.execute("SELECT count(*) FROM t"))[0])
                 return n if n == total else None
 
             sub_count = wait_for(sub_has_all, SETUP_TIMEOUT_S, f"the subscriber to have {total} rows")

@@ -71,7 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -301,7 +301,7 @@ def _fan_out(es: EngineSet, paths: list[str], clusters: tuple[str, ...], args: a
         cluster, path = item
         keys = key_of(path) if key_of else [7]
         rows = clients[cluster].lookup_rows(path, [{"k": k} for k in keys])
-        return len(rows) == len(keys) and all(r["v"] == marker for r in rows)
+        return len(rows) == len(keys) and all(r is not None and r["v"] == marker for r in rows)
 
     pending = {(c, p) for c in clusters for p in paths}
     _await_all("fan-out", pending, arrived, args.fan_out_timeout)
@@ -312,7 +312,7 @@ def run_tablets(t: int, base: Path, args: argparse.Namespace) -> Point:
     point = Point("tablets", t)
     with EngineSet(base, names=("meta", "r0", "r1")) as es:
         started = time.monotonic()
-        pivots = [[]] + [[i * 1000] for i in range(1, t)]
+        pivots: list[list[Any]] = [[]] + [[i * 1000] for i in range(1, t)]
         path = "//tmp/tablets"
         _all_enabled(es, _replicated(es, path, (("r0", path), ("r1", path)), pivot_keys=pivots), 60)
         point.create_s = round(time.monotonic() - started, 2)
@@ -340,7 +340,7 @@ def run_replicas(r: int, base: Path, args: argparse.Namespace) -> Point:
 
         def arrived(target: tuple[str, str]) -> bool:
             rows = es.client(target[0]).lookup_rows(target[1], [{"k": 7}])
-            return bool(rows) and rows[0]["v"] == marker
+            return bool(rows) and rows[0] is not None and rows[0]["v"] == marker
 
         _await_all("fan-out", set(targets), arrived, args.fan_out_timeout)
         point.fan_out_s, point.verified = round(time.monotonic() - fan_started, 3), True
@@ -372,7 +372,7 @@ def run_members(m: int, base: Path, args: argparse.Namespace) -> Point:
 
         def arrived(item: tuple[str, int]) -> bool:
             rows = es.client(item[0]).lookup_rows(path, [{"k": item[1]}])
-            return bool(rows) and rows[0]["v"] == marker
+            return bool(rows) and rows[0] is not None and rows[0]["v"] == marker
 
         _await_all("XDCR fan-out", {(n, i) for n in names for i in range(m)}, arrived, args.fan_out_timeout)
         point.fan_out_s, point.verified = round(time.monotonic() - fan_started, 3), True
@@ -541,7 +541,7 @@ class Readiness:
     counts: dict[str, int]
     example: str = "-"
     #: [seconds, count of each kind in order] about every 10 s
-    samples: list[tuple[float, ...]] = field(default_factory=list)
+    samples: list[tuple[float, *tuple[int, ...]]] = field(default_factory=list)
 
 
 def await_ready(api: Api, operator: Child, wanted: dict[str, int], started: float, timeout: float,
@@ -639,7 +639,8 @@ def _run_operator_point(point: Point, figures: OperatorFigures, es: EngineSet, a
     figures.replicas_ready_s = seen.done.get("tablereplicas")
     figures.tables_ready_s = seen.done.get("replicatedtables")
     figures.ready_replicas, figures.ready_tables = seen.counts["tablereplicas"], seen.counts["replicatedtables"]
-    figures.progress = [(t, r, tb) for t, r, tb in seen.samples]
+    # each sample: seconds, then the count of each kind awaited (TableReplicas, ReplicatedTables)
+    figures.progress = [(t, r, tb) for t, *counts in seen.samples for r, tb in [counts]]
     figures.operator_cpu_s = round(used["operator"], 2)
     figures.emulator_cpu_s = round(used["emulator"], 2)
     figures.engines_cpu_s = round(sum(used[name] for name in es.names), 2)
@@ -686,7 +687,7 @@ RUNNERS: dict[str, Callable[[int, Path, argparse.Namespace], Point]] = {
 # -- the report ----------------------------------------------------------------------------------------------
 
 
-def _print_table(head: tuple[str, ...], rows: list[tuple[str, ...]], out: Any) -> None:
+def _print_table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]], out: Any) -> None:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     rule = "  ".join("-" * w for w in widths)
     print(rule, file=out)

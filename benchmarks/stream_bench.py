@@ -55,11 +55,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
+if TYPE_CHECKING:  # mypy checks benchmarks/ as a package; run as a script, engine_bench is on sys.path
+    from benchmarks.engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile
+else:
+    from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.process import LocalEngine  # noqa: E402

@@ -73,11 +73,14 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile  # noqa: E402
+if TYPE_CHECKING:  # mypy checks benchmarks/ as a package; run as a script, engine_bench is on sys.path
+    from benchmarks.engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile
+else:
+    from engine_bench import Child, Figure, StreamFollower, bench_main, cpu_seconds, load_average, percentile
 
 from reptables.engine.client import Client  # noqa: E402
 from reptables.engine.credentials import peer_credential  # noqa: E402
@@ -642,11 +645,12 @@ def cost_phase(group: Group, args: argparse.Namespace) -> dict[str, Any]:
     group.connect(True)
     plain = statistics.median(e["rows_per_s"] for e in runs["plain"])
     xdcr = statistics.median(e["rows_per_s"] for e in runs["xdcr"])
-    cpu = {mode: statistics.median(s["engine_cpu_ms_per_1000_rows"] for e in runs[mode] for s in e["sides"].values())
-           for mode in ("plain", "xdcr")}
+    cpu_per_mode = {mode: statistics.median(s["engine_cpu_ms_per_1000_rows"] for e in runs[mode]
+                                            for s in e["sides"].values())
+                    for mode in ("plain", "xdcr")}
     return {"runs": runs, "plain_rows_per_s": plain, "xdcr_rows_per_s": xdcr,
-            "plain_cpu_ms_per_1000_rows": cpu["plain"], "xdcr_cpu_ms_per_1000_rows": cpu["xdcr"],
-            "cpu_ratio": cpu["xdcr"] / cpu["plain"] if cpu["plain"] > 0 else float("nan"),
+            "plain_cpu_ms_per_1000_rows": cpu_per_mode["plain"], "xdcr_cpu_ms_per_1000_rows": cpu_per_mode["xdcr"],
+            "cpu_ratio": cpu_per_mode["xdcr"] / cpu_per_mode["plain"] if cpu_per_mode["plain"] > 0 else float("nan"),
             "sustained_per_side": statistics.median(e["sustained_per_side"] for e in runs["xdcr"]),
             "difference_pct": (plain - xdcr) / plain * 100.0 if plain > 0 else float("nan"),
             "converged": all(e["convergence"]["passed"] for e in runs["xdcr"])}

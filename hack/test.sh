@@ -4,9 +4,11 @@
 set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
 .venv/bin/ruff check .
-# the architecture (pyproject.toml [tool.importlinter]; docs/architecture.md) and the types
+# the architecture (pyproject.toml [tool.importlinter]; docs/architecture.md) and the types, the
+# benchmark scripts' too
 .venv/bin/lint-imports
-.venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache -p reptables.testing
+.venv/bin/mypy -p reptables.engine -p reptables.operator -p reptables.sparkapps -p reptables.cache -p reptables.testing \
+    -p benchmarks
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 # three workers (pytest-xdist) on the 2 cores: many tests wait on engine processes, timers or faults
 # (two workers left the machine idle a quarter of the time: 25:24 then, 22:11 with three on
