@@ -564,3 +564,28 @@ def test_a_cluster_joins_an_xdcr_table_page_by_page_with_the_typed_join_commands
     finally:
         for engine in engines.values():
             engine.stop()
+
+
+def test_answer_headers_are_read_as_http_client_would_without_the_email_parser() -> None:
+    """The synchronous clients read an answer's header block themselves (engine/httpconn.py): the
+    same names and values as ``http.client.parse_headers``, repeated names kept, a folded line
+    joined with one space (RFC 9112), values without surrounding blanks, and the same refusal of
+    an endless block."""
+    import http.client
+    import io
+
+    from reptables.engine.httpconn import _header_block, _message
+
+    block = (b"X-YT-Error: {\"code\": 1}\r\nx-yt-response-code: 0\r\nVia: a\r\nvia: b\r\n"
+             b"Folded: first\r\n  second\r\nEmpty:\r\n\r\nbody")
+    ours = _message(_header_block(io.BytesIO(block)))
+    standard = http.client.parse_headers(io.BytesIO(block))
+    assert ours.get("x-yt-error") == standard.get("X-YT-ERROR") == '{"code": 1}'
+    assert ours.get("X-YT-Response-Code") == "0"
+    assert ours.get_all("via") == standard.get_all("via") == ["a", "b"]
+    assert ours.get("folded") == "first second" and ours.get("empty") == ""
+    assert ours.get("missing") is None
+    with pytest.raises(http.client.HTTPException, match="more than 100 headers"):
+        _header_block(io.BytesIO(b"".join(f"h{i}: v\r\n".encode() for i in range(200)) + b"\r\n"))
+    with pytest.raises(http.client.LineTooLong):
+        _header_block(io.BytesIO(b"h: " + b"x" * 70000 + b"\r\n\r\n"))
