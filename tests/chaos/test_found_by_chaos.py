@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reptables.engine.errors import YtError
-from reptables.testing import KV_SCHEMA, EngineSet, wait_for
+from reptables.testing import KV_SCHEMA, EngineSet, WaitTimeout, wait_for
 from reptables.testing.chaos.cluster import ChaosRun
 
 from .conftest import needs_netns
@@ -170,5 +171,15 @@ def test_an_xdcr_write_after_a_restart_with_the_clock_set_back_replaces_the_newe
         b.insert_rows("//tmp/t", [{"id": 2, "v": "after it"}])
         wait_for(lambda: a.select_rows("* from [//tmp/t]") == [{"id": 1, "v": "second"}, {"id": 2, "v": "after it"}],
                  15, "b's changes made after the restart on a")
-        peers = b.dr_status()["peers"]
-        assert all(p["queued_rows"] == 0 for p in peers.values()), peers
+        # (a's rows are visible before a's answer reaches b's shipper, which records a's progress
+        # only then: wait for that, boundedly - a stall would leave the rows queued for good)
+        seen: list[Any] = []
+
+        def delivered() -> bool:
+            seen.append(b.dr_status()["peers"])
+            return all(p["queued_rows"] == 0 and p["state"] == "connected" for p in seen[-1].values())
+
+        try:
+            wait_for(delivered, 15, "b's shipper to record that a has every change")
+        except WaitTimeout:
+            pytest.fail(f"b's changes stayed queued for a: {seen[-1]}")
