@@ -156,8 +156,8 @@ def _header_block(fp: Any) -> list[bytes]:
 
 def _message(lines: list[bytes]) -> http.client.HTTPMessage:
     """The header lines as http.client's ``HTTPMessage`` (case-insensitive ``get``), made directly:
-    ``http.client.parse_headers`` runs the email package's parser, ~20 us an answer (more with cold
-    caches: 12 % of a meta-cluster's CPU per sync commit, whose two peer calls each read one). A
+    ``http.client.parse_headers`` runs the email package's parser, a visible share of a meta-cluster's
+    CPU per sync commit, whose two peer calls each read one answer (benchmarks/README.md). A
     line that continues the one before (obsolete folding) is joined to it."""
     message = http.client.HTTPMessage()
     name: str | None = None

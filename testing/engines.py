@@ -258,7 +258,7 @@ class EngineSet:
             if engine.alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(engine.pid, signal.SIGCONT)
-        # side by side (each engine's graceful stop takes 0.2-0.3 s): stop the others whatever one
+        # side by side (their graceful stops overlap): stop the others whatever one
         # does, then say which did not stop
         errors = stop_all(reversed(engines))
         if errors:

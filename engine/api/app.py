@@ -490,8 +490,8 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         """Commands and internal calls straight to their handler; the rest through Starlette's router.
 
         Every command and internal call passed Starlette's two exception middlewares, its router's
-        match of each route in turn and two more wrappers before its handler: 5 % of a single-row
-        commit's engine CPU, 11 % of a lookup's (benchmarks/README.md), for nothing here - the handlers answer
+        match of each route in turn and two more wrappers before its handler: about 5 % of a
+        single-row commit's engine CPU (benchmarks/README.md), for nothing here - the handlers answer
         every failure themselves (a YT error, or a 500 with one log line) and the two routes are
         fixed prefixes. Anything else, and any method these routes do not take, goes to the router
         as before (its 404 and 405 answers, the lifespan)."""
