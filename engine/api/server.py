@@ -72,7 +72,10 @@ def server_options(config: EngineConfig) -> dict[str, Any]:
     """Keyword arguments of ``uvicorn.run`` that apply the engine's connection limits and, when the
     config names a certificate and key, serve HTTPS."""
     options: dict[str, Any] = {"http": guarded_protocol(config.header_timeout, config.max_connections),
-                               "timeout_keep_alive": config.keep_alive_timeout}
+                               "timeout_keep_alive": config.keep_alive_timeout,
+                               # nothing here reads the client's address: no middleware rewriting it
+                               # from X-Forwarded-* on every request (uvicorn's default)
+                               "proxy_headers": False}
     if config.tls_cert_file or config.tls_key_file:
         options.update(ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file, ssl_ciphers=None)
     return options

@@ -298,7 +298,8 @@ class RowService:
         freshness = self.streams.read_freshness(table, table_path, ts, include_event_token, compare_event_token)
         if freshness is not None and response_parameters is not None:
             response_parameters.update(freshness)
-        with self.storage.read() as conn:
+        # (one key at the latest timestamp: one point query, see Storage.read)
+        with self.storage.read(one_statement=ts is None and len(key_tuples) == 1) as conn:
             found = table.lookup(conn, key_tuples, ts)
         self.tables.decode_any_columns(table, found)
         out: list[dict[str, Any] | None] = []

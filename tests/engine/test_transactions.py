@@ -320,3 +320,27 @@ def test_a_batch_writing_a_key_twice_keeps_its_last_write_and_a_later_batch_merg
     assert lookup(cluster, 1) == {"k": 1, "v": "second", "a": None, "b": None}
     assert lookup(cluster, 2) == {"k": 2, "v": "two", "a": None, "b": 5}
     assert lookup(cluster, 3)["v"] == "three" and lookup(cluster, 150)["v"] == "other tablet"
+
+
+def test_one_key_lookups_see_each_commit_and_hold_no_snapshot_open(tmp_path: Path) -> None:
+    """A lookup of one key at the latest timestamp runs its one point query on SQLite without a
+    BEGIN (Storage.read, ``one_statement``): it must still see every commit made before it and leave
+    no read transaction behind, which would hold back the WAL's checkpoint (the file would grow)."""
+    import sqlite3
+
+    from reptables.engine.storage.datadir import DATABASE
+
+    c = Cluster.open("local", tmp_path / "data", DEFAULT_CONFIG)  # SQLite: the path it concerns
+    try:
+        c.nodes.create("table", "//tmp/t", {"dynamic": True, "schema": SCHEMA})
+        c.tablets.mount_table("//tmp/t")
+        for value in ("a", "b", "c"):
+            c.rows.insert_rows("//tmp/t", [{"k": 1, "v": value}])
+            found = lookup(c, 1)
+            assert found is not None and found["v"] == value
+        assert lookup(c, 2) is None
+        with sqlite3.connect(tmp_path / "data" / DATABASE) as raw:
+            busy, _, _ = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0, "a reader held a snapshot open after the lookups"
+    finally:
+        c.close()
