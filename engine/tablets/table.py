@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,6 +46,9 @@ from . import conflicts, ordered_rows, queue, sorted_rows
 from .keys import key_sort_tuple
 from .queue import QueueEntry
 from .writes import RowWrite
+
+#: a write's row
+_ROW = attrgetter("row")
 
 
 class TabletState(StrEnum):
@@ -167,6 +171,15 @@ class DynamicTable:
             return (row[names[0]],)
         return tuple(row[name] for name in names)
 
+    def keyed(self, writes: list[RowWrite]) -> dict[tuple[Any, ...], RowWrite]:
+        """``writes`` by their rows' keys (a later write of a key replaces an earlier one), as
+        ``{key_of(w.row): w for w in writes}`` but in C passes: a replica applies batches of up
+        to 90,000 rows, and a call of :meth:`key_of` per row was a tenth of its apply."""
+        names = self.schema.key_names
+        rows = map(_ROW, writes)
+        keys = zip(map(itemgetter(names[0]), rows)) if len(names) == 1 else map(itemgetter(*names), rows)
+        return dict(zip(keys, writes, strict=True))
+
     def tablet_of_key(self, key: tuple[Any, ...]) -> int:
         if len(self.pivot_keys) == 1:
             return 0
@@ -276,8 +289,7 @@ class DynamicTable:
         self.compaction_due = True  # (likewise: at worst one pass too many)
         if self.sorted:
             if keyed is None:
-                key_of = self.key_of
-                keyed = {key_of(w.row): w for w in writes}
+                keyed = self.keyed(writes)
             by_key = keyed
             written = sorted_rows.apply(self, conn, writes, commit_ts, by_key)
             self.remember_commit(commit_ts, by_key)

@@ -124,7 +124,7 @@ def check_conflicts(conn: sa.Connection, lock_table: LockTable, metrics: EngineM
     if not table.sorted or table.replicated:
         return
     if keyed is None:
-        keyed = {table.key_of(w.row): w for w in writes}
+        keyed = table.keyed(writes)
     if lock_table:
         for key, write in keyed.items():
             holder = lock_table.conflict(table.table_id, key, write, tx_id)

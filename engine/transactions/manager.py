@@ -337,8 +337,7 @@ class TransactionManager:
                 with self.storage.write() as conn:
                     self._check(conn, tx, part)
                     if part.table.sorted and not part.table.replicated:
-                        keyed = part.keyed if part.keyed is not None else {
-                            part.table.key_of(w.row): w for w in part.writes}
+                        keyed = part.keyed if part.keyed is not None else part.table.keyed(part.writes)
                         self._lock_table.acquire_many(part.table.table_id, keyed, tx.id)
             self.faults.crash_point("after_prepare")
             prepared_at = time.perf_counter()

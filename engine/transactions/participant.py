@@ -143,7 +143,7 @@ class ParticipantSide:
             raise YtError(f"Invalid prepare of transaction {tx_id}: its start timestamp {start_ts:#x} is after its "
                           f"prepare timestamp {prepare_ts:#x}", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"transaction_id": tx_id})
-        keyed = {table.key_of(w.row): w for w in writes} if table.sorted else None
+        keyed = table.keyed(writes) if table.sorted else None
         if keyed:
             self._inflight.wait_remote_locks(self._lock_table, table.table_id, keyed, tx_id,
                                              self.config.remote_lock_wait)
@@ -198,7 +198,7 @@ class ParticipantSide:
         """Take the row locks of a prepared participant and make reads wait for it (writer lock held)."""
         if table.sorted:
             if keyed is None:
-                keyed = {table.key_of(w.row): w for w in writes}
+                keyed = table.keyed(writes)
             self._lock_table.acquire_many(table.table_id, keyed, tx_id)
         self._inflight.hold_remote(tx_id, table.table_id, prepare_ts)
 

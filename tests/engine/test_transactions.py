@@ -344,3 +344,28 @@ def test_one_key_lookups_see_each_commit_and_hold_no_snapshot_open(tmp_path: Pat
         assert busy == 0, "a reader held a snapshot open after the lookups"
     finally:
         c.close()
+
+
+def test_writes_by_key_take_each_keys_last_write_for_single_and_compound_keys(tmp_path: Path) -> None:
+    """DynamicTable.keyed, which a commit, a prepare and a replica's apply use to find each key's
+    write: the key tuple of every row, in key-column order, and the last write of a key written
+    twice - for a key of one column and of two."""
+    from reptables.engine.tablets import RowWrite, WriteKind
+
+    c = open_cluster("local", tmp_path / "data")
+    try:
+        c.nodes.create("table", "//tmp/one", {"dynamic": True, "schema": SCHEMA})
+        c.nodes.create("table", "//tmp/two", {"dynamic": True, "schema": [
+            {"name": "b", "type": "string", "sort_order": "ascending"},
+            {"name": "a", "type": "int64", "sort_order": "ascending"}, {"name": "v", "type": "string"}]})
+        one, _, _ = c.tables.table("//tmp/one")
+        two, _, _ = c.tables.table("//tmp/two")
+        first, again, other = (RowWrite(WriteKind.WRITE, row, 1) for row in (
+            {"k": 1, "v": "x"}, {"v": "y", "k": 1}, {"k": 2, "v": "z"}))
+        assert one.keyed([first, again, other]) == {(1,): again, (2,): other}
+        rows = [{"a": 1, "b": "p", "v": "x"}, {"v": "y", "a": 2, "b": "p"}, {"b": "p", "a": 1, "v": "z"}]
+        writes = [RowWrite(WriteKind.WRITE, row, 1) for row in rows]
+        assert two.keyed(writes) == {("p", 1): writes[2], ("p", 2): writes[1]}
+        assert list(two.keyed(writes)) == [("p", 1), ("p", 2)]
+    finally:
+        c.close()
