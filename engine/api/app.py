@@ -166,15 +166,8 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
     engine_metrics = cluster.metrics
     #: who serves the database (None: SQLite); asked on every request (a reference and a clock read)
     lead = cluster.storage.leadership
-    children: dict[tuple[str, tuple[str, ...]], Any] = {}
 
-    def _metric(metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, remembered: prometheus_client resolves labels on every call."""
-        key = (metric._name, labels)
-        child = children.get(key)
-        if child is None:
-            child = children[key] = metric.labels(*labels)
-        return child
+    _metric = engine_metrics.child
 
     def _presented(request: Request) -> str:
         header = request.headers.get("authorization", "")
@@ -429,6 +422,10 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         """Cluster-to-cluster calls (2PC with sync replicas, replicator pushes), JSON in and out."""
         method = request.path_params["method"]
         request_id = uuid.uuid4().hex[:16]
+        # (a name not served is counted as "unknown": the label values stay a fixed set, whatever
+        # names unauthenticated callers send)
+        requests = engine_metrics.requests
+        counted = f"internal:{method}" if method in internal_methods else "internal:unknown"
         try:
             if lead is not None and not lead.serving():
                 raise lead.not_serving_error()
@@ -459,16 +456,16 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
                     result = await run_in_threadpool(handler, body, caller)
             except KeyError as exc:
                 raise YtError(f"Internal request {method} misses field {exc}", code=ErrorCode.PROTOCOL_ERROR) from None
-            engine_metrics.requests.labels(command=f"internal:{method}", outcome="ok").inc()
+            _metric(requests, counted, "ok").inc()
             return JSONResponse(result if result is not None else {})
         except YtError as error:
-            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            _metric(requests, counted, "error").inc()
             return error_response(error, request_id)
         except _STORAGE_ERRORS as exc:
-            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            _metric(requests, counted, "error").inc()
             return error_response(_storage_error(f"Internal call {method!r}", exc, method=method), request_id)
         except Exception as exc:  # noqa: BLE001 - every failure is a YT error for the peer
-            engine_metrics.requests.labels(command=f"internal:{method}", outcome="error").inc()
+            _metric(requests, counted, "error").inc()
             return error_response(_internal_error(f"Internal call {method!r}", exc, method=method,
                                                    request_id=request_id), request_id)
 

@@ -295,7 +295,7 @@ class TransactionManager:
             if ts:
                 self._inflight.end_commit(ts)
         self.metrics.rows_written.inc(rows)
-        self.metrics.commits.labels(kind="one_phase").inc()
+        self.metrics.child(self.metrics.commits, "one_phase").inc()
         return ts
 
     def _commit_non_atomic(self, tx: TabletTransaction, parts: list[Participant]) -> int:
@@ -318,7 +318,7 @@ class TransactionManager:
             if ts:
                 self._inflight.end_commit(ts)
         self.metrics.rows_written.inc(rows)
-        self.metrics.commits.labels(kind="non_atomic").inc()
+        self.metrics.child(self.metrics.commits, "non_atomic").inc()
         return ts
 
     def _commit_two_phase(self, tx: TabletTransaction, parts: list[Participant],
@@ -379,10 +379,10 @@ class TransactionManager:
             assert self._hooks is not None
             self._hooks.commit_remote(tx.id, ts, remote)
         self.metrics.rows_written.inc(rows)
-        self.metrics.commits.labels(kind="two_phase").inc()
+        self.metrics.child(self.metrics.commits, "two_phase").inc()
         participants = "sync_replicas" if remote else "local"
-        self.metrics.prepare_seconds.labels(participants).observe(prepared_at - started)
-        self.metrics.two_phase_seconds.labels(participants).observe(decided_at - started)
+        self.metrics.child(self.metrics.prepare_seconds, participants).observe(prepared_at - started)
+        self.metrics.child(self.metrics.two_phase_seconds, participants).observe(decided_at - started)
         return ts
 
     # -- decision records: what participants ask the coordinator -----------------------------------

@@ -244,3 +244,20 @@ def test_a_peer_credential_reads_only_its_own_replica_tables(cs: ClusterSet) -> 
     refused(api("set", {"path": f"{own_path}/@x"}, b"1"), 401, 900, "peer credential")
     refused(api("insert_rows", {"path": own_path, "input_format": "json"}, b'{"k":2,"v":"x"}'), 401, 900)
     assert cs.rows(REPLICA, own_path) == [{"k": 1, "v": "a"}]
+
+
+def test_internal_calls_of_names_not_served_are_counted_under_one_label(cs: ClusterSet) -> None:
+    """Anyone may send ``/internal/v1/<any name>``, unauthenticated: each is refused (404), and
+    counted in ``reptables_requests_total`` as ``internal:unknown`` - never under the name sent,
+    which would let callers grow the engine's metrics (and every scrape) without bound."""
+    engine = cs.engines[REPLICA]
+    names = [f"probe_{next(_names)}_{i}" for i in range(5)]
+    for name in names:
+        answer = httpx.post(f"{engine.url}/internal/v1/{name}", json={}, timeout=30)
+        refused(answer, 404, 103, name)
+    metrics = httpx.get(f"{engine.url}/metrics", headers={"Authorization": f"OAuth {engine.token}"}, timeout=30)
+    assert metrics.status_code == 200
+    assert not any(name in metrics.text for name in names), "a name sent became a metric label"
+    unknown = [line for line in metrics.text.splitlines()
+               if line.startswith('reptables_requests_total{command="internal:unknown",outcome="error"}')]
+    assert unknown and float(unknown[0].split()[-1]) >= len(names), unknown
