@@ -135,17 +135,24 @@ class ChangeFeed:
 
     def __init__(self, max_waiting: int) -> None:
         self._cond = threading.Condition()
-        #: guarded by _cond
+        #: moved by notify (its callers hold the storage writer; were two to race, the version would
+        #: still change, and a waiter only asks whether it changed); read by waiters under _cond
         self._version = 0
+        #: waiters inside wait_after; guarded by _cond. A commit takes _cond only when some wait
+        #: (a Condition's notify_all costs a share of a single-row commit for nobody): a waiter
+        #: counts itself before it compares versions, and notify moves the version before it
+        #: looks at the count, so either the waiter sees the new version or notify sees the waiter
+        self._sleepers = 0
         #: guarded by _cond; set once, never cleared
         self._closed = False
         #: pulls that may wait at once (each holds a worker thread); more answer at once instead
         self._waiting = threading.BoundedSemaphore(max_waiting)
 
     def notify(self) -> None:
-        with self._cond:
-            self._version += 1
-            self._cond.notify_all()
+        self._version += 1
+        if self._sleepers:
+            with self._cond:
+                self._cond.notify_all()
 
     def close(self) -> None:
         """The engine is stopping: wake every waiting pull; later waits return at once."""
@@ -178,11 +185,15 @@ class ChangeFeed:
         with self._cond:
             if self._closed:
                 return False
-            while self._version == version and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            self._sleepers += 1
+            try:
+                while self._version == version and not self._closed:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+            finally:
+                self._sleepers -= 1
         return True
 
 
