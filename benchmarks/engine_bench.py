@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -1036,6 +1037,16 @@ class RawCeilings:
     commits_ms: list[float]
     #: PostgreSQL only: the bulk paths the engine does not take ("unnest", "copy")
     extra: dict[str, Throughput]
+    #: SQLite only: single-row commits and one-key lookups of an engine node in this process, no HTTP
+    in_process: InProcess | None = None
+
+
+@dataclass
+class InProcess:
+    """Latencies (ms) of the engine's own work for a commit and a lookup, with no HTTP in between."""
+
+    commits_ms: list[float]
+    lookups_ms: list[float]
 
 
 def count_in_database(backend: str, engine: Engine, pg: PgStorage | None, storage_url: str | None,
@@ -1200,17 +1211,78 @@ def run_engine(args: argparse.Namespace, workdir: Path, backend: str, pg: PgStor
 def raw_sqlite_ceilings(args: argparse.Namespace, workdir: Path) -> RawCeilings:
     """The raw SQLite ceilings and commit floor, after the engine stopped (they do not share the CPUs with it)."""
     deadline = time.monotonic() + args.phase_timeout
-    print(f"[SQLite raw 1/3] executemany, {args.raw_rows:,} rows, minimal table ...", flush=True)
+    print(f"[SQLite raw 1/4] executemany, {args.raw_rows:,} rows, minimal table ...", flush=True)
     minimal = bench_raw_sqlite(workdir / "raw_minimal.sqlite", args.raw_rows, "minimal", deadline)
     print(f"      {minimal.rows_per_s:,.0f} rows/s", flush=True)
-    print(f"[SQLite raw 2/3] executemany, {args.raw_rows:,} rows, engine layout (data + versions) ...", flush=True)
+    print(f"[SQLite raw 2/4] executemany, {args.raw_rows:,} rows, engine layout (data + versions) ...", flush=True)
     layout = bench_raw_sqlite(workdir / "raw_layout.sqlite", args.raw_rows, "engine",
                               time.monotonic() + args.phase_timeout)
     print(f"      {layout.rows_per_s:,.0f} rows/s", flush=True)
-    print(f"[SQLite raw 3/3] {args.latency_samples:,} durable single-row commits ...", flush=True)
+    print(f"[SQLite raw 3/4] {args.latency_samples:,} durable single-row commits ...", flush=True)
     commits = raw_sqlite_commit_latency(workdir / "raw_commit.sqlite", args.latency_samples,
                                         time.monotonic() + args.phase_timeout)
-    return RawCeilings(SQLITE, minimal, layout, commits, {})
+    print(f"[SQLite raw 4/4] {args.latency_samples:,} single-row commits and lookups, engine node in this "
+          "process (no HTTP) ...", flush=True)
+    in_process = in_process_latency(workdir / "in_process", args.latency_samples, args.seed,
+                                    time.monotonic() + args.phase_timeout)
+    return RawCeilings(SQLITE, minimal, layout, commits, {}, in_process)
+
+
+def in_process_latency(data_dir: Path, samples: int, seed: int, deadline: float) -> InProcess:
+    """Single-row commits and one-key lookups on an engine node opened in this process
+    (``Cluster.open``: the storage, transactions and tables ``engine serve`` runs, called as the
+    API's handlers call them, on SQLite with the engine's defaults; no HTTP server, no client).
+
+    It splits a commit's or lookup's latency in three: this (the engine's own work, fsync included),
+    the HTTP floor (a round trip with no work), and what lies between - the request layer: uvicorn's
+    parsing, the API's parameters, body and answer, the metrics. The engine process's garbage
+    collector settings (engine/cli.py) are applied while it runs."""
+    from reptables.engine.config import DEFAULT_CONFIG
+    from reptables.engine.node import Cluster
+
+    path = "//tmp/bench_in_process"
+    loaded = 10_000
+    cluster = Cluster.open("bench", data_dir, DEFAULT_CONFIG)
+    threshold = gc.get_threshold()
+    try:
+        cluster.nodes.create("table", path, {"dynamic": True, "schema": TABLE_SCHEMA})
+        cluster.tablets.mount_table(path)
+        rows = cluster.rows
+        rows.insert_rows(path, make_rows(0, loaded))
+        gc.set_threshold(100_000, 50, 100)
+        gc.freeze()
+        commits: list[float] = []
+        for i in range(samples + 20):
+            if time.monotonic() > deadline:
+                break
+            k = loaded + i
+            row = {"k": k, "s": f"value-{k:012d}", "d": k * 0.5}
+            t0 = time.perf_counter()
+            # (input_bytes: the request body's size, which the API passes; it spares the row weight check)
+            rows.insert_rows(path, [row], input_bytes=64)
+            if i >= 20:
+                commits.append((time.perf_counter() - t0) * 1000.0)
+        rng = random.Random(seed)
+        lookups: list[float] = []
+        for i in range(samples + 20):
+            if time.monotonic() > deadline:
+                break
+            k = rng.randrange(loaded)
+            t0 = time.perf_counter()
+            found = rows.lookup_rows(path, [{"k": k}])
+            elapsed = (time.perf_counter() - t0) * 1000.0
+            first = found[0] if len(found) == 1 else None
+            if first is None or first["k"] != k:
+                raise RuntimeError(f"in-process lookup of key {k} returned {found!r}")
+            if i >= 20:
+                lookups.append(elapsed)
+        if not commits or not lookups:
+            raise RuntimeError("no in-process sample finished before the phase deadline")
+        return InProcess(commits, lookups)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        cluster.close()
 
 
 def raw_postgresql_ceilings(args: argparse.Namespace, pg: PgStorage) -> RawCeilings:
@@ -1298,11 +1370,25 @@ def backend_figures(run: EngineRun, raw: RawCeilings) -> list[tuple[str, Figure]
         "autocommit INSERT over loopback TCP, synchronous_commit=on"
     out.append(("raw_commit_p50", Figure(f"raw {label} single-row commit p50", percentile(rc, 50), "ms", "floor",
                                          note=f"p99 {percentile(rc, 99):.2f} ms; {how}, no engine")))
+    if raw.in_process is not None:
+        floor_p50 = run.floor.p50_ms
+        own = percentile(raw.in_process.commits_ms, 50)
+        out.append(("commit_in_process_p50", Figure(
+            "single-row commit p50, engine in-process", own, "ms", "floor",
+            note=f"p99 {percentile(raw.in_process.commits_ms, 99):.2f} ms; the engine's own work, no HTTP; "
+                 f"left for the request layer: {commit.p50_ms - own - floor_p50:.2f} ms "
+                 "(p50 - this - HTTP floor, Client)")))
     out.append(("lookup_p50", Figure(
         "lookup one key p50", lookup.p50_ms, "ms", f"<= {TARGET_LOOKUP_P50_MS:g}",
         lookup.p50_ms <= TARGET_LOOKUP_P50_MS,
         f"{lookup.samples:,} lookups, engine mean {lookup.server_mean_ms or 0:.2f} ms")))
     out.append(("lookup_p99", Figure("lookup one key p99", lookup.p99_ms, "ms", note=f"max {lookup.max_ms:.2f} ms")))
+    if raw.in_process is not None:
+        own = percentile(raw.in_process.lookups_ms, 50)
+        out.append(("lookup_in_process_p50", Figure(
+            "lookup one key p50, engine in-process", own, "ms", "floor",
+            note=f"p99 {percentile(raw.in_process.lookups_ms, 99):.2f} ms; no HTTP; left for the request layer: "
+                 f"{lookup.p50_ms - own - run.floor.p50_ms:.2f} ms")))
     out.append(("lookup_raw_socket_p50", Figure("lookup one key p50, raw socket", run.raw_lookup.p50_ms, "ms",
                                                 note=f"p99 {run.raw_lookup.p99_ms:.2f} ms; no client library")))
     out.append(("http_floor_client_p50", Figure(

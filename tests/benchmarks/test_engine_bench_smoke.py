@@ -70,6 +70,11 @@ def test_sqlite_and_postgresql_side_by_side(tmp_path: Path, capsys: pytest.Captu
             assert _positive(figures[key]["value"]), (backend, key, figures[key])
         assert figures["commit_p50"]["value"] <= figures["commit_p99"]["value"]
         assert details["cpu_insert_client"]["engine_s"] >= 0 and details["cpu_insert_client"]["wall_s"] > 0
+    # the engine's own work with no HTTP (SQLite): what a commit and a lookup split into
+    sqlite_figures = data["backends"]["sqlite"]["figures"]
+    for key in ("commit_in_process_p50", "lookup_in_process_p50"):
+        assert _positive(sqlite_figures[key]["value"]) and "request layer" in sqlite_figures[key]["note"], \
+            sqlite_figures[key]
     pg_run = data["backends"]["postgresql"]
     assert pg_run["details"]["storage_url"].startswith(f"postgresql://reptables@{server.host}:{server.port}/")
     assert _positive(pg_run["figures"]["raw_unnest"]["value"]) and _positive(pg_run["figures"]["raw_copy"]["value"])
