@@ -59,6 +59,7 @@ from .formats import (
     load_structured,
     parse_format,
 )
+from .incoming import Call, Incoming
 from .inline import inline_internal
 from .params import arg_bool, decode_header_value, encode_header_value, header_format_of, query_value
 from .results import Plain, WithParameters
@@ -169,7 +170,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
 
     _metric = engine_metrics.child
 
-    def _presented(request: Request) -> str:
+    def _presented(request: Incoming) -> str:
         header = request.headers.get("authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() not in ("oauth", "bearer") or not value.strip():
@@ -177,7 +178,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
                                       "(header \"Authorization: OAuth <token>\")")
         return value.strip()
 
-    def authenticate(request: Request, command: str | None = None) -> str | None:
+    def authenticate(request: Incoming, command: str | None = None) -> str | None:
         """The API takes the cluster's token (answer: None). A peer credential is good for
         /internal/v1, and here only for the reads a meta-cluster serves from its in-sync replicas
         (answer: the caller, whose read :meth:`Cluster.check_peer_read` then checks)."""
@@ -191,7 +192,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
                                       "cluster-to-cluster calls and replica reads, not for this command")
         raise AuthenticationError("Authentication failed: the token is not valid for this cluster")
 
-    def authenticate_peer(request: Request) -> str:
+    def authenticate_peer(request: Incoming) -> str:
         """The calling cluster's name, from its peer credential (engine/credentials.py)."""
         value = _presented(request)
         caller = verify_peer_credential(token, value)
@@ -277,7 +278,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         except _STORAGE_ERRORS as exc:
             return error_response(_storage_error("GET /leadership", exc), request_id)
 
-    async def command(request: Request) -> Response:
+    async def command(request: Call) -> Response:
         name = request.path_params["command"]
         request_id = os.urandom(8).hex()
         started = time.perf_counter()
@@ -292,9 +293,8 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
                 raise YtError(f"Command {name!r} is not supported by this proxy (API v4)",
                               code=ErrorCode.NO_SUCH_METHOD, http_status=404)
             caller = authenticate(request, cmd.name)
-            response = await _execute(request, cmd, caller)
+            response = await _execute(request, cmd, request_id, caller)
             outcome = "ok"
-            response.headers["X-YT-Request-Id"] = request_id
             return response
         except YtError as error:
             return error_response(error, request_id)
@@ -315,7 +315,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         except YtError:
             return False  # the handler, in the pool, gives the error
 
-    async def _execute(request: Request, cmd: Command, caller: str | None = None) -> Response:
+    async def _execute(request: Call, cmd: Command, request_id: str, caller: str | None = None) -> Response:
         header_format = header_format_of(request)
         params: dict[str, Any] = {k: query_value(v) for k, v in request.query_params.items()}
         raw_header = request.headers.get("x-yt-parameters")
@@ -347,7 +347,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
             result = cmd.handler(cluster, params, input_value)
         else:
             result = await run_in_threadpool(cmd.handler, cluster, params, input_value)
-        headers = {"X-YT-Response-Code": "0"}
+        headers = {"X-YT-Response-Code": "0", "X-YT-Request-Id": request_id}
         if isinstance(result, WithParameters):
             # (YT's response parameters: the official client reads them, docs/streams.md)
             headers["X-YT-Response-Parameters"] = encode_header_value(result.parameters, header_format)
@@ -355,7 +355,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         if arg_bool(params, "return_only_value") and isinstance(result, dict) and "value" in result:
             result = result["value"]
         if cmd.output_type is None:
-            return Response(status_code=200, headers=headers)
+            return _Answer(b"", None, headers)
         fmt = parse_format(params.get("output_format") or request.headers.get("x-yt-output-format"),
                            default="json" if cmd.output_type == "structured" and header_format == "json"
                            else "yson")
@@ -373,7 +373,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         else:
             content = dump_structured(result, fmt)
         media = "application/json" if fmt.name == "json" else "application/x-yt-yson-binary"
-        return Response(content=content, media_type=media, headers=headers)
+        return _Answer(content, media, headers)
 
     def _input_row_limit(cmd: Command) -> Limit:
         """Rows one request may carry: a write's are bounded by what one transaction may hold (a
@@ -418,7 +418,7 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
         "xdcr_identity": cluster.xdcr.handle_identity,
     }
 
-    async def internal(request: Request) -> Response:
+    async def internal(request: Call) -> Response:
         """Cluster-to-cluster calls (2PC with sync replicas, replicator pushes), JSON in and out."""
         method = request.path_params["method"]
         request_id = uuid.uuid4().hex[:16]
@@ -469,12 +469,18 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
             return error_response(_internal_error(f"Internal call {method!r}", exc, method=method,
                                                    request_id=request_id), request_id)
 
+    async def routed_command(request: Request) -> Response:
+        return await command(Call(request.scope, request.receive))
+
+    async def routed_internal(request: Request) -> Response:
+        return await internal(Call(request.scope, request.receive))
+
     routes = [  # the commands first: routes are matched in order
-        Route("/api/v4/{command}", command, methods=["GET", "POST", "PUT"]),
+        Route("/api/v4/{command}", routed_command, methods=["GET", "POST", "PUT"]),
         Route("/api", api, methods=["GET"]),
         Route("/api/v4", api_v4, methods=["GET"]),
         Route("/api/v4/", api_v4, methods=["GET"]),
-        Route("/internal/v1/{method}", internal, methods=["POST"]),
+        Route("/internal/v1/{method}", routed_internal, methods=["POST"]),
         Route("/hosts", hosts, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -500,12 +506,28 @@ def create_app(cluster: Cluster, token: str) -> ASGIApp:
                 name = path[8:] if handler is command else path[13:]
                 if name and "/" not in name and (handler is command or scope["method"] == "POST"):
                     scope["path_params"] = {"command" if handler is command else "method": name}
-                    response = await handler(Request(scope, receive, send))
+                    response = await handler(Call(scope, receive))
                     await response(scope, receive, send)
                     return
         await routed(scope, receive, send)
 
     return app
+
+
+class _Answer(Response):
+    """A command's answer: Starlette's ``Response`` with its header list built in one pass from
+    names and values that need no checking (ours), as ``Response`` would build it - the headers,
+    then ``content-length`` and, with a body type, ``content-type``. It is sent as any response."""
+
+    def __init__(self, body: bytes, media_type: str | None, headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode("latin-1")))
+        if media_type is not None:
+            raw.append((b"content-type", media_type.encode("latin-1")))
+        self.raw_headers = raw
 
 
 #: the methods of the command route (the internal one takes POST only)

@@ -15,9 +15,9 @@ import zlib
 from typing import Any
 
 import brotli
-from starlette.requests import Request
 
 from ..errors import ErrorCode, YtError
+from .incoming import Incoming
 
 #: output bound of one brotli step
 _BROTLI_STEP = 1024 * 1024
@@ -97,7 +97,7 @@ class _Inflater:
             raise _decode_error(self.encoding, "the compressed stream is incomplete or truncated")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Incoming, limit: int) -> bytes:
     """The request body, decompressed per ``Content-Encoding``; 413 past ``limit`` bytes, counted
     on the wire and after decompression alike."""
     declared = request.headers.get("content-length")  # digits: the HTTP parser refuses anything else

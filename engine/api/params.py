@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 import yt.yson as yson
-from starlette.requests import Request
 
 from .. import yson_util
 from ..errors import ErrorCode, YtError
 from .formats import parse_format
+from .incoming import Incoming
 
 
 def arg(params: dict[str, Any], name: str, default: Any = None) -> Any:
@@ -141,6 +141,6 @@ def encode_header_value(value: Any, header_format: str) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def header_format_of(request: Request) -> str:
+def header_format_of(request: Incoming) -> str:
     raw = request.headers.get("x-yt-header-format", "json")
     return parse_format(raw, default="json").name
