@@ -1,7 +1,8 @@
 """The API's commands and internal calls read a request through ``api.incoming.Call`` instead of
 Starlette's ``Request``: they must read the same headers, query parameters and body from the same
-ASGI messages (header names in lower case, as the ASGI server hands them over) - repeated headers, repeated, blank and percent-encoded parameters,
-a body in chunks - and a client gone mid-body must end the read as Starlette's does."""
+ASGI messages (header names in lower case, as the ASGI server hands them over) - repeated headers,
+repeated, blank and percent-encoded parameters, a body in chunks - and a client gone mid-body must
+end the read as Starlette's does."""
 
 from __future__ import annotations
 
