@@ -117,7 +117,13 @@ def test_an_interrupted_run_leaves_no_namespace_or_process_behind(tmp_path: Path
                                                                     text=True).stdout.split()]
         assert len(namespaces) == 4 and len(pids) >= 3  # the hub, a, b, c; an engine in each member
         os.kill(run.pid, signal.SIGINT)  # Ctrl-C
-        run.wait(timeout=90)
+        try:
+            # (reading on while it stops: a run blocked on a full pipe would look like a run that hangs)
+            rest, _ = run.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            rest, _ = run.communicate()
+            pytest.fail(f"the interrupted run did not end within 90 s; its output after 'running':\n{rest[-4000:]}")
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
