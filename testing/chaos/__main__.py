@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     cleanup = sub.add_parser("cleanup", help="remove what runs that died left behind")
     cleanup.add_argument("--kill", action="store_true", help="also SIGKILL processes still running in them")
     args = parser.parse_args(argv)
+    # SIGUSR1 prints every thread's stack to stderr: a run that does not stop can be asked where it is
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.command == "run":
         return _run(args)
     if args.command == "check":

@@ -121,9 +121,12 @@ def test_an_interrupted_run_leaves_no_namespace_or_process_behind(tmp_path: Path
             # (reading on while it stops: a run blocked on a full pipe would look like a run that hangs)
             rest, _ = run.communicate(timeout=90)
         except subprocess.TimeoutExpired:
+            os.kill(run.pid, signal.SIGUSR1)  # (the run's stacks, faulthandler: where it hangs)
+            time.sleep(1)
             os.killpg(run.pid, signal.SIGKILL)
             rest, _ = run.communicate()
-            pytest.fail(f"the interrupted run did not end within 90 s; its output after 'running':\n{rest[-4000:]}")
+            pytest.fail("the interrupted run did not end within 90 s; its output after 'running', with its "
+                        f"threads' stacks:\n{rest[-6000:]}")
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
