@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # SIGUSR1 prints every thread's stack to stderr: a run that does not stop can be asked where it is
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl-C always ends a run, its cleanup included, even when started with SIGINT ignored (a parent that
+    # ignores it passes that on: Python then installs no KeyboardInterrupt, as a suite run of the test met)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.command == "run":
         return _run(args)
     if args.command == "check":
