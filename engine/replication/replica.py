@@ -283,7 +283,7 @@ class Replica:
     # -- the replicator's changes ----------------------------------------------------------------------
 
     def set_progress(self, tablet: int, progress: TabletProgress) -> None:
-        """After a push whose new progress is durable (call with the storage writer held)."""
+        """After a push whose new progress is committed (call with the storage writer held)."""
         with self._lock:
             self._progress[tablet] = progress.copy()
 

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from reptables.engine.client import Client, token_timestamp
 from reptables.engine.errors import YtError
-from reptables.engine.storage import tablets_table
+from reptables.engine.storage import replica_progress_table, tablets_table
 from reptables.engine.storage.datadir import DATABASE
 from reptables.engine.storage.sql import postgresql_driver_url
 from reptables.testing import EngineProcess, wait_for
@@ -578,3 +578,53 @@ def test_a_meta_cluster_restores_the_queue_counts_an_older_reshard_did_not_save(
     _check_delivered_once(clusters, replicas, start, written)
     # the queues went on where they had ended: tablet 1 after its 2 queued rows, tablet 2 after its trimmed one
     assert [t["flushed_row_count"] for t in queue_tablets(clusters, next(iter(replicas)))] == [0, 3, 2]
+
+
+def _rewind_progress(engine: EngineProcess, replica_id: str, row_index: int) -> int:
+    """Set a stopped meta-cluster's saved progress of ``replica_id`` back to ``row_index`` on every
+    tablet: what a crash of its machine leaves when it loses the replicator's last progress writes
+    (they are committed without an fsync). Returns the row index it had saved."""
+    if "--storage" in engine.extra_args:
+        url = postgresql_driver_url(engine.extra_args[engine.extra_args.index("--storage") + 1])
+    else:
+        url = f"sqlite:///{engine.data_dir / DATABASE}"
+    database = sa.create_engine(url)
+    c = replica_progress_table.c
+    try:
+        with database.begin() as conn:
+            saved = conn.execute(sa.select(sa.func.max(c.row_index)).where(c.replica_id == replica_id)).scalar_one()
+            conn.execute(replica_progress_table.update().where(c.replica_id == replica_id)
+                         .values(row_index=row_index, timestamp=0))
+    finally:
+        database.dispose()
+    return int(saved)
+
+
+def test_a_meta_cluster_that_lost_its_replication_progress_pushes_again_and_the_replica_applies_nothing_twice(
+        clusters: ClusterSet) -> None:
+    """The replicator records how far a replica got without an fsync of its own. A meta-cluster whose
+    machine crashed may come back with an older position: it pushes those rows again, the replica
+    answers with its own durable record, and every row is there once, the later writes too."""
+    path = clusters.replicated_table(TABLE, schema=ORDERED_SCHEMA,
+                                     attributes={"min_replication_log_ttl": 3_600_000})  # (keeps the queue)
+    replica_id = clusters.replica(path, ASYNC_CLUSTER, REPLICA, mode="async", schema=ORDERED_SCHEMA)
+    meta = clusters.meta
+    before = [next(_BATCH_IDS) for _ in range(5)]
+    for batch in before:
+        meta.insert_rows(path, batch_rows(batch), require_sync_replica=False)
+    wait_converged(clusters, {replica_id: ASYNC_CLUSTER})
+
+    clusters.engines[META].stop()
+    saved = _rewind_progress(clusters.engines[META], replica_id, 0)
+    assert saved == len(before) * ROWS_PER_BATCH
+    clusters.engines[META].start()
+    after = [next(_BATCH_IDS) for _ in range(3)]
+    for batch in after:
+        meta.insert_rows(path, batch_rows(batch), require_sync_replica=False)
+
+    contents = wait_converged(clusters, {replica_id: ASYNC_CLUSTER})
+    assert contents == sorted(row for batch in before + after
+                              for row in ((r["k"], r["batch"], r["v"]) for r in batch_rows(batch)))
+    # the replicator learnt the replica's position from its answer, and went on from there
+    assert [t["current_replication_row_index"] for t in queue_tablets(clusters, replica_id)] == \
+        [(len(before) + len(after)) * ROWS_PER_BATCH]
