@@ -339,13 +339,16 @@ class ReplicaSink:
         return (heaviest + 8 * widest) * 4 + 64 * widest <= MAX_ROW_WEIGHT
 
     def check_column_writes(self, table: DynamicTable, path: str, writes: list[RowWrite], names: list[str],
-                            values: list[list[Any]], what: str) -> None:
+                            values: list[list[Any]], what: str) -> bool:
         """:meth:`check_writes` for whole-row writes that arrived as columns (``names``, ``values``):
         a column at a time (``columns_clean``) when that passes them whole and within the batch
-        bound, else row by row, with its precise errors and conversions."""
+        bound (True: the writes are the values as they came), else row by row, with its precise
+        errors and conversions (False: the writes may hold converted values)."""
         size = columns_clean(table.schema, names, values, keys_not_null=table.sorted)
         if size is None or size > self.config.max_peer_batch_bytes:
             self.check_writes(table, path, writes, what)
+            return False
+        return True
 
     def parse_columnar(self, table: DynamicTable, path: str, columnar: Any, what: str, preserve: bool,
                        max_rows: int) -> tuple[list[tuple[int, list[RowWrite]]], list[RowWrite]]:
@@ -455,9 +458,15 @@ class ReplicaSink:
             raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(writes)} rows, more than "
                           f"the {self.config.max_rows_per_transaction} a transaction may write",
                           code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"path": path})
+        #: the prepared record's writes as received, when they passed the check as they are: the
+        #: record is then not encoded again from the writes (a sixth of a 10,000-row prepare's work)
+        received: dict[str, Any] | None = None
         if "columns" in body and body.get("kind", "write") == "write" and body.get("update", False) is False:
             # whole-row writes as columns (``encode_writes``)
-            self.check_column_writes(table, path, writes, body["columns"], body["values"], what)
+            if self.check_column_writes(table, path, writes, body["columns"], body["values"], what):
+                received = {"columns": body["columns"], "values": body["values"], "kind": "write",
+                            "update": False, "shared": body.get("shared", False), "strong": body.get("strong", False),
+                            "mask": body.get("mask", 1)}
         else:
             self.check_writes(table, path, writes, what)
         if table.sorted:
@@ -466,6 +475,8 @@ class ReplicaSink:
             for w in writes:
                 w.mask = (table.schema.lock_mask(list(w.row)) if w.update else full_mask) \
                     if w.kind is write_kind else 1
+            if received is not None:
+                received["mask"] = full_mask  # (every write a whole-row write)
         transactions = self.host.transactions
         transactions.prepare_participant(
             tx_id, coordinator, table, path, writes, start_ts, prepare_ts,
@@ -473,7 +484,7 @@ class ReplicaSink:
              # (no null: a null in a record makes its encoding look for NaNs)
              **({} if table.sorted else {"tablet_index": tablet_index % table.tablet_count}),
              "meta_tablet_index": tablet_index},
-            participant=f"{table.table_id}/{replica_id}/{tablet_index}")
+            participant=f"{table.table_id}/{replica_id}/{tablet_index}", encoded=received)
         # (the coordinator learns which of its relaxed commits here this durable prepare covered)
         return transactions.participant_durability()
 

@@ -430,9 +430,10 @@ class TransactionManager:
 
     def prepare_participant(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
                             writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
-                            participant: str | None = None) -> None:
+                            participant: str | None = None, encoded: dict[str, Any] | None = None) -> None:
         """Durably prepare writes of a transaction coordinated elsewhere (see ``ParticipantSide.prepare``)."""
-        self.participants.prepare(tx_id, coordinator, table, path, writes, start_ts, prepare_ts, extra, participant)
+        self.participants.prepare(tx_id, coordinator, table, path, writes, start_ts, prepare_ts, extra, participant,
+                                  encoded)
 
     def commit_participant(self, tx_id: str, commit_ts: int, on_apply: ApplyHook | None = None,
                            coordinator: str | None = None, relaxed: bool = False) -> int | None:

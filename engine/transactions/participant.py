@@ -128,12 +128,14 @@ class ParticipantSide:
 
     def prepare(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
                 writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
-                participant: str | None = None) -> None:
+                participant: str | None = None, encoded: dict[str, Any] | None = None) -> None:
         """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write).
 
         ``participant`` names this part of the transaction (one replica table may receive the rows
         of several tablets of the replicated table, each its own participant); a repeated prepare
-        of the same participant is a no-op.
+        of the same participant is a no-op. ``encoded``: the writes in the form of ``encode_writes``
+        as they arrived, when they are exactly ``writes`` (the durable record is then written from
+        it instead of encoding the writes again).
         """
         participant = participant or table.table_id
         skew = self.config.max_peer_clock_skew
@@ -159,7 +161,8 @@ class ParticipantSide:
             _INSERT_PREPARED.run(conn, transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
                                  prepare_timestamp=prepare_ts, coordinator=coordinator,
                                  payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
-                                                     **encode_writes(writes)}).decode())
+                                                     **(encode_writes(writes) if encoded is None else encoded)}
+                                                    ).decode())
             held_before = tx_id in self._prepared_writes
             # held before the SQL commit, so that no read at or after prepare_ts misses it; undone if
             # the commit does not happen (the database went away: no record, so nothing would ever

@@ -339,6 +339,10 @@ def test_coordinator_crash_in_two_phase_commit_is_all_or_nothing(clusters: Clust
         clusters.meta.insert_rows(path, [{"k": 1, "v": "tx"}, {"k": 2, "v": "tx"}])
     assert meta.proc is not None
     assert meta.proc.wait(timeout=10) == -signal.SIGKILL, "the meta-cluster did not die at the crash point"
+    # one replica is SIGKILLed too while it holds the prepared transaction: restarted, it has only its
+    # durable record of the prepare (written from the rows as they arrived) to commit or abort
+    clusters.engines["remote_1"].kill()
+    clusters.engines["remote_1"].start()
     meta.env = {}
     meta.start()
     for replica_id in syncs:
