@@ -528,14 +528,17 @@ def test_a_resharded_table_delivers_every_acknowledged_row_once_across_a_meta_si
     assert [t["flushed_row_count"] for t in queue_tablets(clusters, async_)] == [len(RESHARD_KEYS) + 2, 2, 2]
 
 
+def _database_url(engine: EngineProcess) -> str:
+    """The SQLAlchemy URL of a (stopped) engine's database: its ``--storage``, else its data directory's file."""
+    if "--storage" in engine.extra_args:
+        return postgresql_driver_url(engine.extra_args[engine.extra_args.index("--storage") + 1])
+    return f"sqlite:///{engine.data_dir / DATABASE}"
+
+
 def _drop_tablet_rows(engine: EngineProcess, table_id: str, from_tablet: int) -> None:
     """Delete a stopped engine's ``_rt_tablets`` rows of a table's tablets from ``from_tablet`` on: what
     a reshard of an engine before the fix left in its database (it made none for the tablets it added)."""
-    if "--storage" in engine.extra_args:
-        url = postgresql_driver_url(engine.extra_args[engine.extra_args.index("--storage") + 1])
-    else:
-        url = f"sqlite:///{engine.data_dir / DATABASE}"
-    database = sa.create_engine(url)
+    database = sa.create_engine(_database_url(engine))
     try:
         with database.begin() as conn:
             deleted = conn.execute(tablets_table.delete().where(tablets_table.c.table_id == table_id,
@@ -588,11 +591,7 @@ def _rewind_progress(engine: EngineProcess, replica_id: str, row_index: int) -> 
     """Set a stopped meta-cluster's saved progress of ``replica_id`` back to ``row_index`` on every
     tablet: what a crash of its machine leaves when it loses the replicator's last progress writes
     (they are committed without an fsync). Returns the row index it had saved."""
-    if "--storage" in engine.extra_args:
-        url = postgresql_driver_url(engine.extra_args[engine.extra_args.index("--storage") + 1])
-    else:
-        url = f"sqlite:///{engine.data_dir / DATABASE}"
-    database = sa.create_engine(url)
+    database = sa.create_engine(_database_url(engine))
     c = replica_progress_table.c
     try:
         with database.begin() as conn:
