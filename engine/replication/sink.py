@@ -48,7 +48,7 @@ from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, columns_clean, row_weight, validate_row, validate_rows
 from ..storage import FastStatement, on_commit, on_rollback, replica_sink_table
-from ..tablets import WRITE_KINDS, DynamicTable, RowWrite, WriteKind, decode_writes, validate_key_not_null
+from ..tablets import WRITE_KINDS, DynamicTable, ImageRun, RowWrite, WriteKind, decode_writes, validate_key_not_null
 from .host import ReplicationHost
 from .options import UPSTREAM_TABLE_ATTRIBUTE
 
@@ -351,7 +351,7 @@ class ReplicaSink:
         return True
 
     def parse_columnar(self, table: DynamicTable, path: str, columnar: Any, what: str, preserve: bool,
-                       max_rows: int) -> tuple[list[tuple[int, list[RowWrite]]], list[RowWrite]]:
+                       max_rows: int) -> tuple[list[tuple[int, list[RowWrite] | ImageRun]], list[RowWrite]]:
         """The changes of a push in the columnar form (``replicator.render_columns``): whole-row
         writes as ``{"columns": [names], "values": [[a list per column]], "commits": [[timestamp,
         count], ...]}``, checked as :meth:`check_writes` checks the rows of ``entries`` and
@@ -384,6 +384,11 @@ class ReplicaSink:
         if rows > max_rows or any(type(column) is not list or len(column) != rows for column in values):
             raise bad_request(f"Invalid columnar in internal request {what}: {rows} changes in its commits, more than "
                               f"the batch's {max_rows} rows or not the length of every column", field="columnar")
+        if table.sorted and not table.change_log and table.xdcr_cluster_id is None and names:
+            size = columns_clean(table.schema, names, values, keys_not_null=True)
+            if size is not None and size <= self.config.max_peer_batch_bytes:
+                # every value as it came: the table applies the images, no row dict or write per row
+                return self._image_runs(table, names, values, stamps, counts), []
         # the rows as the entries' form would make them, one C pass (a name per column of each)
         made = list(map(dict, map(zip, repeat(names), zip(*values, strict=True)))) if names else \
             [{} for _ in range(rows)]
@@ -393,12 +398,29 @@ class ReplicaSink:
         else:
             writes = list(map(RowWrite, repeat(write), made, repeat(1)))
         self.check_column_writes(table, path, writes, names, values, what)
-        groups: list[tuple[int, list[RowWrite]]] = []
+        groups: list[tuple[int, list[RowWrite] | ImageRun]] = []
         first = 0
         for ts, count in zip(stamps, counts, strict=True):
             groups.append((ts, writes[first:first + count]))
             first += count
         return groups, writes
+
+    @staticmethod
+    def _image_runs(table: DynamicTable, names: list[str], values: list[list[Any]], stamps: list[int],
+                    counts: list[int]) -> list[tuple[int, list[RowWrite] | ImageRun]]:
+        """Checked columns as one :class:`ImageRun` per commit (a column not named is null in every row)."""
+        given = dict(zip(names, values, strict=True))
+        rows = len(values[0])
+        columns = [given[c.name] if c.name in given else [None] * rows for c in table.schema.columns]
+        images = list(zip(*columns, strict=True))
+        keys = list(zip(*(given[k] for k in table.schema.key_names), strict=True))
+        mask = table.schema.full_lock_mask
+        groups: list[tuple[int, list[RowWrite] | ImageRun]] = []
+        first = 0
+        for ts, count in zip(stamps, counts, strict=True):
+            groups.append((ts, ImageRun(keys[first:first + count], images[first:first + count], mask)))
+            first += count
+        return groups
 
     @staticmethod
     def _parse_any(row: dict[str, Any], names: list[str], path: str) -> None:
@@ -555,7 +577,7 @@ class ReplicaSink:
             raise bad_request(f"Invalid batch in internal request {what}: rows [{prev}, {end}) with {len(entries)} "
                        f"changes (a batch covers at most {limit} rows, max_peer_batch_rows, and carries at most "
                        "one change per row)", prev_row_index=prev, row_index=end, path=path)
-        groups: list[tuple[int, list[RowWrite]]] = []
+        groups: list[tuple[int, list[RowWrite] | ImageRun]] = []
         writes: list[RowWrite] = []
         kinds = _PUSH_KINDS
         last_ts = 0
@@ -695,5 +717,5 @@ class _Push:
     tablet: int
     prev: int
     end: int
-    groups: list[tuple[int, list[RowWrite]]]
+    groups: list[tuple[int, list[RowWrite] | ImageRun]]
     record: Callable[[sa.Connection, int], None]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from typing import Any, Protocol, cast
 
 import sqlalchemy as sa
@@ -55,7 +56,7 @@ from ..storage import (
 )
 from . import changes, xdcr
 from .queue import QueueEntry
-from .writes import RowWrite, WriteKind
+from .writes import ImageRun, RowWrite, WriteKind
 
 #: rows per SQL statement when we bind key lists
 _CHUNK = 500
@@ -228,6 +229,24 @@ def _past_every_row(table: SortedTable, conn: sa.Connection, keys: list[tuple[An
 
 
 _FIRST = operator.itemgetter(0)
+
+
+def apply_images(table: SortedTable, conn: sa.Connection, run: ImageRun, commit_ts: int) -> int:
+    """:func:`apply` of whole-row writes given as images (an async replica's push in the columnar
+    form): the same SQL - the replaced images moved to the versions, the new ones upserted - from
+    the images as they came. Only for a table without a change log and without XDCR versions (the
+    caller checks): those need each change's row."""
+    names = [c.name for c in table.schema.columns]
+    key_positions = [names.index(k) for k in table.schema.key_names]
+    upserts = list(map(tuple.__add__, run.images, repeat((commit_ts, run.mask))))
+    changed = list(dict.fromkeys(run.keys))
+    existed: set[tuple[Any, ...]] = set()
+    if changed and not _past_every_row(table, conn, changed):
+        data = table.sql.data
+        for result in run_with_keys(table, conn, "move", data, lambda key_in: _move_statement(table, key_in), changed):
+            existed.update(map(tuple, result))
+    _write_images(table, conn, upserts, [*names, TS, LOCK_MASK], existed, key_positions)
+    return len(upserts)
 
 
 def _write_images(table: SortedTable, conn: sa.Connection, upserts: list[tuple[Any, ...]], columns: list[str],

@@ -61,6 +61,25 @@ class RowWrite:
                    update=bool(data["update"]), shared=bool(data["shared"]), strong=bool(data["strong"]))
 
 
+@dataclass(frozen=True, slots=True)
+class ImageRun:
+    """Whole-row writes of one commit to a sorted table as the images the table stores, without a
+    :class:`RowWrite` per row: what an async replica applies from a push in the columnar form.
+
+    A replica applies batches of up to 90,000 rows; a row dict and a ``RowWrite`` made for each
+    row, and the images then made from them again, were about a fifth of its apply
+    (benchmarks/README.md). ``images`` are the rows in the table's column order, ``keys`` their
+    keys, each a write of every column with the lock ``mask`` (the schema's full mask). A later
+    image of a key replaces an earlier one, as a later write does."""
+
+    keys: list[tuple[Any, ...]]
+    images: list[tuple[Any, ...]]
+    mask: int
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
 #: a change's kind by its name on the wire
 WRITE_KINDS = {kind.value: kind for kind in WriteKind}
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -59,7 +59,7 @@ from ..errors import ErrorCode, NoSuchTransaction, YtError
 from ..faults import NO_FAULTS, Faults
 from ..metrics import EngineMetrics
 from ..storage import FastStatement, Storage, commits_table
-from ..tablets import DynamicTable, RowWrite
+from ..tablets import DynamicTable, ImageRun, RowWrite
 from ..timestamps import COUNTER_BITS, TimestampProvider, unix_to_timestamp
 from .hooks import CommitHooks
 from .locks import LockTable, check_conflicts
@@ -463,8 +463,8 @@ class TransactionManager:
         """After a restart: abort local prepares, re-hold remote ones (see ``ParticipantSide.recover``)."""
         return self.participants.recover()
 
-    def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
-                         tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
+    def apply_replicated(self, table: DynamicTable, groups: Sequence[tuple[int, list[RowWrite] | ImageRun]],
+                         preserve: bool, tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
                          expected: Any, record: Callable[[sa.Connection, int], None], end: Any,
                          prepare: Callable[[sa.Connection, int, int, list[RowWrite]], list[RowWrite]] | None = None,
                          ) -> dict[str, Any]:

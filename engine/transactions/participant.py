@@ -50,7 +50,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -61,7 +61,7 @@ from ..faults import NO_FAULTS, Faults
 from ..httpconn import dumps_json, loads_json
 from ..metrics import EngineMetrics
 from ..storage import FastStatement, Storage, on_rollback, prepared_table
-from ..tablets import DynamicTable, RowWrite, decode_writes, encode_writes
+from ..tablets import DynamicTable, ImageRun, RowWrite, decode_writes, encode_writes
 from ..timestamps import TimestampProvider
 from .locks import LockTable, check_conflicts
 from .model import ApplyHook
@@ -351,8 +351,8 @@ class ParticipantSide:
 
     # -- replicator batches (replica side) ---------------------------------------------------------
 
-    def apply_replicated(self, table: DynamicTable, groups: list[tuple[int, list[RowWrite]]], preserve: bool,
-                         tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
+    def apply_replicated(self, table: DynamicTable, groups: Sequence[tuple[int, list[RowWrite] | ImageRun]],
+                         preserve: bool, tablet_index: int, check: Callable[[sa.Connection], tuple[Any, Any] | None],
                          expected: Any, record: Callable[[sa.Connection, int], None], end: Any,
                          prepare: Callable[[sa.Connection, int, int, list[RowWrite]], list[RowWrite]] | None = None,
                          ) -> dict[str, Any]:
@@ -383,6 +383,8 @@ class ParticipantSide:
                         ts = self._inflight.begin_commit()
                     stamps.append(ts)
                     if prepare is not None:
+                        # (XDCR resolves each change: its batches are writes, never images)
+                        assert not isinstance(writes, ImageRun)
                         writes = prepare(conn, source_ts, ts, writes)
                         if not writes:
                             continue

@@ -153,6 +153,49 @@ def test_columns_that_need_converting_are_stored_as_the_entries_would_store_them
     assert all(type(row[2]) is float for row in stored(host, by_columns, "k", "v", "d"))
 
 
+def test_columns_applied_as_images_leave_the_versions_and_conflict_memory_the_entries_leave(
+        host: FakeHost) -> None:
+    """A columnar push of values the column check passes is applied as images (``ImageRun``),
+    without a write per row: the data, every older version (reads at a timestamp) and the commits
+    remembered for conflict checks must be those the entries give, with a key written twice in
+    one commit and in several, and a column left out (null)."""
+    by_entries = host.make_table("img_entries", WITH_DOUBLE, upstream_replica_id="r-1")
+    by_columns = host.make_table("img_columns", WITH_DOUBLE, upstream_replica_id="r-2")
+    sink = ReplicaSink(host)
+    t1, t2, t3 = (host.timestamps.generate() for _ in range(3))
+    commits = [(t1, [{"k": 1, "v": "a", "d": 0.5}, {"k": 2, "v": "b", "d": 1.5}, {"k": 1, "v": "a2", "d": 2.5}]),
+               (t2, [{"k": 2, "v": "c", "d": None}, {"k": 3, "v": "d", "d": 4.5}]),
+               (t3, [{"k": 1, "v": "e", "d": 5.5}])]
+    assert sink.handle_push(as_entries("r-1", "//img_entries", commits), None)["applied"]
+    push = sink.parse_push(as_columns("r-2", "//img_columns", commits, ["k", "v", "d"]), None)
+    assert [type(writes).__name__ for _, writes in push.groups] == ["ImageRun"] * 3
+    assert sink.handle_push(as_columns("r-2", "//img_columns", commits, ["k", "v", "d"]), None)["applied"]
+    # a column left out of the columns: null in every row
+    t4 = host.timestamps.generate()
+    later = [(t4, [{"k": 4, "v": "f"}])]
+    for replica, path, table in (("r-1", "//img_entries", by_entries), ("r-2", "//img_columns", by_columns)):
+        body = as_entries(replica, path, later) if replica == "r-1" else as_columns(replica, path, later, ["k", "v"])
+        body["prev_row_index"], body["row_index"] = 6, 7
+        assert sink.handle_push(body, None)["applied"]
+
+    def everything(table: DynamicTable) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        data, versions = table.sql.data, table.sql.versions
+        assert versions is not None
+        with host.storage.read() as conn:
+            latest = [tuple(r) for r in conn.execute(sa.select(data).order_by(data.c.k))]
+            older = [tuple(r) for r in conn.execute(sa.select(versions).order_by(versions.c.k, versions.c[TS]))]
+        return latest, older
+
+    assert everything(by_columns) == everything(by_entries)
+    latest, older = everything(by_columns)
+    assert [(r[0], r[1], r[2], r[3]) for r in latest] == [(1, "e", 5.5, t3), (2, "c", None, t2), (3, "d", 4.5, t2),
+                                                         (4, "f", None, t4)]
+    assert len(older) == 2  # k=1 at t1, k=2 at t1: the images t2 and t3 replaced
+    for entries, columns in zip(by_entries.recent, by_columns.recent, strict=True):
+        assert entries[:2] == columns[:2] and list(entries[2]) == list(columns[2])
+        assert [(w.kind, w.mask) for w in entries[2].values()] == [(w.kind, w.mask) for w in columns[2].values()]
+
+
 def _commits(host: FakeHost) -> list[list[Any]]:
     return [[host.timestamps.generate(), 2]]
 
