@@ -173,7 +173,7 @@ def test_columns_applied_as_images_leave_the_versions_and_conflict_memory_the_en
     # a column left out of the columns: null in every row
     t4 = host.timestamps.generate()
     later = [(t4, [{"k": 4, "v": "f"}])]
-    for replica, path, table in (("r-1", "//img_entries", by_entries), ("r-2", "//img_columns", by_columns)):
+    for replica, path in (("r-1", "//img_entries"), ("r-2", "//img_columns")):
         body = as_entries(replica, path, later) if replica == "r-1" else as_columns(replica, path, later, ["k", "v"])
         body["prev_row_index"], body["row_index"] = 6, 7
         assert sink.handle_push(body, None)["applied"]
