@@ -409,18 +409,37 @@ class ReplicaSink:
     def _image_runs(table: DynamicTable, names: list[str], values: list[list[Any]], stamps: list[int],
                     counts: list[int]) -> list[tuple[int, list[RowWrite] | ImageRun]]:
         """Checked columns as one :class:`ImageRun` per commit (a column not named is null in every row)."""
-        given = dict(zip(names, values, strict=True))
-        rows = len(values[0])
-        columns = [given[c.name] if c.name in given else [None] * rows for c in table.schema.columns]
-        images = list(zip(*columns, strict=True))
-        keys = list(zip(*(given[k] for k in table.schema.key_names), strict=True))
+        keys, images, columns = _images_of_columns(table, names, values)
         mask = table.schema.full_lock_mask
         groups: list[tuple[int, list[RowWrite] | ImageRun]] = []
         first = 0
         for ts, count in zip(stamps, counts, strict=True):
-            groups.append((ts, ImageRun(keys[first:first + count], images[first:first + count], mask)))
+            groups.append((ts, ImageRun(keys[first:first + count], images[first:first + count], mask, columns)))
             first += count
         return groups
+
+    def _prepare_images(self, table: DynamicTable, body: dict[str, Any]) -> ImageRun | None:
+        """A prepare's writes as an :class:`ImageRun` when they are whole rows of a sorted table that
+        the column check passes as they came (as a push's columns, :meth:`parse_columnar`); None
+        for anything else, which is decoded and checked write by write, with its precise errors."""
+        if not table.sorted or table.replicated or "writes" in body or "rows" in body:
+            return None
+        names, values = body.get("columns"), body.get("values")
+        if body.get("kind", "write") != "write" or any(body.get(flag, False) is not False
+                                                      for flag in ("update", "shared", "strong")):
+            return None
+        if type(names) is not list or type(values) is not list or len(names) != len(values) or not names or \
+                not all(type(n) is str for n in names) or len(set(names)) != len(names) or \
+                not all(type(v) is list for v in values) or len(set(map(len, values))) != 1 or not values[0]:
+            return None
+        mask = body.get("mask", 1)
+        if type(mask) is not int:
+            return None
+        size = columns_clean(table.schema, names, values, keys_not_null=True)
+        if size is None or size > self.config.max_peer_batch_bytes:
+            return None
+        keys, images, columns = _images_of_columns(table, names, values)
+        return ImageRun(keys, images, table.schema.full_lock_mask, columns)  # (this table's lock groups)
 
     @staticmethod
     def _parse_any(row: dict[str, Any], names: list[str], path: str) -> None:
@@ -470,6 +489,20 @@ class ReplicaSink:
             if not (isinstance(value, bool) or isinstance(value, list) and all(isinstance(v, bool) for v in value)):
                 raise bad_request(f"Malformed writes in {what}: {flag} must be a boolean or a list of booleans",
                                   field=flag)
+        run = self._prepare_images(table, body)
+        if run is not None:
+            # whole rows of a sorted table, checked as they came: prepared and applied as images
+            if len(run) > self.config.max_rows_per_transaction:
+                raise YtError(f"Cannot prepare transaction {tx_id} for table {path}: {len(run)} rows, more than "
+                              f"the {self.config.max_rows_per_transaction} a transaction may write",
+                              code=ErrorCode.TOO_MANY_ROWS_IN_TRANSACTION, attributes={"path": path})
+            self.host.transactions.prepare_participant(
+                tx_id, coordinator, table, path, run, start_ts, prepare_ts,
+                {"upstream_replica_id": replica_id, "meta_tablet_index": tablet_index},
+                participant=f"{table.table_id}/{replica_id}/{tablet_index}",
+                encoded={"columns": body["columns"], "values": body["values"], "kind": "write", "update": False,
+                         "shared": False, "strong": False, "mask": run.mask})
+            return self.host.transactions.participant_durability()
         try:
             writes = decode_writes(body)
         except YtError as exc:
@@ -705,6 +738,19 @@ class ReplicaSink:
         """Seconds since the freshness of replica ``replica_id``'s table was last read here, if ever."""
         at = self._freshness_reads.get(replica_id)
         return None if at is None else round(time.monotonic() - at, 3)
+
+
+def _images_of_columns(table: DynamicTable, names: list[str], values: list[list[Any]]
+                       ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], tuple[str, ...]]:
+    """(keys, images in the table's column order, those columns) of whole rows given as checked
+    columns; a column not named is null in every row."""
+    schema = table.schema  # (one schema: an alter may replace the table's meanwhile)
+    given = dict(zip(names, values, strict=True))
+    rows = len(values[0])
+    columns = [given[c.name] if c.name in given else [None] * rows for c in schema.columns]
+    images = list(zip(*columns, strict=True))
+    keys = list(zip(*(given[k] for k in schema.key_names), strict=True))
+    return keys, images, tuple(c.name for c in schema.columns)
 
 
 @dataclass

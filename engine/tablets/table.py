@@ -45,7 +45,7 @@ from ..storage import UserTables, on_commit, on_rollback
 from . import conflicts, ordered_rows, queue, sorted_rows
 from .keys import key_sort_tuple
 from .queue import QueueEntry
-from .writes import ImageRun, RowWrite, WriteKind
+from .writes import ImageRun, RowWrite
 
 #: a write's row
 _ROW = attrgetter("row")
@@ -283,10 +283,12 @@ class DynamicTable:
         if self.on_change is not None:
             on_commit(conn, self.on_change)
         if isinstance(writes, ImageRun):
-            if not self.sorted or self.replicated or self.change_log or self.xdcr_cluster_id is not None:
-                writes = self._image_writes(writes)
+            if not self.sorted or self.replicated or self.change_log or self.xdcr_cluster_id is not None or \
+                    writes.names != tuple(c.name for c in self.schema.columns):
+                # (the log needs each change's row; an alter since the images were made: by name)
+                writes, keyed = writes.writes(), None
             else:
-                return self._apply_images(conn, writes, commit_ts)
+                return self._apply_images(conn, writes, commit_ts, keyed)
         if self.replicated:
             return queue.append(self, conn, writes, commit_ts, tablet_index or 0)
         seq = self.change_seq
@@ -304,20 +306,17 @@ class DynamicTable:
             return written
         return ordered_rows.append(self, conn, writes, commit_ts, tablet_index or 0)
 
-    def _apply_images(self, conn: sa.Connection, run: ImageRun, commit_ts: int) -> int:
+    def _apply_images(self, conn: sa.Connection, run: ImageRun, commit_ts: int,
+                      keyed: dict[Any, RowWrite] | None) -> int:
         if commit_ts > self.applied_ts:
             self.applied_ts = commit_ts
         self.compaction_due = True
         written = sorted_rows.apply_images(self, conn, run, commit_ts)
         # conflict checks read a remembered write's kind and lock mask only: one write for all keys
-        by_key = dict.fromkeys(run.keys, RowWrite(WriteKind.WRITE, {}, run.mask))
+        by_key = keyed if keyed is not None else run.keyed()
         self.remember_commit(commit_ts, by_key)
         on_rollback(conn, lambda: conflicts.forget(self, by_key))
         return written
-
-    def _image_writes(self, run: ImageRun) -> list[RowWrite]:
-        names = [c.name for c in self.schema.columns]
-        return [RowWrite(WriteKind.WRITE, dict(zip(names, image, strict=True)), run.mask) for image in run.images]
 
     def trim_rows(self, conn: sa.Connection, tablet_index: int, trimmed_row_count: int, path: str) -> None:
         ordered_rows.trim(self, conn, tablet_index, trimmed_row_count, path)

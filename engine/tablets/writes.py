@@ -70,14 +70,27 @@ class ImageRun:
     row, and the images then made from them again, were about a fifth of its apply
     (benchmarks/README.md). ``images`` are the rows in the table's column order, ``keys`` their
     keys, each a write of every column with the lock ``mask`` (the schema's full mask). A later
-    image of a key replaces an earlier one, as a later write does."""
+    image of a key replaces an earlier one, as a later write does. A table whose columns are no
+    longer ``names`` (altered in between) applies the rows as writes (:meth:`writes`)."""
 
     keys: list[tuple[Any, ...]]
     images: list[tuple[Any, ...]]
     mask: int
+    #: the columns of the images, the table's when they were made (an alter may come before the apply)
+    names: tuple[str, ...]
 
     def __len__(self) -> int:
         return len(self.images)
+
+    def writes(self) -> list[RowWrite]:
+        """The same changes as whole-row writes."""
+        names = self.names
+        return [RowWrite(WriteKind.WRITE, dict(zip(names, image, strict=True)), self.mask) for image in self.images]
+
+    def keyed(self) -> dict[tuple[Any, ...], RowWrite]:
+        """The run by key as conflict checks and row locks read it (a write's kind and lock mask):
+        one write shared by every key."""
+        return dict.fromkeys(self.keys, RowWrite(WriteKind.WRITE, {}, self.mask))
 
 
 #: a change's kind by its name on the wire

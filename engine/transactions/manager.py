@@ -429,7 +429,7 @@ class TransactionManager:
     # -- the participant side (``ParticipantSide``), for the node and the replication layer --------
 
     def prepare_participant(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
-                            writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
+                            writes: list[RowWrite] | ImageRun, start_ts: int, prepare_ts: int, extra: dict[str, Any],
                             participant: str | None = None, encoded: dict[str, Any] | None = None) -> None:
         """Durably prepare writes of a transaction coordinated elsewhere (see ``ParticipantSide.prepare``)."""
         self.participants.prepare(tx_id, coordinator, table, path, writes, start_ts, prepare_ts, extra, participant,

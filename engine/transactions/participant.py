@@ -78,7 +78,7 @@ _DELETE_PREPARED = FastStatement.delete(prepared_table, "transaction_id")
 _SYNC_RECORD = "-sync-"
 
 #: a participant's prepared writes: (table, writes, writes by key, extra)
-PreparedWrites = tuple[DynamicTable, list[RowWrite], dict[Any, RowWrite] | None, dict[str, Any]]
+PreparedWrites = tuple[DynamicTable, list[RowWrite] | ImageRun, dict[Any, RowWrite] | None, dict[str, Any]]
 
 log = logging.getLogger("reptables.engine.transactions")
 
@@ -127,7 +127,7 @@ class ParticipantSide:
     # -- prepare, commit, abort --------------------------------------------------------------------
 
     def prepare(self, tx_id: str, coordinator: str, table: DynamicTable, path: str,
-                writes: list[RowWrite], start_ts: int, prepare_ts: int, extra: dict[str, Any],
+                writes: list[RowWrite] | ImageRun, start_ts: int, prepare_ts: int, extra: dict[str, Any],
                 participant: str | None = None, encoded: dict[str, Any] | None = None) -> None:
         """Durably prepare writes of a transaction coordinated elsewhere (a sync replica write).
 
@@ -135,7 +135,9 @@ class ParticipantSide:
         of several tablets of the replicated table, each its own participant); a repeated prepare
         of the same participant is a no-op. ``encoded``: the writes in the form of ``encode_writes``
         as they arrived, when they are exactly ``writes`` (the durable record is then written from
-        it instead of encoding the writes again).
+        it instead of encoding the writes again); always given with an :class:`ImageRun` (whole rows
+        of a sorted table as their images, checked as they came), whose keys are locked and checked
+        for conflicts as its writes would be.
         """
         participant = participant or table.table_id
         skew = self.config.max_peer_clock_skew
@@ -145,7 +147,13 @@ class ParticipantSide:
             raise YtError(f"Invalid prepare of transaction {tx_id}: its start timestamp {start_ts:#x} is after its "
                           f"prepare timestamp {prepare_ts:#x}", code=ErrorCode.INVALID_PARAMETER,
                           attributes={"transaction_id": tx_id})
-        keyed = table.keyed(writes) if table.sorted else None
+        if isinstance(writes, ImageRun):
+            assert encoded is not None and table.sorted
+            keyed: dict[Any, RowWrite] | None = writes.keyed()
+            listed: list[RowWrite] = []  # (every use below reads ``keyed``)
+        else:
+            keyed = table.keyed(writes) if table.sorted else None
+            listed = writes
         if keyed:
             self._inflight.wait_remote_locks(self._lock_table, table.table_id, keyed, tx_id,
                                              self.config.remote_lock_wait)
@@ -157,17 +165,17 @@ class ParticipantSide:
                 return
             covered = self._relaxed_sequence  # (this durable commit makes every earlier one durable)
             table.check_writable(path)
-            check_conflicts(conn, self._lock_table, self.metrics, tx_id, start_ts, table, path, writes, keyed)
+            check_conflicts(conn, self._lock_table, self.metrics, tx_id, start_ts, table, path, listed, keyed)
             _INSERT_PREPARED.run(conn, transaction_id=tx_id, participant=participant, start_timestamp=start_ts,
                                  prepare_timestamp=prepare_ts, coordinator=coordinator,
                                  payload=dumps_json({"table_id": table.table_id, "path": path, "extra": extra,
-                                                     **(encode_writes(writes) if encoded is None else encoded)}
+                                                     **(encode_writes(listed) if encoded is None else encoded)}
                                                     ).decode())
             held_before = tx_id in self._prepared_writes
             # held before the SQL commit, so that no read at or after prepare_ts misses it; undone if
             # the commit does not happen (the database went away: no record, so nothing would ever
             # ask its coordinator, and reads of the table would wait for it forever)
-            self._hold(tx_id, table, writes, prepare_ts, keyed)
+            self._hold(tx_id, table, listed, prepare_ts, keyed)
             # the commit applies these (the durable record is for a restart in between)
             self._prepared_writes.setdefault(tx_id, {})[participant] = (table, writes, keyed, extra)
             on_rollback(conn, lambda: self._unhold(tx_id, participant, held_before))

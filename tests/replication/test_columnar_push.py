@@ -19,7 +19,7 @@ from reptables.engine.config import EngineConfig
 from reptables.engine.errors import YtError
 from reptables.engine.replication.sink import ReplicaSink, read_sink
 from reptables.engine.storage import KIND, ROW_COUNT, ROW_INDEX, TS
-from reptables.engine.tablets import DynamicTable, RowWrite, WriteKind, encode_writes, queue
+from reptables.engine.tablets import DynamicTable, ImageRun, RowWrite, WriteKind, encode_writes, queue
 from reptables.engine.transactions import Participant
 
 from .test_units import SORTED, FakeHost, World, host, make_world, rows
@@ -196,6 +196,16 @@ def test_columns_applied_as_images_leave_the_versions_and_conflict_memory_the_en
         assert [(w.kind, w.mask) for w in entries[2].values()] == [(w.kind, w.mask) for w in columns[2].values()]
 
 
+def test_images_made_before_an_alter_are_applied_by_column_name(host: FakeHost) -> None:
+    """Images made for the table's columns of then (a prepare held while the table was altered):
+    applied by name as writes, the new column null, never as tuples of the wrong shape."""
+    table = host.make_table("img_altered", WITH_DOUBLE, upstream_replica_id="r-1")
+    run = ImageRun([(1,), (2,)], [(1, "a"), (2, "b")], table.schema.full_lock_mask, ("k", "v"))
+    with host.storage.write() as conn:
+        assert table.apply(conn, run, host.timestamps.generate(), 0, run.keyed()) == 2
+    assert [row[:3] for row in stored(host, table, "k", "v", "d")] == [(1, "a", None), (2, "b", None)]
+
+
 def _commits(host: FakeHost) -> list[list[Any]]:
     return [[host.timestamps.generate(), 2]]
 
@@ -300,6 +310,48 @@ def test_a_prepare_of_whole_rows_goes_as_columns_and_commits_them(host: FakeHost
         sink.handle_commit({"transaction_id": tx_id, "commit_timestamp": host.timestamps.generate()}, None)
     assert [row[:3] for row in stored(host, table, "k", "v", "d")] == [
         (0, "v0", None), (1, "v1", None), (2, "v2", None), (5, "a", None), (6, None, 1.5)]
+
+
+def test_a_prepare_of_whole_rows_locks_and_commits_as_the_rows_form_does(host: FakeHost) -> None:
+    """A sync replica holds a prepare of whole rows its column check passes as images (``ImageRun``):
+    its keys are locked until the decision (a later transaction writing one of them is refused),
+    and the commits leave the data, the versions and the remembered commits the rows form leaves."""
+    by_columns = host.make_table("replica", WITH_DOUBLE, upstream_replica_id="r-1")
+    by_rows = host.make_table("replica_rows", WITH_DOUBLE, upstream_replica_id="r-2")
+    sink = ReplicaSink(host)
+    batches = [[{"k": 1, "v": "a", "d": 0.5}, {"k": 2, "v": "b", "d": None}],
+               [{"k": 2, "v": "c", "d": 2.5}, {"k": 3, "v": None, "d": 3.5}],
+               [{"k": 1, "v": "e", "d": None}]]
+    for i, batch in enumerate(batches):
+        start = host.timestamps.generate()
+        columns = encode_writes([RowWrite(WriteKind.WRITE, row, 1) for row in batch])
+        assert "columns" in columns
+        sink.handle_prepare(prepare_body(f"1-2-3-{10 + i}", "r-1", start, columns), None)
+        rows = prepare_body(f"1-2-3-{20 + i}", "r-2", start, {"rows": batch})
+        sink.handle_prepare({**rows, "replica_path": "//replica_rows"}, None)
+        if i == 0:
+            # k=1 is locked by the prepared transaction: a later one that writes it is refused
+            later = encode_writes([RowWrite(WriteKind.WRITE, {"k": 1, "v": "x", "d": None}, 1)])
+            with pytest.raises(YtError) as refused:
+                sink.handle_prepare(prepare_body("1-2-3-99", "r-1", host.timestamps.generate(), later), None)
+            assert "conflict" in refused.value.message.lower() and "1-2-3-10" in refused.value.message
+        commit_ts = host.timestamps.generate()
+        for tx_id in (f"1-2-3-{10 + i}", f"1-2-3-{20 + i}"):
+            sink.handle_commit({"transaction_id": tx_id, "commit_timestamp": commit_ts}, None)
+    assert not host.transactions.has_remote_prepared(by_columns.table_id)
+
+    def everything(table: DynamicTable) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        data, versions = table.sql.data, table.sql.versions
+        assert versions is not None
+        with host.storage.read() as conn:
+            return ([tuple(r) for r in conn.execute(sa.select(data).order_by(data.c.k))],
+                    [tuple(r) for r in conn.execute(sa.select(versions).order_by(versions.c.k, versions.c[TS]))])
+
+    assert everything(by_columns) == everything(by_rows)
+    assert [r[:3] for r in everything(by_columns)[0]] == [(1, "e", None), (2, "c", 2.5), (3, None, 3.5)]
+    assert len(everything(by_columns)[1]) == 2
+    assert [(c[0], sorted(c[2]), {(w.kind, w.mask) for w in c[2].values()}) for c in by_columns.recent] == \
+        [(c[0], sorted(c[2]), {(w.kind, w.mask) for w in c[2].values()}) for c in by_rows.recent]
 
 
 @pytest.mark.parametrize("writes", [
