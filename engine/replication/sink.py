@@ -48,7 +48,16 @@ from ..errors import ErrorCode, SchemaViolation, YtError
 from ..peers import Peers
 from ..schema import MAX_ROW_WEIGHT, ColumnType, columns_clean, row_weight, validate_row, validate_rows
 from ..storage import FastStatement, on_commit, on_rollback, replica_sink_table
-from ..tablets import WRITE_KINDS, DynamicTable, ImageRun, RowWrite, WriteKind, decode_writes, validate_key_not_null
+from ..tablets import (
+    WRITE_KINDS,
+    DynamicTable,
+    ImageRun,
+    RowWrite,
+    WriteKind,
+    columns_well_formed,
+    decode_writes,
+    validate_key_not_null,
+)
 from .host import ReplicationHost
 from .options import UPSTREAM_TABLE_ATTRIBUTE
 
@@ -384,7 +393,7 @@ class ReplicaSink:
         if rows > max_rows or any(type(column) is not list or len(column) != rows for column in values):
             raise bad_request(f"Invalid columnar in internal request {what}: {rows} changes in its commits, more than "
                               f"the batch's {max_rows} rows or not the length of every column", field="columnar")
-        if table.sorted and not table.change_log and table.xdcr_cluster_id is None and names:
+        if table.takes_images and names:
             size = columns_clean(table.schema, names, values, keys_not_null=True)
             if size is not None and size <= self.config.max_peer_batch_bytes:
                 # every value as it came: the table applies the images, no row dict or write per row
@@ -422,15 +431,14 @@ class ReplicaSink:
         """A prepare's writes as an :class:`ImageRun` when they are whole rows of a sorted table that
         the column check passes as they came (as a push's columns, :meth:`parse_columnar`); None
         for anything else, which is decoded and checked write by write, with its precise errors."""
-        if not table.sorted or table.replicated or "writes" in body or "rows" in body:
+        if not table.takes_images or "writes" in body or "rows" in body:
             return None
-        names, values = body.get("columns"), body.get("values")
+        names: Any = body.get("columns")
+        values: Any = body.get("values")
         if body.get("kind", "write") != "write" or any(body.get(flag, False) is not False
                                                       for flag in ("update", "shared", "strong")):
             return None
-        if type(names) is not list or type(values) is not list or len(names) != len(values) or not names or \
-                not all(type(n) is str for n in names) or len(set(names)) != len(names) or \
-                not all(type(v) is list for v in values) or len(set(map(len, values))) != 1 or not values[0]:
+        if not columns_well_formed(names, values) or not values[0]:
             return None
         mask = body.get("mask", 1)
         if type(mask) is not int:

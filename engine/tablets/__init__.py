@@ -16,10 +16,10 @@ from .keys import parse_pivot_keys, tablet_id, validate_key_not_null
 from .leases import MAX_LEASE_SECONDS, SnapshotLeases
 from .queue import QueueEntry
 from .table import DynamicTable, TabletState
-from .writes import WRITE_KINDS, ImageRun, RowWrite, WriteKind, decode_writes, encode_writes
+from .writes import WRITE_KINDS, ImageRun, RowWrite, WriteKind, columns_well_formed, decode_writes, encode_writes
 
 __all__ = [
     "DynamicTable", "ImageRun", "MAX_LEASE_SECONDS", "QueueEntry", "RowWrite", "SnapshotLeases", "TabletState",
-    "WRITE_KINDS", "WriteKind", "decode_writes", "encode_writes", "parse_pivot_keys", "tablet_id",
-    "validate_key_not_null", "changes",
+    "WRITE_KINDS", "WriteKind", "columns_well_formed", "decode_writes", "encode_writes", "parse_pivot_keys",
+    "tablet_id", "validate_key_not_null", "changes",
 ]

@@ -162,6 +162,12 @@ class DynamicTable:
         return self.schema.is_sorted
 
     @property
+    def takes_images(self) -> bool:
+        """Whether whole-row writes may come as an :class:`ImageRun`: a sorted table that keeps no
+        change log and no XDCR versions (those need each change's row)."""
+        return self.sorted and not self.replicated and not self.change_log and self.xdcr_cluster_id is None
+
+    @property
     def tablet_count(self) -> int:
         return len(self.pivot_keys) if self.sorted else self.tablet_count_ordered
 
@@ -283,8 +289,7 @@ class DynamicTable:
         if self.on_change is not None:
             on_commit(conn, self.on_change)
         if isinstance(writes, ImageRun):
-            if not self.sorted or self.replicated or self.change_log or self.xdcr_cluster_id is not None or \
-                    writes.names != tuple(c.name for c in self.schema.columns):
+            if not self.takes_images or writes.names != tuple(c.name for c in self.schema.columns):
                 # (the log needs each change's row; an alter since the images were made: by name)
                 writes, keyed = writes.writes(), None
             else:

@@ -129,12 +129,18 @@ def _row_columns(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
 
 
+def columns_well_formed(names: Any, values: Any) -> bool:
+    """Whether ``columns`` and ``values`` (:func:`encode_writes`) are distinct names and as many
+    lists of one length."""
+    return (type(names) is list and type(values) is list and len(names) == len(values) and bool(names)
+            and all(type(n) is str for n in names) and len(set(names)) == len(names)
+            and all(type(v) is list for v in values) and len(set(map(len, values))) == 1)
+
+
 def rows_of_columns(names: Any, values: Any) -> list[dict[str, Any]]:
     """The rows of ``columns`` and ``values`` (:func:`encode_writes`): a map per row, made in C.
     Raises ``YtError`` for anything but distinct names and as many lists of one length."""
-    if type(names) is not list or type(values) is not list or len(names) != len(values) or not names or \
-            not all(type(n) is str for n in names) or len(set(names)) != len(names) or \
-            not all(type(v) is list for v in values) or len(set(map(len, values))) != 1:
+    if not columns_well_formed(names, values):
         raise YtError("Malformed writes: expected as many distinct column names as lists of values of one length",
                       code=ErrorCode.PROTOCOL_ERROR)
     return list(map(dict, map(zip, repeat(names), zip(*values, strict=True))))
