@@ -24,7 +24,7 @@ import pytest
 from benchmarks import engine_bench, regression
 from reptables.testing import backends
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)  # a ratio beyond its limit runs the benchmark twice
 
 #: five 10,000-row batches: the engine's CPU during them (``/proc``, 10 ms ticks) is ~150 ms, enough for the
 #: ratio of the two backends' CPU that benchmarks/regression.py checks; the raw ceilings stay tiny
@@ -46,14 +46,18 @@ def _positive(value: object) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
+def _run(server: backends.RunServer, data_dir: Path, out: Path) -> int:
+    return engine_bench.main([
+        "--storage", "sqlite,postgresql", "--pg-server", f"{server.host}:{server.port}",
+        "--rows", str(ROWS), "--wrapper-rows", "1000", "--raw-rows", str(RAW_ROWS), "--latency-samples", "10",
+        "--phase-timeout", "60", "--data-dir", str(data_dir), "--json", str(out)])
+
+
 def test_sqlite_and_postgresql_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             sigterm_restored: None) -> None:
     server = backends.run_server()
     out = tmp_path / "figures.json"
-    code = engine_bench.main([
-        "--storage", "sqlite,postgresql", "--pg-server", f"{server.host}:{server.port}",
-        "--rows", str(ROWS), "--wrapper-rows", "1000", "--raw-rows", str(RAW_ROWS), "--latency-samples", "10",
-        "--phase-timeout", "60", "--data-dir", str(tmp_path / "data"), "--json", str(out)])
+    code = _run(server, tmp_path / "data", out)
     assert code == 0
     text = capsys.readouterr().out
     assert "side by side" in text and "insert rate PostgreSQL-backed / SQLite-backed, Client" in text
@@ -95,5 +99,10 @@ def test_sqlite_and_postgresql_side_by_side(tmp_path: Path, capsys: pytest.Captu
     assert not list((tmp_path / "data").iterdir())
 
     # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
-    drops = regression.check("engine_bench", regression.engine_bench_ratios(data))
+    def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
+        second = tmp_path / "again.json"
+        assert _run(server, tmp_path / "again", second) == 0
+        return regression.engine_bench_ratios(json.loads(second.read_text()))
+
+    drops = regression.check("engine_bench", regression.engine_bench_ratios(data), again=again)
     assert not drops, regression.explain(drops)

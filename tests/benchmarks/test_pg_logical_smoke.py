@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # a ratio beyond its limit runs the benchmark twice
 
 ROWS = 20_000
 BATCH = 5_000
@@ -97,7 +97,14 @@ def test_logical_replication_delivers_every_row(workdir: Path, tmp_path: Path) -
     assert run.verified, run.replicas
     assert set(res.cpu_seconds) == {"publisher", "subscriber1", "subscriber2"}
     assert all(v >= 0 for v in res.cpu_seconds.values()) and sum(res.cpu_seconds.values()) > 0, res.cpu_seconds
-    drops = regression.check("pg_logical", regression.pg_logical_ratios(run.to_json(), asdict(res)))
+    def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
+        pg_again = pg.run_logical_replication(rows=ROWS, batch_size=BATCH, workdir=workdir)
+        run_again = rep.run_reptables_throughput(rep.make_batches(ROWS, BATCH), ROWS, BATCH, False, 1, tmp_path,
+                                                 timeout=60)
+        assert pg_again.verified and run_again.verified
+        return regression.pg_logical_ratios(run_again.to_json(), asdict(pg_again))
+
+    drops = regression.check("pg_logical", regression.pg_logical_ratios(run.to_json(), asdict(res)), again=again)
     assert not drops, regression.explain(drops)
 
 

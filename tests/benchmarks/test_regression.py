@@ -160,6 +160,43 @@ def test_under_the_recorder_check_writes_the_ratios_down_instead_of_comparing(
     assert line["benchmark"] == "stream_bench" and line["ratios"] == ratios
 
 
+def _write_stream_baseline(path: Path) -> None:
+    doc = {"format": regression.FORMAT, "entries": [
+        entry([1.1, 1.2, 1.15, 1.12, 1.18], better="lower", benchmark="stream_bench",
+              ratio="engine_cpu_per_row_with_over_without_stream")]}
+    path.write_text(json.dumps(doc))
+
+
+def test_a_ratio_beyond_its_limit_is_measured_again_and_reported_only_if_it_stays_there(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.json"
+    _write_stream_baseline(path)  # lower is better, spread 1.1-1.2: limit 1.2 + max(0.29, 0.15) = 1.49
+    name = "engine_cpu_per_row_with_over_without_stream"
+    calls: list[float] = []
+
+    def again(value: float) -> Any:
+        def measure() -> dict[str, float]:
+            calls.append(value)
+            return {name: value}
+        return measure
+
+    # a burst of load in one run: the second run is inside the limit, nothing is reported
+    assert regression.check("stream_bench", {name: 2.0}, path=path, again=again(1.15)) == []
+    assert calls == [1.15]
+    # a change that costs a third shows twice: reported, with both values
+    (found,) = regression.check("stream_bench", {name: 2.0}, path=path, again=again(1.9))
+    assert found.kind == "dropped" and found.value == 1.9
+    assert "rose to 2" in found.message and "again in a second run: 1.9" in found.message
+    # a run inside the limit is not measured again
+    calls.clear()
+    assert regression.check("stream_bench", {name: 1.15}, path=path, again=again(9.0)) == [] and calls == []
+    # without a second measurement the first run decides
+    (alone,) = regression.check("stream_bench", {name: 2.0}, path=path)
+    assert alone.kind == "dropped" and "second run" not in alone.message
+    # a value that is not a ratio is reported at once: a second run cannot mend a missing figure
+    (bad,) = regression.check("stream_bench", {name: 0.0}, path=path, again=again(1.15))
+    assert bad.kind == "not a ratio" and calls == []
+
+
 def test_check_refuses_ratios_the_benchmark_does_not_define() -> None:
     with pytest.raises(KeyError, match="yields the ratios"):
         regression.check("stream_bench", {"with_over_without_stream_rows_per_s": 1.0})

@@ -28,7 +28,7 @@ from benchmarks import regression
 from benchmarks import replication_vs_pg as bench
 from reptables.testing import backends
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)  # a ratio beyond its limit runs the benchmark twice
 
 ROWS = 20_000
 BATCH = 5_000
@@ -53,7 +53,12 @@ def test_every_replica_has_exactly_the_rows_written(tmp_path: Path, sync_replica
 
     # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
     name = "replication_vs_pg.sync_async" if sync_replica else "replication_vs_pg.2_async"
-    drops = regression.check(name, regression.replication_ratios(run.to_json()))
+    def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
+        second = bench.run_reptables_throughput(batches, ROWS, BATCH, sync_replica, threads, tmp_path, timeout=60)
+        assert second.verified
+        return regression.replication_ratios(second.to_json())
+
+    drops = regression.check(name, regression.replication_ratios(run.to_json()), again=again)
     assert not drops, regression.explain(drops)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import regression
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)  # a ratio beyond its limit runs the benchmark twice
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_bench.py"
 
@@ -73,5 +73,12 @@ def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None
     assert not list(tmp_path.glob("reptables-stream-bench-*")), "the data directory must be removed"
 
     # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
-    drops = regression.check("stream_bench", regression.stream_bench_ratios(data))
+    def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
+        second = tmp_path / "again.json"
+        rerun = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(second), "--data-dir",
+                                str(tmp_path)], capture_output=True, text=True, timeout=85)
+        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        return regression.stream_bench_ratios(json.loads(second.read_text()))
+
+    drops = regression.check("stream_bench", regression.stream_bench_ratios(data), again=again)
     assert not drops, regression.explain(drops)
