@@ -10,36 +10,23 @@ is not asserted: the machine is shared.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks import regression
 
+from .quick import alive, run_quick
+
 pytestmark = pytest.mark.timeout(180)  # a ratio beyond its limit runs the benchmark twice
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_bench.py"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "stream.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out), "--data-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=80)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    proc, data = run_quick(BENCH, out, tmp_path, timeout=80)
 
     once = data["exactly_once"]
     assert once["passed"], once
@@ -67,18 +54,14 @@ def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None
         assert name in names
     assert "exactly once" in proc.stdout and "delivery latency p99" in proc.stdout
 
-    assert not _alive(data["engine_pid"]), "the benchmark must stop its engine"
+    assert not alive(data["engine_pid"]), "the benchmark must stop its engine"
     assert len(data["consumer_pids"]) == 3  # the latency consumer and one per cost round
-    assert not [pid for pid in data["consumer_pids"] if _alive(pid)], "the benchmark must stop its consumers"
+    assert not [pid for pid in data["consumer_pids"] if alive(pid)], "the benchmark must stop its consumers"
     assert not list(tmp_path.glob("reptables-stream-bench-*")), "the data directory must be removed"
 
     # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
     def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
-        second = tmp_path / "again.json"
-        rerun = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(second), "--data-dir",
-                                str(tmp_path)], capture_output=True, text=True, timeout=85)
-        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-        return regression.stream_bench_ratios(json.loads(second.read_text()))
+        return regression.stream_bench_ratios(run_quick(BENCH, tmp_path / "again.json", tmp_path, timeout=80)[1])
 
     drops = regression.check("stream_bench", regression.stream_bench_ratios(data), again=again)
     assert not drops, regression.explain(drops)

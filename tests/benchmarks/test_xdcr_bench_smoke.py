@@ -12,36 +12,23 @@ Timing is not asserted: the machine is shared.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks import regression
 
+from .quick import alive, run_quick
+
 pytestmark = pytest.mark.timeout(180)  # a ratio beyond its limit runs the benchmark twice
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "xdcr_bench.py"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_quick_run_converges_and_accounts_for_every_conflict(tmp_path: Path) -> None:
     out = tmp_path / "xdcr.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out), "--data-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=85)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    proc, data = run_quick(BENCH, out, tmp_path, timeout=85)
 
     paced = data["paced"]
     conv = paced["convergence"]
@@ -90,19 +77,15 @@ def test_quick_run_converges_and_accounts_for_every_conflict(tmp_path: Path) -> 
     assert "convergence lag p99" in proc.stdout and "write cost of XDCR" in proc.stdout
 
     assert len(data["engine_pids"]) == 2
-    assert not [pid for pid in data["engine_pids"] if _alive(pid)], "the benchmark must stop its engines"
+    assert not [pid for pid in data["engine_pids"] if alive(pid)], "the benchmark must stop its engines"
     # two consumers, and two writers for the paced run and each of the four cost runs
     assert len(data["child_pids"]) == 2 + 2 * 5
-    assert not [pid for pid in data["child_pids"] if _alive(pid)], "the benchmark must stop its children"
+    assert not [pid for pid in data["child_pids"] if alive(pid)], "the benchmark must stop its children"
     assert not list(tmp_path.glob("reptables-xdcr-bench-*")), "the data directory must be removed"
 
     # no ratio of the run fell beyond the recorded spread (benchmarks/regression.py, baselines.json)
     def again() -> dict[str, float]:  # a ratio beyond its limit is measured once more before it fails
-        second = tmp_path / "again.json"
-        rerun = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(second), "--data-dir",
-                                str(tmp_path)], capture_output=True, text=True, timeout=85)
-        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-        return regression.xdcr_bench_ratios(json.loads(second.read_text()))
+        return regression.xdcr_bench_ratios(run_quick(BENCH, tmp_path / "again.json", tmp_path, timeout=85)[1])
 
     drops = regression.check("xdcr_bench", regression.xdcr_bench_ratios(data), again=again)
     assert not drops, regression.explain(drops)
