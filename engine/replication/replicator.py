@@ -29,8 +29,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from itertools import groupby
-from operator import itemgetter
+from operator import attrgetter
 
 import orjson
 
@@ -40,7 +39,7 @@ from ..peers import Peers
 from ..replica_types import ReplicaMode, ReplicaState
 from ..storage import on_commit
 from ..storage.outages import outage
-from ..tablets import DynamicTable, QueueEntry
+from ..tablets import DynamicTable, QueueRun, run_size
 from .host import ReplicationHost
 from .registry import ReplicaRegistry, save_progress
 from .replica import Replica, SyncPhase, TabletProgress
@@ -180,16 +179,16 @@ class Replicator:
         if not self.throttle_allows(tablet):
             return False
         with self.host.storage.read() as conn:
-            entries = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
+            runs = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
         # the batch is cut at batch_rows rows (the read), batch_bytes bytes or batch_timestamps commits;
         # under a replication_throttler also at its limit, so that no period sends more than the limit
         # (the seed's limit is an average over the period: a burst bigger than one period's budget is not one)
         limit, _ = self.throttler(table)
         byte_cap = min(config.batch_bytes, limit) if limit else config.batch_bytes
-        batch, size = cut_batch(entries, byte_cap, config.batch_timestamps)
+        batch, size = cut_batch(runs, byte_cap, config.batch_timestamps)
         if not batch:
             return False
-        end = batch[-1].row_index + 1
+        end = batch[-1].end
         revision, tablet_count = layout(table)
         header = json.dumps({"upstream_replica_id": replica.id, "replica_path": replica.replica_path,
                              "tablet_index": tablet, "prev_row_index": progress.row_index, "row_index": end,
@@ -285,34 +284,47 @@ class Replicator:
                                                 "error": error.message})
 
 
-_TIMESTAMP, _COMMIT, _PAYLOAD, _BLOCK = itemgetter(1), itemgetter(1, 2), itemgetter(3), itemgetter(4)
+_TIMESTAMP = attrgetter("timestamp")
 
 
-def cut_batch(entries: list[QueueEntry], byte_cap: int, max_timestamps: int) -> tuple[list[QueueEntry], int]:
-    """The batch a push sends of ``entries`` (read from the queue, in order) and its payload size: cut
+def cut_batch(runs: list[QueueRun], byte_cap: int, max_timestamps: int) -> tuple[list[QueueRun], int]:
+    """The batch a push sends of ``runs`` (read from the queue, in order) and its payload size: cut
     at ``byte_cap`` characters of payloads or ``max_timestamps`` commits, but never empty. Most
-    reads fit whole: that is told by two passes in C before any per-change loop."""
-    if not entries:
+    reads fit whole: that is told by two passes over the runs (a handful: a run is a commit's
+    changes of one kind) before a run is split into its changes."""
+    if not runs:
         return [], 0
-    size = sum(map(len, map(_PAYLOAD, entries)))
-    if size <= byte_cap and len(set(map(_TIMESTAMP, entries))) <= max_timestamps:
-        return entries, size
-    count, size = 0, 0
+    size = sum(map(run_size, runs))
+    if size <= byte_cap and len(set(map(_TIMESTAMP, runs))) <= max_timestamps:
+        return runs, size
+    out: list[QueueRun] = []
+    size = 0
     stamps: set[int] = set()
-    for entry in entries:
-        if count and (size + len(entry.payload) > byte_cap or
-                      (entry.timestamp not in stamps and len(stamps) >= max_timestamps)):
+    for run in runs:
+        if run.timestamp not in stamps and len(stamps) >= max_timestamps:
             break
-        count += 1
-        size += len(entry.payload)
-        stamps.add(entry.timestamp)
-    return entries[:count], size
+        whole = run_size(run)
+        if size + whole <= byte_cap:
+            out.append(run)
+            size += whole
+            stamps.add(run.timestamp)
+            continue
+        taken = 0  # the run's changes that fit (the first change of a batch always goes)
+        for payload in run.payloads():
+            if (out or taken) and size + len(payload) > byte_cap:
+                break
+            taken += 1
+            size += len(payload)
+        if taken:
+            out.append(run.cut(run.start, run.start + taken))
+        break
+    return out, size
 
 
-def render_columns(batch: list[QueueEntry], after: int) -> bytes | None:
+def render_columns(batch: list[QueueRun], after: int) -> bytes | None:
     """The ``columnar`` form of a push (JSON, ``sink.parse_columnar``), when every change of the
     batch committed after ``after`` is a whole-row write still in the queue's in-memory tail, of
-    commits with the same columns (``QueueEntry.block``): ``{"columns": [names], "values": [[one
+    commits with the same columns (``QueueRun.block``): ``{"columns": [names], "values": [[one
     list per column]], "commits": [[timestamp, count], ...]}``, the commits in order, their changes
     in the order of the values. None for any other batch (it goes as ``entries``).
 
@@ -322,54 +334,49 @@ def render_columns(batch: list[QueueEntry], after: int) -> bytes | None:
     null in every row is left out: a whole-row write sets a column it does not name to null, and a
     replica whose schema does not have that column yet takes the batch, as it takes ``entries``
     whose rows do not name it."""
-    if batch and batch[0].timestamp <= after:
-        batch = [e for e in batch if e.timestamp > after]
+    batch = [run for run in batch if run.timestamp > after]
     if not batch:
         return None
     first = batch[0].block
     if first is None:
         return None
     names = first.names
-    blocks = list(map(_BLOCK, batch))
-    ids = list(map(id, blocks))  # (blocks by identity: comparing them would compare their values)
-    rows = len(batch)
-    if ids.count(id(first)) == rows:  # (one commit: the usual case)
-        lo, hi = batch[0].row_index - first.start, batch[-1].row_index - first.start + 1
-        values = [column[lo:hi] for column in first.values]
+    rows = sum(run.rows for run in batch)
+    if len(batch) == 1:  # (one commit: the usual case)
+        lo = batch[0].start - first.start
+        values = [column[lo:lo + rows] for column in first.values]
         commits = [[batch[0].timestamp, rows]]
     else:
         values = [[] for _ in names]
         commits = []
-        for _, run in groupby(range(rows), ids.__getitem__):
-            indices = list(run)
-            block, entry = blocks[indices[0]], batch[indices[0]]
+        for run in batch:
+            block = run.block
             if block is None or block.names != names:
                 return None
-            lo = entry.row_index - block.start
-            hi = lo + len(indices)
+            lo = run.start - block.start
             for into, column in zip(values, block.values, strict=True):
-                into.extend(column[lo:hi])
-            if commits and commits[-1][0] == entry.timestamp:
-                commits[-1][1] += len(indices)  # (never two runs of one commit; and if so, one commit)
+                into.extend(column[lo:lo + run.rows])
+            if commits and commits[-1][0] == run.timestamp:
+                commits[-1][1] += run.rows  # (never two runs of one commit; and if so, one commit)
             else:
-                commits.append([entry.timestamp, len(indices)])
+                commits.append([run.timestamp, run.rows])
     kept = [i for i, column in enumerate(values) if column[0] is not None or column.count(None) != rows]
     if len(kept) != len(names):
         names, values = tuple(names[i] for i in kept), [values[i] for i in kept]
     return orjson.dumps({"columns": names, "values": values, "commits": commits})
 
 
-def render_changes(batch: list[QueueEntry], after: int) -> str:
+def render_changes(batch: list[QueueRun], after: int) -> str:
     """The ``entries`` of a push (without the brackets): ``{"timestamp": T, "kind": K, "payload": P}``
     per change committed after ``after`` (the replica's ``start_replication_timestamp``).
 
-    Queue payloads are JSON already: they are spliced in, never decoded. The changes of one commit
-    share their timestamp and (mostly) their kind, so each run of them is one ``str.join`` with the
-    text between two payloads, not one format per change."""
+    Queue payloads are JSON already: they are spliced in, never decoded. The changes of a run share
+    their timestamp and kind, so each run is one ``str.replace`` of the newlines between its
+    payloads (``QueueRun.text``) with the text between two changes, not one format per change."""
     parts: list[str] = []
-    for (timestamp, kind), run in groupby(batch, _COMMIT):
-        if timestamp <= after:
+    for run in batch:
+        if run.timestamp <= after:
             continue
-        head = f'{{"timestamp":{timestamp},"kind":"{kind}","payload":'
-        parts.append(head + ("}," + head).join(map(_PAYLOAD, run)) + "}")
+        head = f'{{"timestamp":{run.timestamp},"kind":"{run.kind}","payload":'
+        parts.append(head + run.text.replace("\n", "}," + head) + "}")
     return ",".join(parts)

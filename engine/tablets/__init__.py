@@ -14,12 +14,12 @@ Only ``SnapshotLeases`` takes a lock of its own (a leaf); everything else is cha
 from . import changes
 from .keys import parse_pivot_keys, tablet_id, validate_key_not_null
 from .leases import MAX_LEASE_SECONDS, SnapshotLeases
-from .queue import QueueEntry
+from .queue import QueueRun, run_size
 from .table import DynamicTable, TabletState
 from .writes import WRITE_KINDS, ImageRun, RowWrite, WriteKind, columns_well_formed, decode_writes, encode_writes
 
 __all__ = [
-    "DynamicTable", "ImageRun", "MAX_LEASE_SECONDS", "QueueEntry", "RowWrite", "SnapshotLeases", "TabletState",
+    "DynamicTable", "ImageRun", "MAX_LEASE_SECONDS", "QueueRun", "RowWrite", "SnapshotLeases", "TabletState",
     "WRITE_KINDS", "WriteKind", "columns_well_formed", "decode_writes", "encode_writes", "parse_pivot_keys",
-    "tablet_id", "validate_key_not_null", "changes",
+    "tablet_id", "validate_key_not_null", "changes", "run_size",
 ]

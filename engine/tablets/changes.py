@@ -55,7 +55,7 @@ from ..storage import (
     consumers_table,
 )
 from . import queue
-from .queue import QueueEntry
+from .queue import QueueRun
 
 #: a position: (commit timestamp, seq)
 Position = tuple[int, int]
@@ -107,7 +107,7 @@ class ChangeTable(Protocol):
     tablet_rows: dict[int, list[int]]
     change_seq: int
     change_log: bool
-    queue_tail: dict[int, tuple[int, list[QueueEntry]]]
+    queue_tail: dict[int, list[QueueRun]]
 
     @property
     def sorted(self) -> bool: ...

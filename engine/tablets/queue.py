@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from itertools import groupby, repeat
 from operator import attrgetter, itemgetter, methodcaller
@@ -61,16 +62,59 @@ class ColumnBlock(NamedTuple):
 
 
 class QueueEntry(NamedTuple):
-    """One change in a replication queue (a tuple: made by the thousand for every replicator batch)."""
+    """One change in a replication queue, as a change stream reads it back from SQL (``read_sql``)."""
 
     row_index: int
     timestamp: int
     kind: str
     payload: str
-    #: its commit's columns (shared by the commit's entries), while in the in-memory tail; None for a
-    #: change read back from SQL, and for a commit of other changes (deletes, updates) or of rows
-    #: JSON cannot carry as they are (they go as ``payload``)
+    #: always None here (kept so that a run's changes and SQL's read alike)
     block: ColumnBlock | None
+
+
+class QueueRun(NamedTuple):
+    """A run of one commit's changes of one kind to one tablet's queue: what one SQL row of the
+    queue holds, and what the in-memory tail and replicators work with.
+
+    A commit of 10,000 rows is one run: one object in the tail instead of 10,000 entries (making
+    them, and the garbage collector's passes over them, were about an eighth of a meta-cluster's
+    insert), its payloads one text made in one pass. A replicator splits the text only where a
+    batch cuts a run (its first and last run, seldom)."""
+
+    #: the row index of the run's first change
+    start: int
+    #: how many changes it holds
+    rows: int
+    timestamp: int
+    kind: str
+    #: the changes' payloads (JSON text each) joined by newlines, which JSON text never holds
+    #: outside its strings, where they are escaped (a run of one change: its payload as it is)
+    text: str
+    #: the commit's columns, while in the in-memory tail, for a commit of whole-row writes that
+    #: JSON carries as they are; None for a run read back from SQL and for other changes (deletes,
+    #: updates, rows JSON cannot carry as they are), which go as payloads
+    block: ColumnBlock | None
+
+    @property
+    def end(self) -> int:
+        """The row index after its last change."""
+        return self.start + self.rows
+
+    def payloads(self) -> list[str]:
+        return [self.text] if self.rows == 1 else self.text.split("\n")
+
+    def cut(self, low: int, high: int) -> QueueRun:
+        """Its changes with row indices in ``[low, high)`` (within the run) as a run of their own."""
+        if low <= self.start and high >= self.end:
+            return self
+        low, high = max(low, self.start), min(high, self.end)
+        text = "\n".join(self.payloads()[low - self.start:high - self.start])
+        return self._replace(start=low, rows=high - low, text=text)
+
+
+#: the changes' text size of a run: its payloads' lengths (the newlines between them not counted)
+def run_size(run: QueueRun) -> int:
+    return len(run.text) - run.rows + 1
 
 
 class QueueTable(Protocol):
@@ -83,7 +127,7 @@ class QueueTable(Protocol):
     config: EngineConfig
     tablet_rows: dict[int, list[int]]
     trimmed_timestamp: int
-    queue_tail: dict[int, tuple[int, list[QueueEntry]]]
+    queue_tail: dict[int, list[QueueRun]]
 
 
 #: a change's kind as the queue stores it (an enum's ``.value`` is a property call)
@@ -108,18 +152,19 @@ def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commi
     if len(changes) != len(writes):
         write_kinds = list(map(_KIND, changes))
     kinds = list(map(_KIND_NAMES.__getitem__, write_kinds))
-    payloads, plain = _payloads(changes, doubles)
-    indices = range(start, start + len(changes))
+    texts, plain = _texts(changes, kinds, doubles)
     whole_rows = plain and write_kinds.count(WriteKind.WRITE) == len(changes) and not any(map(_UPDATE, changes))
     block = _block(table.schema, changes, start) if whole_rows else None
-    # a commit's batch is up to 100,000 changes: the rows of the SQL table and the tail's entries
-    # are zipped in C (tuple.__new__ makes a QueueEntry without its Python-level constructor)
-    entries: list[QueueEntry] = list(map(tuple.__new__, repeat(QueueEntry),
-                                         zip(indices, repeat(commit_ts), kinds, payloads, repeat(block))))
-    table.sql.bulk("insert:data", conn).run(conn, _runs(tablet_index, start, commit_ts, kinds, payloads),
-                                            [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD, ROW_COUNT])
-    _SET_ROW_COUNT.run(conn, table_id=table.table_id, tablet_index=tablet_index, row_count=start + len(entries))
-    counts[0] = start + len(entries)
+    runs = []
+    at = start
+    for kind, text, count in texts:
+        runs.append(QueueRun(at, count, commit_ts, kind, text, block))
+        at += count
+    table.sql.bulk("insert:data", conn).run(
+        conn, [(tablet_index, r.start, commit_ts, r.kind, r.text, r.rows) for r in runs],
+        [TABLET_INDEX, ROW_INDEX, TS, KIND, PAYLOAD, ROW_COUNT])
+    _SET_ROW_COUNT.run(conn, table_id=table.table_id, tablet_index=tablet_index, row_count=at)
+    counts[0] = at
     tail_rows = table.config.queue_tail_rows
 
     def undo() -> None:
@@ -127,49 +172,58 @@ def append(table: QueueTable, conn: sa.Connection, writes: list[RowWrite], commi
 
     def publish() -> None:
         # replicators read the tail without the writer lock: it only ever holds committed rows
-        base, tail = table.queue_tail.get(tablet_index, (start, []))
-        if base + len(tail) != start:
-            base, tail = start, []
-        tail.extend(entries)
-        if len(tail) > tail_rows:
-            # a new list: a reader holding (base, tail) must never see indices shift under it
-            drop = len(tail) - tail_rows // 2
-            tail = tail[drop:]
-            base += drop
-        table.queue_tail[tablet_index] = (base, tail)
+        tail = table.queue_tail.get(tablet_index)
+        if not tail or tail[-1].end != start:
+            tail = []
+        tail.extend(runs)
+        if at - tail[0].start > tail_rows:
+            # a new list: a reader holding the tail must never see its runs shift under it
+            keep = at - tail_rows // 2
+            tail = tail[bisect_right(tail, keep, key=_START) - 1:]
+        table.queue_tail[tablet_index] = tail
 
     on_rollback(conn, undo)
     on_commit(conn, publish)
-    return len(entries)
+    return at - start
 
 
-def _runs(tablet_index: int, start: int, commit_ts: int, kinds: list[str],
-          payloads: list[str]) -> list[tuple[int, int, int, str, str, int]]:
-    """The SQL rows of one commit's changes to a tablet's queue: a row per run of changes of one kind
-    (one run, the usual commit of writes), its payloads joined by newlines (which JSON text never
-    holds outside its strings, where it is escaped), the run's length as its row count. One SQL row
-    for a commit of 10,000 changes writes about a third of the time 10,000 rows do."""
-    if kinds.count(kinds[0]) == len(kinds):
-        runs = [(start, kinds[0], payloads)]
+#: the text between two payloads of whole-row writes: where orjson's ``},{`` between two rows was
+_BETWEEN_ROWS = '},"update":false}\n{"row":{'
+
+
+def _texts(changes: list[RowWrite], kinds: list[str], doubles: list[str]) -> tuple[list[tuple[str, str, int]], bool]:
+    """The runs of one commit's changes to a tablet's queue as (kind, text, count): a run per run of
+    changes of one kind (one, the usual commit of writes), its payloads joined by newlines; and
+    whether every row is plain JSON (:func:`_payloads`).
+
+    The usual commit - whole-row writes, plain rows - is one orjson call and one ``str.replace``:
+    orjson's ``},{`` between two rows (exactly as many as row boundaries, :func:`_payloads`
+    checked) becomes the end of one payload, a newline and the start of the next. Other commits are
+    a payload per change joined per run. A payload holding a raw newline (neither encoder writes
+    one) would go as a run of its own."""
+    same_kind = kinds.count(kinds[0]) == len(kinds)
+    if same_kind and not any(map(_UPDATE, changes)):
+        whole, plain = _encode_rows(changes, doubles)
+        if plain:
+            text = '{"row":{' + whole[2:-2].decode().replace("},{", _BETWEEN_ROWS) + '},"update":false}'
+            return [(kinds[0], text, len(changes))], True
+    payloads, plain = _payloads(changes, doubles)
+    if same_kind:
+        grouped = [(kinds[0], payloads)]
     else:
-        runs = []
-        at = start
-        for kind, group in groupby(zip(kinds, payloads, strict=True), _FIRST):
-            run = list(map(_SECOND, group))
-            runs.append((at, kind, run))
-            at += len(run)
-    out: list[tuple[int, int, int, str, str, int]] = []
-    for first, kind, run in runs:
+        grouped = [(kind, list(map(_SECOND, group)))
+                   for kind, group in groupby(zip(kinds, payloads, strict=True), _FIRST)]
+    out: list[tuple[str, str, int]] = []
+    for kind, run in grouped:
         joined = "\n".join(run)
         if joined.count("\n") == len(run) - 1:
-            out.append((tablet_index, first, commit_ts, kind, joined, len(run)))
-        else:  # (a raw newline in a payload: neither encoder writes one; a row each, as before runs)
-            out.extend(zip(repeat(tablet_index), range(first, first + len(run)), repeat(commit_ts), repeat(kind), run,
-                           repeat(1)))
-    return out
+            out.append((kind, joined, len(run)))
+        else:
+            out.extend(zip(repeat(kind), run, repeat(1)))
+    return out, plain
 
 
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_FIRST, _SECOND, _START = itemgetter(0), itemgetter(1), attrgetter("start")
 #: queue rows a statement of a read from SQL takes (a row holds up to a commit's 100,000 changes)
 _READ_PAGE = 16
 
@@ -218,12 +272,42 @@ def read_sql(data: sa.Table, conn: sa.Connection, tablet_index: int, from_row: i
     return out if whole_commits else out[:limit]
 
 
-def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
-    """Up to ``limit`` committed changes from ``from_row`` on: from the in-memory tail, else from SQL."""
-    base, tail = table.queue_tail.get(tablet_index, (0, []))
-    if tail and base <= from_row:
-        return tail[from_row - base:from_row - base + limit]
-    return read_sql(table.sql.data, conn, tablet_index, from_row, limit)
+def read_runs_sql(data: sa.Table, conn: sa.Connection, tablet_index: int, from_row: int,
+                  limit: int) -> list[QueueRun]:
+    """The runs holding changes ``from_row`` on read from SQL, ``limit`` changes of them (fewer at
+    the end of the queue): the first run cut at ``from_row``, the last after the ``limit``-th change."""
+    held = _holding(data, conn, tablet_index, from_row)
+    at = held[0] if held is not None else from_row
+    stop = from_row + limit
+    out: list[QueueRun] = []
+    columns = (data.c[ROW_INDEX], data.c[ROW_COUNT], data.c[TS], data.c[KIND], data.c[PAYLOAD])
+    while True:
+        rows = conn.execute(sa.select(*columns).where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] >= at)
+                            .order_by(data.c[ROW_INDEX]).limit(_READ_PAGE)).all()
+        for first, count, ts, kind, text in rows:
+            run = QueueRun(int(first), int(count), int(ts), kind, text, None)
+            if run.start >= stop:
+                return out
+            out.append(run.cut(from_row, stop))
+        if len(rows) < _READ_PAGE or out and out[-1].end >= stop:
+            return out
+        at = int(rows[-1][0]) + 1
+
+
+def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueRun]:
+    """The runs holding up to ``limit`` committed changes from ``from_row`` on (the first and last
+    cut to them): from the in-memory tail, else from SQL."""
+    tail = table.queue_tail.get(tablet_index)
+    if tail and tail[0].start <= from_row:
+        stop = from_row + limit
+        i = bisect_right(tail, from_row, key=_START) - 1
+        out = []
+        while i < len(tail) and tail[i].start < stop:
+            if tail[i].end > from_row:
+                out.append(tail[i].cut(from_row, stop))
+            i += 1
+        return out
+    return read_runs_sql(table.sql.data, conn, tablet_index, from_row, limit)
 
 
 def timestamp_at(data: sa.Table, conn: sa.Connection, tablet_index: int, row: int) -> int | None:
@@ -336,21 +420,26 @@ def _block(schema: TableSchema, writes: list[RowWrite], start: int) -> ColumnBlo
     return ColumnBlock(names, values, start)
 
 
-def _payloads(writes: list[RowWrite], doubles: list[str]) -> tuple[list[str], bool]:
-    """:func:`_payload` of every write, with one orjson call for all the rows; and whether every
-    row is plain JSON (what orjson encodes as it is: no NaN, no infinity, nothing it refuses).
-
-    orjson encodes a list of flat rows as ``[{...},{...}]``; split at the ``},{`` between rows
-    (safe when there are exactly as many as row boundaries, i.e. no value holds one) each row is
-    wrapped into its payload. A ``null`` in the output may be a NaN or an infinity, which only
-    :func:`_payload` keeps: then, and for anything orjson refuses, each row is encoded alone."""
+def _encode_rows(writes: list[RowWrite], doubles: list[str]) -> tuple[bytes, bool]:
+    """Every write's row in one orjson call (``[{...},{...}]``), and whether every row is plain JSON
+    (what orjson encodes as it is: no NaN, no infinity, nothing it refuses) with the ``},{`` between
+    rows exactly the row boundaries (no value holds one). A ``null`` in the output may be a NaN or an
+    infinity, which only :func:`_payload` keeps."""
     try:
         whole = orjson.dumps([w.row for w in writes])
     except TypeError:
-        whole = b""
+        return b"", False
     plain = whole.startswith(b"[{") and whole.count(b"},{") == len(writes) - 1 and not (
         b"null" in whole and any(not math.isfinite(w.row[n]) for w in writes for n in doubles
                                  if w.row.get(n) is not None))
+    return whole, plain
+
+
+def _payloads(writes: list[RowWrite], doubles: list[str]) -> tuple[list[str], bool]:
+    """:func:`_payload` of every write, with one orjson call for all the rows when they are plain
+    (:func:`_encode_rows`): split at the ``},{`` between rows each row is wrapped into its payload;
+    else each row is encoded alone."""
+    whole, plain = _encode_rows(writes, doubles)
     if not plain:
         return [_payload(w, doubles) for w in writes], False
     parts = whole[2:-2].decode().split("},{")  # (one decode: the marker is ASCII, UTF-8 splits alike)

@@ -55,7 +55,7 @@ from ..storage import (
     read_locks_table,
 )
 from . import changes, xdcr
-from .queue import QueueEntry
+from .queue import QueueRun
 from .writes import ImageRun, RowWrite, WriteKind
 
 #: rows per SQL statement when we bind key lists
@@ -84,7 +84,7 @@ class SortedTable(Protocol):
     tablet_rows: dict[int, list[int]]
     change_seq: int
     change_log: bool
-    queue_tail: dict[int, tuple[int, list[QueueEntry]]]
+    queue_tail: dict[int, list[QueueRun]]
     pivot_keys: list[list[Any]]
     compacted_until: int
     has_read_locks: bool

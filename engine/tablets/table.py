@@ -44,7 +44,7 @@ from ..schema import TableSchema
 from ..storage import UserTables, on_commit, on_rollback
 from . import conflicts, ordered_rows, queue, sorted_rows
 from .keys import key_sort_tuple
-from .queue import QueueEntry
+from .queue import QueueRun
 from .writes import ImageRun, RowWrite
 
 #: a write's row
@@ -118,7 +118,7 @@ class DynamicTable:
     #: replicated tables: per tablet, the newest queue rows (first row index, entries). Replaced
     #: only by an on_commit hook (after the SQL commit, under Storage.write_lock); replicators read
     #: it without any lock (see ``queue.py``)
-    queue_tail: dict[int, tuple[int, list[QueueEntry]]] = field(default_factory=dict)
+    queue_tail: dict[int, list[QueueRun]] = field(default_factory=dict)
     #: change streams: the seq of the next change logged (``changes.py``); changed only under
     #: Storage.write_lock, inside the commit that logs (a rollback puts it back)
     change_seq: int = 0
@@ -328,8 +328,9 @@ class DynamicTable:
 
     # -- the replication queue (``queue.py``) ----------------------------------------------------
 
-    def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueEntry]:
-        """Up to ``limit`` committed changes of a replication queue from ``from_row`` on (no writer lock)."""
+    def read_queue(self, conn: sa.Connection, tablet_index: int, from_row: int, limit: int) -> list[QueueRun]:
+        """The runs holding up to ``limit`` committed changes of a replication queue from ``from_row`` on
+        (no writer lock)."""
         return queue.read(self, conn, tablet_index, from_row, limit)
 
     def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:

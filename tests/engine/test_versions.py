@@ -364,11 +364,11 @@ def test_a_rolled_back_commit_leaves_no_trace_in_memory(cluster: Cluster) -> Non
     assert queue.tablet_rows[0][0] == 1
     assert len(table.recent) == remembered
     with cluster.storage.read() as conn:
-        assert [e.row_index for e in queue.read_queue(conn, 0, 0, 10)] == [0]
+        assert [(run.start, run.rows) for run in queue.read_queue(conn, 0, 0, 10)] == [(0, 1)]
     cluster.rows.insert_rows("//tmp/rt", [{"k": 4, "v": "next"}], require_sync_replica=False)
     with cluster.storage.read() as conn:
-        entries = queue.read_queue(conn, 0, 0, 10)
-    assert [(e.row_index, orjson.loads(e.payload)["row"]["k"]) for e in entries] == [(0, 1), (1, 4)]
+        runs = queue.read_queue(conn, 0, 0, 10)
+    assert [(run.start, orjson.loads(run.text)["row"]["k"]) for run in runs] == [(0, 1), (1, 4)]
     assert cluster.rows.lookup_rows(PATH, [{"k": 2}]) == []
 
 

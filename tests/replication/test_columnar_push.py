@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 import sqlalchemy as sa
 
@@ -441,3 +442,82 @@ def test_a_run_is_trimmed_whole_once_every_replica_has_all_of_it(make_world: Cal
         assert queue.trim(world.table, conn, 0, 14, world.meta.timestamps.generate()) == 0
         assert queue.trim(world.table, conn, 0, 15, world.meta.timestamps.generate()) == 5
     assert queue_rows(world) == [] and world.table.tablet_rows[0] == [15, 15]
+
+
+def _runs(found: list[queue.QueueRun]) -> list[tuple[int, int, int, str, list[str]]]:
+    return [(r.start, r.rows, r.timestamp, r.kind, r.payloads()) for r in found]
+
+
+def test_runs_read_from_the_tail_and_from_sql_hold_the_same_changes(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    world.commit(rows(0, 10))
+    commit_writes(world, [RowWrite(WriteKind.WRITE, {"k": 20, "v": "a"}, 1),
+                          RowWrite(WriteKind.DELETE, {"k": 3}, 1),
+                          RowWrite(WriteKind.DELETE, {"k": 4}, 1)])
+    world.commit(rows(30, 4))
+    windows = [(0, 100), (0, 10), (3, 4), (7, 5), (9, 3), (10, 1), (11, 6), (16, 10), (17, 5)]
+    with world.meta.storage.read() as conn:
+        from_tail = [world.table.read_queue(conn, 0, start, limit) for start, limit in windows]
+        from_sql = [queue.read_runs_sql(world.table.sql.data, conn, 0, start, limit) for start, limit in windows]
+    assert [_runs(found) for found in from_tail] == [_runs(found) for found in from_sql]
+    # every window holds exactly its changes, in order, the first and last run cut to it
+    for (start, limit), found in zip(windows, from_tail, strict=True):
+        indices = [r.start + i for r in found for i in range(r.rows)]
+        assert indices == list(range(start, min(start + limit, 17)))
+        assert all(len(r.payloads()) == r.rows for r in found)
+    assert [r.block is not None for r in from_tail[0]] == [True, False, False, True]
+    assert all(r.block is None for found in from_sql for r in found)
+    assert [orjson.loads(p)["row"] for p in from_tail[3][0].payloads()] == [
+        {"k": k, "v": f"v{k}"} for k in (7, 8, 9)]
+
+
+def test_a_byte_bound_cuts_a_batch_inside_a_commit_and_every_change_arrives_once(
+        make_world: Callable[..., World]) -> None:
+    world = make_world(batch_bytes=100)
+    replica = world.add_replica("replica")
+    stamp = world.commit(rows(0, 10))  # a payload is 39 characters: two fit a batch
+    while world.replicate_once(replica):
+        pass
+    sent = [(b["prev_row_index"], b["row_index"], b["columnar"]["commits"]) for b in pushes(world)]
+    assert sent == [(k, k + 2, [[stamp, 2]]) for k in range(0, 10, 2)]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(10)]
+
+
+def test_a_change_over_the_byte_bound_still_goes_alone(make_world: Callable[..., World]) -> None:
+    world = make_world(batch_bytes=10)
+    replica = world.add_replica("replica")
+    world.commit(rows(0, 2))
+    while world.replicate_once(replica):
+        pass
+    assert [(b["prev_row_index"], b["row_index"]) for b in pushes(world)] == [(0, 1), (1, 2)]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(0, "v0"), (1, "v1")]
+
+
+def test_a_commit_bound_cuts_a_batch_between_commits(make_world: Callable[..., World]) -> None:
+    world = make_world(batch_timestamps=2)
+    replica = world.add_replica("replica")
+    stamps = [world.commit(rows(k, 1)) for k in range(5)]
+    while world.replicate_once(replica):
+        pass
+    assert [b["columnar"]["commits"] for b in pushes(world)] == [
+        [[stamps[0], 1], [stamps[1], 1]], [[stamps[2], 1], [stamps[3], 1]], [[stamps[4], 1]]]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(5)]
+
+
+def test_the_tail_keeps_whole_runs_within_its_bound_and_older_rows_come_from_sql(
+        make_world: Callable[..., World]) -> None:
+    world = make_world(batch_rows=8)
+    world.table.config = world.table.config.with_changes(queue_tail_rows=10)  # (the table's own tunables)
+    replica = world.add_replica("replica")
+    for k in range(0, 24, 4):
+        world.commit(rows(k, 4))
+    tail = world.table.queue_tail[0]
+    # past 10 rows the tail drops its oldest runs, keeping the run that holds the bound's half
+    assert tail[-1].end == 24 and tail[0].start > 0 and 24 - tail[0].start <= 10
+    assert [r.start for r in tail] == list(range(tail[0].start, 24, 4))
+    while world.replicate_once(replica):
+        pass
+    bodies = pushes(world)
+    assert "columnar" not in bodies[0]  # (rows older than the tail: read back from SQL, as entries)
+    assert [b["row_index"] for b in bodies] == [8, 16, 24] and "columnar" in bodies[-1]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(24)]
