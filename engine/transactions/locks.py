@@ -15,8 +15,9 @@ conflicts) and released outside it (after a commit or abort); the transaction la
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Iterable
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -32,15 +33,27 @@ class _LockHolder(NamedTuple):
     shared: bool
 
 
+#: a lock mode: (lock groups, shared)
+_MODE = attrgetter("mask", "kind", "shared")
+
+
 class LockTable:
-    """Row locks held by prepared (not yet committed) transactions."""
+    """Row locks held by prepared (not yet committed) transactions.
+
+    A sync replica's prepare locks a batch of up to 100,000 keys, and its commit releases them:
+    per table a map key -> holders (a tuple, shared by every key a prepare locked in one mode), so
+    that locking a batch of keys nobody holds and releasing them again are a few passes in C, not a
+    loop of Python per key (which were about a third of a sync replica's time in the sync + async
+    case of replication_vs_pg, benchmarks/README.md)."""
 
     def __init__(self) -> None:
-        #: (table id, key) -> holders. Guarded by ``_mutex`` (read without it only as a hint: is
-        #: anything locked at all?)
-        self._locks: dict[tuple[str, tuple[Any, ...]], list[_LockHolder]] = defaultdict(list)
-        #: the keys each transaction holds, so that a release touches only those. Guarded by ``_mutex``
-        self._by_tx: dict[str, list[tuple[str, tuple[Any, ...]]]] = {}
+        #: table id -> key -> its holders. A table without locks has no entry (so that the map is
+        #: empty when nothing is locked). Guarded by ``_mutex`` (read without it only as a hint:
+        #: is anything locked at all?)
+        self._locks: dict[str, dict[tuple[Any, ...], tuple[_LockHolder, ...]]] = {}
+        #: the keys each transaction locked, per acquire: (table id, keys, the holders tuple they
+        #: were given when the keys were free), so that a release touches only those. Guarded by ``_mutex``
+        self._by_tx: dict[str, list[tuple[str, list[tuple[Any, ...]], tuple[_LockHolder, ...] | None]]] = {}
         #: guards _locks and _by_tx; a leaf lock. Needed although locks are taken under the storage
         #: writer lock: they are released outside it (after a commit) and read under InFlight.cond
         self._mutex = threading.Lock()
@@ -58,61 +71,80 @@ class LockTable:
         if not self._locks:
             return found
         with self._mutex:
-            for key in keys:
-                for holder in self._locks.get((table_id, key), ()):
+            table_locks = self._locks.get(table_id)
+            if table_locks is None:
+                return found
+            for key in table_locks.keys() & keys:  # (the keys locked at all: a set operation in C)
+                for holder in table_locks[key]:
                     if holder.transaction_id != tx_id:
                         found.add(holder.transaction_id)
         return found
 
-    def conflict(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> str | None:
+    def conflict(self, table_id: str, keyed: dict[Any, RowWrite], tx_id: str) -> tuple[tuple[Any, ...], str] | None:
+        """The first of ``keyed``'s keys (in their order) locked by another transaction in a mode its
+        write conflicts with, and that transaction; None if none is."""
         with self._mutex:
-            holders = list(self._locks.get((table_id, key), ()))
-        for holder in holders:
-            if holder.transaction_id == tx_id:
-                continue
-            if holder.shared and write.kind is WriteKind.LOCK and write.shared:
-                continue
-            if holder.mask & write.mask or (holder.mask & 1) or (write.mask & 1):
-                return holder.transaction_id
+            table_locks = self._locks.get(table_id)
+            if table_locks is None:
+                return None
+            locked = {key: table_locks[key] for key in table_locks.keys() & keyed.keys()}
+        if not locked:
+            return None  # (the usual case, also while other prepares hold other keys)
+        for key, write in keyed.items():
+            for holder in locked.get(key, ()):
+                if holder.transaction_id == tx_id:
+                    continue
+                if holder.shared and write.kind is WriteKind.LOCK and write.shared:
+                    continue
+                if holder.mask & write.mask or (holder.mask & 1) or (write.mask & 1):
+                    return key, holder.transaction_id
         return None
 
-    def acquire(self, table_id: str, key: tuple[Any, ...], write: RowWrite, tx_id: str) -> None:
-        shared = write.kind is WriteKind.LOCK and write.shared
-        with self._mutex:
-            self._locks[(table_id, key)].append(_LockHolder(tx_id, write.mask, shared))
-            self._by_tx.setdefault(tx_id, []).append((table_id, key))
-
     def acquire_many(self, table_id: str, keyed: dict[Any, RowWrite], tx_id: str) -> None:
-        locks = self._locks
-        lock = WriteKind.LOCK
-        # (a sync batch locks up to 100,000 keys: one holder per distinct mode, shared by its keys -
-        # holders are immutable - and the keys' list extended at once)
-        made: dict[tuple[int, bool], _LockHolder] = {}
-        lock_keys = [(table_id, key) for key in keyed]
+        if not keyed:
+            return
+        writes = list(keyed.values())
+        first = writes[0]
+        # one lock mode for every key (the usual batch: one write object shared by its keys, or
+        # writes of one kind and mask): one holders tuple for all of them
+        one_mode = sum(map(is_, writes, repeat(first))) == len(writes) or len(set(map(_MODE, writes))) == 1
+        keys = list(keyed)
         with self._mutex:
-            for lock_key, write in zip(lock_keys, keyed.values(), strict=True):
-                mode = (write.mask, write.kind is lock and write.shared)
-                holder = made.get(mode)
-                if holder is None:
-                    holder = made[mode] = _LockHolder(tx_id, *mode)
-                locks[lock_key].append(holder)
-            self._by_tx.setdefault(tx_id, []).extend(lock_keys)
+            table_locks = self._locks.setdefault(table_id, {})
+            if one_mode:
+                mine = (_LockHolder(tx_id, first.mask, first.kind is WriteKind.LOCK and first.shared),)
+                if table_locks.keys().isdisjoint(keys):
+                    table_locks.update(dict.fromkeys(keys, mine))
+                    self._by_tx.setdefault(tx_id, []).append((table_id, keys, mine))
+                    return
+                for key in keys:
+                    table_locks[key] = table_locks.get(key, ()) + mine
+            else:
+                made: dict[tuple[int, bool], _LockHolder] = {}
+                for key, write in zip(keys, writes, strict=True):
+                    mode = (write.mask, write.kind is WriteKind.LOCK and write.shared)
+                    holder = made.get(mode)
+                    if holder is None:
+                        holder = made[mode] = _LockHolder(tx_id, *mode)
+                    table_locks[key] = table_locks.get(key, ()) + (holder,)
+            self._by_tx.setdefault(tx_id, []).append((table_id, keys, None))
 
     def release(self, tx_id: str) -> None:
-        locks = self._locks
         with self._mutex:
-            for lock_key in self._by_tx.pop(tx_id, ()):
-                holders = locks.get(lock_key)
-                if holders is None:
+            for table_id, keys, mine in self._by_tx.pop(tx_id, ()):
+                table_locks = self._locks.get(table_id)
+                if table_locks is None:
                     continue
-                if len(holders) == 1 and holders[0].transaction_id == tx_id:
-                    del locks[lock_key]  # (the usual case: the key's only holder, no list to make)
-                    continue
-                holders = [h for h in holders if h.transaction_id != tx_id]
-                if holders:
-                    locks[lock_key] = holders
-                else:
-                    del locks[lock_key]
+                # every key's holders out at once; the keys others hold too go back without this one's
+                held = list(map(table_locks.pop, keys, repeat(())))
+                if mine is None or held.count(mine) != len(held):
+                    for key, holders in zip(keys, held, strict=True):
+                        if holders is not mine:
+                            rest = tuple(h for h in holders if h.transaction_id != tx_id)
+                            if rest:
+                                table_locks[key] = rest
+                if not table_locks:
+                    del self._locks[table_id]
 
 
 def check_conflicts(conn: sa.Connection, lock_table: LockTable, metrics: EngineMetrics, tx_id: str, start_ts: int,
@@ -126,10 +158,9 @@ def check_conflicts(conn: sa.Connection, lock_table: LockTable, metrics: EngineM
     if keyed is None:
         keyed = table.keyed(writes)
     if lock_table:
-        for key, write in keyed.items():
-            holder = lock_table.conflict(table.table_id, key, write, tx_id)
-            if holder is not None:
-                raise _conflict_error(metrics, tx_id, start_ts, path, key, f"a lock held by transaction {holder}")
+        locked = lock_table.conflict(table.table_id, keyed, tx_id)
+        if locked is not None:
+            raise _conflict_error(metrics, tx_id, start_ts, path, locked[0], f"a lock held by transaction {locked[1]}")
     found = table.find_conflicts(conn, keyed, start_ts)
     if found is not None:
         raise _conflict_error(metrics, tx_id, start_ts, path, found[0], found[1])
