@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ErrorCode, YtError
@@ -104,14 +104,21 @@ def encode_writes(writes: list[RowWrite]) -> dict[str, Any]:
 
     Rows that all name the same columns go as ``columns`` (their names) and ``values`` (a list per
     column), which the receiver decodes and checks a column at a time; other rows as ``rows``."""
-    rows = [w.row for w in writes]
+    rows = list(map(_ROW, writes))
     out: dict[str, Any] = _row_columns(rows) or {"rows": rows}
-    for name, values in (("kind", [w.kind.value for w in writes]), ("mask", [w.mask for w in writes]),
-                         ("update", [w.update for w in writes]), ("shared", [w.shared for w in writes]),
-                         ("strong", [w.strong for w in writes])):
+    for name, field in _FIELDS:
+        values = list(map(field, writes))  # (C passes: a prepare carries up to 100,000 writes)
         first: Any = values[0] if values else None
-        out[name] = first if values.count(first) == len(values) else values
+        if values.count(first) == len(values):
+            out[name] = first.value if name == "kind" and values else first
+        else:
+            out[name] = [v.value for v in values] if name == "kind" else values
     return out
+
+
+_ROW = attrgetter("row")
+#: the fields of a write :func:`encode_writes` sends beside its row
+_FIELDS = tuple((name, attrgetter(name)) for name in ("kind", "mask", "update", "shared", "strong"))
 
 
 def _row_columns(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
