@@ -307,7 +307,39 @@ def read(table: QueueTable, conn: sa.Connection, tablet_index: int, from_row: in
                 out.append(tail[i].cut(from_row, stop))
             i += 1
         return out
-    return read_runs_sql(table.sql.data, conn, tablet_index, from_row, limit)
+    return [_with_columns(table.schema, run) for run in read_runs_sql(table.sql.data, conn, tablet_index, from_row,
+                                                                       limit)]
+
+
+def _with_columns(schema: TableSchema, run: QueueRun) -> QueueRun:
+    """A run read back from SQL with its columns, when it is whole-row writes whose payloads are
+    plain JSON: what the tail would have held. A replica behind the in-memory tail (after an
+    outage, or slower than the writes) then gets columns as one that keeps up does, instead of
+    entries, which cost it about twice the CPU per row (benchmarks/README.md): the meta parses the
+    run's text once (one orjson call) for every replica that reads it. Any other run is returned as
+    it is: deletes, updates, a payload JSON cannot parse as it is (NaN or infinity, which only the
+    standard encoder wrote), a table with ``any`` columns (their YSON text)."""
+    if run.kind != "write" or any(c.type is ColumnType.ANY for c in schema.columns):
+        return run
+    try:
+        changes = orjson.loads("[" + run.text.replace("\n", ",") + "]")
+    except orjson.JSONDecodeError:
+        return run
+    if len(changes) != run.rows or set(map(type, changes)) != {dict} or set(map(len, changes)) != {2}:
+        return run
+    try:
+        if list(map(itemgetter("update"), changes)).count(False) != run.rows:
+            return run
+        rows = list(map(itemgetter("row"), changes))
+    except KeyError:
+        return run
+    if set(map(type, rows)) != {dict}:
+        return run
+    names = tuple(c.name for c in schema.columns)
+    if not set().union(*map(dict.keys, rows)) <= set(names):
+        return run  # (a column the schema no longer has: as entries, which name it)
+    values = [list(map(methodcaller("get", name), rows)) for name in names]
+    return run._replace(block=ColumnBlock(names, values, run.start))
 
 
 def timestamp_at(data: sa.Table, conn: sa.Connection, tablet_index: int, row: int) -> int | None:

@@ -93,15 +93,49 @@ def test_a_batch_with_a_delete_or_an_update_goes_as_entries(make_world: Callable
     assert world.remote.rows(world.replica_tables[replica.id]) == [(0, "v0"), (2, "updated")]
 
 
-def test_a_batch_read_back_from_sql_goes_as_entries(make_world: Callable[..., World]) -> None:
+def test_whole_rows_read_back_from_sql_go_as_columns(make_world: Callable[..., World]) -> None:
+    world = make_world(batch_rows=4)
+    replica = world.add_replica("replica")
+    t1, t2 = world.commit(rows(0, 6)), world.commit(rows(6, 3))
+    world.table.queue_tail.clear()  # (as after a restart: the replicator reads the queue from SQL)
+    while world.replicate_once(replica):
+        pass
+    sent = [(b["prev_row_index"], b["row_index"], b["columnar"]["commits"], b["columnar"]["values"])
+            for b in pushes(world)]
+    # (runs cut inside a commit carry the part of each, as from the tail)
+    assert sent == [(0, 4, [[t1, 4]], [[0, 1, 2, 3], ["v0", "v1", "v2", "v3"]]),
+                    (4, 8, [[t1, 2], [t2, 2]], [[4, 5, 6, 7], ["v4", "v5", "v6", "v7"]]),
+                    (8, 9, [[t2, 1]], [[8], ["v8"]])]
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(9)]
+
+
+def test_changes_read_back_from_sql_that_are_not_plain_whole_rows_go_as_entries(
+        make_world: Callable[..., World]) -> None:
     world = make_world()
     replica = world.add_replica("replica")
-    world.commit(rows(0, 10))
-    world.table.queue_tail.clear()  # (as after a restart: the replicator reads the queue from SQL)
+    world.commit(rows(0, 3))
+    commit_writes(world, [RowWrite(WriteKind.DELETE, {"k": 1}, 1)])
+    commit_writes(world, [RowWrite(WriteKind.WRITE, {"k": 2, "v": "updated"}, 1, update=True)])
+    world.table.queue_tail.clear()
     world.replicate_once(replica)
     [body] = pushes(world)
-    assert "columnar" not in body and len(body["entries"]) == 10
-    assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(10)]
+    assert "columnar" not in body and len(body["entries"]) == 5
+    assert world.remote.rows(world.replica_tables[replica.id]) == [(0, "v0"), (2, "updated")]
+
+
+def test_doubles_json_cannot_carry_read_back_from_sql_go_as_entries(make_world: Callable[..., World]) -> None:
+    schema = [*SORTED, {"name": "d", "type": "double"}]
+    world = make_world(schema)
+    replica = world.add_replica("replica")
+    world.commit([{"k": 0, "v": "a", "d": 1.5}, {"k": 1, "v": "b", "d": float("inf")}])
+    world.commit([{"k": 2, "v": "c", "d": 2.5}])
+    world.table.queue_tail.clear()
+    world.replicate_once(replica)
+    [body] = pushes(world)
+    assert "columnar" not in body and len(body["entries"]) == 3
+    assert stored(world.remote, world.replica_tables[replica.id], "k", "d") == [
+        (0, 1.5, body["entries"][0]["timestamp"]), (1, float("inf"), body["entries"][0]["timestamp"]),
+        (2, 2.5, body["entries"][2]["timestamp"])]
 
 
 def test_a_column_null_in_every_row_is_left_out(make_world: Callable[..., World]) -> None:
@@ -518,6 +552,6 @@ def test_the_tail_keeps_whole_runs_within_its_bound_and_older_rows_come_from_sql
     while world.replicate_once(replica):
         pass
     bodies = pushes(world)
-    assert "columnar" not in bodies[0]  # (rows older than the tail: read back from SQL, as entries)
-    assert [b["row_index"] for b in bodies] == [8, 16, 24] and "columnar" in bodies[-1]
+    # (rows older than the tail are read back from SQL, and go as columns too)
+    assert [b["row_index"] for b in bodies] == [8, 16, 24] and all("columnar" in b for b in bodies)
     assert world.remote.rows(world.replica_tables[replica.id]) == [(k, f"v{k}") for k in range(24)]
