@@ -13,7 +13,6 @@ period late), too wide to catch the regression it would be for; benchmarks/regre
 from __future__ import annotations
 
 import io
-import os
 import time
 from pathlib import Path
 
@@ -21,15 +20,9 @@ import pytest
 
 from benchmarks import failover_bench as bench
 
+from .quick import alive
+
 pytestmark = pytest.mark.timeout(90)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_one_failover_keeps_every_acknowledged_write(tmp_path: Path) -> None:
@@ -55,7 +48,7 @@ def test_one_failover_keeps_every_acknowledged_write(tmp_path: Path) -> None:
     # the phases add up to the window
     assert sum(trial.phases[p] for p in bench.PHASES) == pytest.approx(trial.window_s, abs=1e-6)
 
-    assert len(result.engine_pids) == 3 and not any(_alive(pid) for pid in result.engine_pids)
+    assert len(result.engine_pids) == 3 and not any(alive(pid) for pid in result.engine_pids)
     assert not list(tmp_path.iterdir()), "the benchmark's temporary directory must be removed"
 
     out = io.StringIO()

@@ -27,15 +27,9 @@ import pytest
 from benchmarks import ha_bench as bench
 from reptables.testing import backends
 
+from .quick import alive
+
 pytestmark = pytest.mark.timeout(120)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_quick_leader_kills_lose_no_acknowledged_write(tmp_path: Path) -> None:
@@ -83,7 +77,7 @@ def test_quick_leader_kills_lose_no_acknowledged_write(tmp_path: Path) -> None:
         assert label in texts, label
 
     # everything stopped and removed: the engines (the killed ones restarted, too), the database, the directory
-    assert len(result.pids) >= 5 and not any(_alive(pid) for pid in result.pids)
+    assert len(result.pids) >= 5 and not any(alive(pid) for pid in result.pids)
     assert not list(work.iterdir()), "the benchmark's temporary directory must be removed"
     assert server.psql(ours) == "0"
 

@@ -14,24 +14,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .quick import alive
+
 pytestmark = pytest.mark.timeout(150)
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "scale_bench.py"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_tiny_points_report_every_figure_and_stop_their_engines(tmp_path: Path) -> None:
@@ -51,7 +44,7 @@ def test_tiny_points_report_every_figure_and_stop_their_engines(tmp_path: Path) 
         assert all(t > 0 for t in p["threads"].values()) and all(r > 0 for r in p["rss_mib"].values())
         assert all(c >= 0 for c in p["idle_cpu_pct"].values())
         assert p["create_s"] > 0 and 0 < p["commit_p50_ms"] and 0 < p["lookup_p50_ms"] and 0 < p["fan_out_s"] < 60
-        assert not any(_alive(pid) for pid in p["pids"].values())
+        assert not any(alive(pid) for pid in p["pids"].values())
     tables = [p for p in points if p["dimension"] == "tables"]
     assert all(p["first_batch_s_per_table"] > 0 and p["last_batch_s_per_table"] > 0 for p in tables)
     # the goals are judged at the largest tables point, one line each
@@ -86,5 +79,5 @@ def test_the_quick_operator_point_brings_every_object_to_ready_and_reports_the_o
     row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == [str(n), str(figures["table_objects"])])
     assert f"{figures['api_requests']} ({figures['api_writes']})" in row
     assert set(figures["pids"]) == {"operator", "emulator"}
-    assert not any(_alive(pid) for pid in [*figures["pids"].values(), *point["pids"].values()])
+    assert not any(alive(pid) for pid in [*figures["pids"].values(), *point["pids"].values()])
     assert not list(tmp_path.glob("reptables-scale-*")), "the benchmark's temporary directory must be removed"
