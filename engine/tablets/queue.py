@@ -335,11 +335,9 @@ def _with_columns(schema: TableSchema, run: QueueRun) -> QueueRun:
         return run
     if set(map(type, rows)) != {dict}:
         return run
-    names = tuple(c.name for c in schema.columns)
-    if not set().union(*map(dict.keys, rows)) <= set(names):
+    if not set().union(*map(dict.keys, rows)) <= schema.by_name.keys():
         return run  # (a column the schema no longer has: as entries, which name it)
-    values = [list(map(methodcaller("get", name), rows)) for name in names]
-    return run._replace(block=ColumnBlock(names, values, run.start))
+    return run._replace(block=_rows_block(schema, rows, run.start))
 
 
 def timestamp_at(data: sa.Table, conn: sa.Connection, tablet_index: int, row: int) -> int | None:
@@ -443,8 +441,12 @@ def _block(schema: TableSchema, writes: list[RowWrite], start: int) -> ColumnBlo
     (their YSON text is parsed back on the replica)."""
     if any(c.type is ColumnType.ANY for c in schema.columns):
         return None
+    return _rows_block(schema, [w.row for w in writes], start)
+
+
+def _rows_block(schema: TableSchema, rows: list[dict[str, Any]], start: int) -> ColumnBlock:
+    """Whole rows as the schema's columns, a C pass per column (a column a row lacks is null)."""
     names = tuple(c.name for c in schema.columns)
-    rows = [w.row for w in writes]
     try:
         values = [list(map(itemgetter(name), rows)) for name in names]
     except KeyError:
