@@ -172,6 +172,8 @@ def test_a_cluster_removed_from_the_directory_is_cut_off(cs: ClusterSet) -> None
     _, own_id, own_path = replicated_pair(cs, ROGUE, enable=False)
     replica = cs.client(REPLICA)
     entry = replica.get(f"//sys/clusters/{ROGUE}")
+    # the credential is accepted (and remembered as verified) first: the removal cuts it off all the same
+    assert call(cs, "table_info", {"path": own_path}, caller=ROGUE).status_code == 200
     replica.remove(f"//sys/clusters/{ROGUE}", recursive=True)
     try:
         ts = cs.meta.generate_timestamp()
