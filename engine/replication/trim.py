@@ -77,10 +77,10 @@ class QueueTrimmer:
                 low = min((r.progress_of(tablet).row_index for r in hold), default=rows)
                 return low, trimmed
 
-            for tablet in range(table.tablet_count):
-                rows, trimmed = table.tablet_rows.get(tablet, [0, 0])
-                if rows <= trimmed:
-                    continue  # an empty queue
+            # (the tablets with a row count at all; an idle table's pass is a look at each of them)
+            for tablet, (rows, trimmed) in list(table.tablet_rows.items()):
+                if rows <= trimmed or tablet >= table.tablet_count:
+                    continue  # an empty queue (or a tablet of an earlier layout: never trimmed here)
                 if ttl_horizon is None:
                     ttl_ms = int(node.attributes.get("min_replication_log_ttl", DEFAULT_MIN_REPLICATION_LOG_TTL_MS))
                     ttl_horizon = host.timestamps.last - (ttl_ms << COUNTER_BITS) // 1000
