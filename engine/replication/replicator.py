@@ -178,8 +178,10 @@ class Replicator:
             return False
         if not self.throttle_allows(tablet):
             return False
-        with self.host.storage.read() as conn:
-            runs = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
+        runs = table.read_queue_tail(tablet, progress.row_index, config.batch_rows)
+        if runs is None:  # behind the in-memory tail: from SQL
+            with self.host.storage.read() as conn:
+                runs = table.read_queue(conn, tablet, progress.row_index, config.batch_rows)
         # the batch is cut at batch_rows rows (the read), batch_bytes bytes or batch_timestamps commits;
         # under a replication_throttler also at its limit, so that no period sends more than the limit
         # (the seed's limit is an average over the period: a burst bigger than one period's budget is not one)

@@ -333,6 +333,11 @@ class DynamicTable:
         (no writer lock)."""
         return queue.read(self, conn, tablet_index, from_row, limit)
 
+    def read_queue_tail(self, tablet_index: int, from_row: int, limit: int) -> list[QueueRun] | None:
+        """:meth:`read_queue` from the in-memory tail, without a connection; None if the rows from
+        ``from_row`` are no longer (or not) held there."""
+        return queue.read_tail(self, tablet_index, from_row, limit)
+
     def first_timestamp_from(self, conn: sa.Connection, tablet_index: int, from_row: int) -> int | None:
         """Commit timestamp of the queue row at ``from_row`` (the oldest unreplicated change)."""
         return queue.first_timestamp_from(self, conn, tablet_index, from_row)
