@@ -108,11 +108,14 @@ class Engines:
 
     def __init__(self, timeout: float = ENGINE_TIMEOUT) -> None:
         self.timeout = timeout
-        #: guards the three maps below; a leaf (closing a client only closes its sockets)
+        #: guards the maps and the set below; a leaf (closing a client only closes its sockets)
         self._lock = threading.Lock()
         self._clusters: dict[str, ClusterRef] = {}  # guarded by _lock
         self._clients: dict[str, tuple[ClusterRef, Client]] = {}  # guarded by _lock
         self._written: dict[str, Directory] = {}  # guarded by _lock
+        #: uids of the XdcrGroups whose engines this operator found running with their ids
+        #: (``xdcr_members.applicable``); guarded by _lock
+        self._checked_groups: set[str] = set()
 
     def update(self, clusters: Iterable[ClusterRef]) -> None:
         with self._lock:
@@ -144,6 +147,19 @@ class Engines:
             cached = self._clients.pop(name, None)
         if cached is not None:
             cached[1].close()
+
+    def note_group_checked(self, uid: str, ok: bool) -> None:
+        """Whether the engines of XdcrGroup ``uid`` were just found running with their ids (True) or
+        not (False): a group whose engines were never checked lists no peers in any directory."""
+        with self._lock:
+            if ok:
+                self._checked_groups.add(uid)
+            else:
+                self._checked_groups.discard(uid)
+
+    def group_checked(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._checked_groups
 
     def written_directory(self, name: str) -> Directory | None:
         """The directory last written to ``name``'s engine by this operator, if any."""

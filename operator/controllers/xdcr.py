@@ -112,15 +112,19 @@ def reconcile_xdcr_group(res: Resource, world: World) -> Outcome:
             continue
         actual = status.get("cluster_id")
         if actual is None:
+            world.engines.note_group_checked(res.uid, False)
             return _not_applied(res, GroupProblem(CLUSTER_ID_MISSING, (
                 f"{res.display}: the engine of TableCluster {name} runs without an XDCR cluster id; start it with "
                 f"--cluster-id {declared} (its spec.clusterId); nothing is applied")))
         if actual != declared:
+            world.engines.note_group_checked(res.uid, False)
             return _not_applied(res, GroupProblem(CLUSTER_ID_MISMATCH, (
                 f"{res.display}: the engine of TableCluster {name} runs with --cluster-id {actual}, its "
                 f"spec.clusterId is {declared}; nothing is applied")))
         clients[name] = client
         before[name] = status
+    # the engines that answered run with their ids: the directories may list the group's peers now
+    world.engines.note_group_checked(res.uid, True)
     if spec.reset is not None:
         unreachable.pop(spec.reset.cluster, None)  # it is leaving the group: being down is expected
     # 2. apply on every member that answers

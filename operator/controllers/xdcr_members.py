@@ -65,9 +65,19 @@ def group_problem(res: Resource, world: World) -> GroupProblem | None:
 
 
 def applicable(group: Resource, world: World) -> bool:
-    """Whether the group may act on its engines: a valid manifest whose engines run with their ids."""
-    refused = conditions.reason_of(group.status.get("conditions"), ConditionType.READY) in ENGINE_ID_PROBLEMS
-    return not group.deleting and not refused and group_problem(group, world) is None
+    """Whether the group may act on its engines: a valid manifest whose engines run with their ids.
+
+    A new group is not applicable until its reconciler has looked at its engines (it then writes a
+    Ready condition, and this operator remembers the check: ``Engines.note_group_checked``): a
+    TableCluster's reconcile that ran in between listed the group's peers in its engine's
+    directory, and a group then refused for an engine without ``--cluster-id`` had changed that
+    engine after all, though its condition says nothing is applied."""
+    reason = conditions.reason_of(group.status.get("conditions"), ConditionType.READY)
+    if reason in ENGINE_ID_PROBLEMS:
+        return False
+    if reason is None and not world.engines.group_checked(group.uid):
+        return False
+    return not group.deleting and group_problem(group, world) is None
 
 
 def xdcr_peers(name: str, world: World) -> set[str]:

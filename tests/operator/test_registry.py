@@ -139,3 +139,27 @@ def test_what_reconcilers_derive_from_whole_kinds_follows_every_spec_change_but_
     assert world.derived(("TableReplica",), "n", count) == 1 and len(computed) == 3
     reg.remove("TableReplica", "shop", "r0")
     assert needed_clusters("meta", world) == set()
+
+
+def test_a_new_xdcr_groups_peers_reach_no_directory_until_its_engines_were_checked() -> None:
+    """A TableCluster's reconcile that runs before the group's own (which checks that every engine
+    runs with its ``--cluster-id``) must not list the group's peers: a group then refused for an
+    engine without an id would have changed that engine's ``//sys/clusters`` after all."""
+    from reptables.operator.controllers.xdcr_members import xdcr_peers
+
+    def cluster_with_id(name: str, cluster_id: int) -> dict[str, Any]:
+        doc = cluster(name)
+        doc["spec"]["clusterId"] = cluster_id
+        return doc
+
+    group = {"apiVersion": API, "kind": "XdcrGroup", "metadata": {"name": "users", "uid": "u-1", "generation": 1},
+             "spec": {"clusters": ["east", "west"],
+                      "tables": [{"path": "//home/users", "schema": [
+                          {"name": "id", "type": "int64", "sortOrder": "ascending"}]}]}}
+    reg = registry(cluster_with_id("east", 1), cluster_with_id("west", 2), group)
+    world = reg.world()
+    assert xdcr_peers("east", world) == set()  # not looked at yet
+    world.engines.note_group_checked("u-1", True)  # its reconciler found both engines with their ids
+    assert xdcr_peers("east", world) == {"west"} and xdcr_peers("west", world) == {"east"}
+    world.engines.note_group_checked("u-1", False)  # an engine found without its id
+    assert xdcr_peers("east", world) == set()
