@@ -6,8 +6,9 @@ cluster's XDCR peers in its ``//sys/clusters`` only for a group that may act. Ke
 both so that neither imports the other.
 
 A group may act when every cluster of it is a TableCluster, their ``clusterId``\\ s differ, no older
-group holds one of them, and its engines were not found running with another id (the Ready reason
-the reconciler wrote, ``ENGINE_ID_PROBLEMS``).
+group holds one of them, and its engines were checked and not found running with another id or
+none (the Ready reason the reconciler wrote, ``ENGINE_ID_PROBLEMS``; a new group's engines count as
+checked once this operator's reconciler has looked at them, ``Engines.note_group_checked``).
 """
 
 from __future__ import annotations
