@@ -17,6 +17,7 @@ from .statements import (
     array_parameter,
     bulk_insert,
     on_driver,
+    on_driver_count,
     on_driver_each,
     positional,
     system_upsert,
@@ -40,7 +41,7 @@ from .system_tables import (
 __all__ = [
     "changes_table", "commits_table", "consumers_table", "DatabaseRefused", "DatabaseReservation", "DataDir",
     "BulkStatement", "DELETED", "FastStatement", "KIND", "LOCK_MASK", "meta_table", "new_database_id", "nodes_table",
-    "on_commit", "on_driver", "on_driver_each",
+    "on_commit", "on_driver", "on_driver_count", "on_driver_each",
     "on_rollback", "open_data_dir", "open_database", "positional", "PAYLOAD", "prepared_table", "read_locks_table",
     "replica_progress_table", "replica_sink_table", "ROW_COUNT", "ROW_INDEX", "Storage", "storage_for_data_dir",
     "system_upsert",

@@ -115,7 +115,9 @@ class UserTables:
 
     def bulk(self, name: str, conn: sa.Connection) -> BulkStatement:
         """A cached compiled statement: "insert:data", "upsert:data", "insert:versions", "point:data"
-        (one row by its key), "max:data" (the largest value of the first key column)."""
+        (one row by its key), "max:data" (the largest value of the first key column), "compact:versions"
+        (the compaction's delete of the versions no read at or after ``horizon`` can see: see
+        :meth:`_compaction`)."""
         cache = self.__dict__.setdefault("_bulk", {})
         key = (name, conn.dialect.name)
         stmt = cache.get(key)
@@ -131,10 +133,30 @@ class UserTables:
                 statement = sa.select(sa.func.max(table.c[self.schema.key_names[0]]))
             elif kind == "upsert":
                 statement = upsert(table, conn.dialect)
+            elif kind == "compact":
+                statement = self._compaction()
             else:
                 statement = table.insert()
             stmt = cache[key] = BulkStatement(statement, conn.dialect)
         return stmt
+
+    def _compaction(self) -> sa.ClauseElement:
+        """DELETE the versions at or before ``:horizon`` that are tombstones or superseded at or before
+        it (by a newer version, or by the data row): a read at or after the horizon sees, per key, the
+        newest version at or before it, so it never sees them again. Compiled once per table (the
+        compaction pass visits every table written since its last pass: built anew each time,
+        SQLAlchemy's compiled cache, 500 statements, did not hold them at 1,000 tables)."""
+        data, versions = self.data, self.versions
+        assert versions is not None
+        names = self.schema.key_names
+        horizon = sa.bindparam("horizon", type_=sa.BigInteger)
+        newer = versions.alias("newer")
+        superseded = sa.or_(
+            sa.exists().where(*[newer.c[k] == versions.c[k] for k in names],
+                              newer.c[TS] > versions.c[TS], newer.c[TS] <= horizon),
+            sa.exists().where(*[data.c[k] == versions.c[k] for k in names], data.c[TS] <= horizon))
+        return versions.delete().where(versions.c[TS] <= horizon,
+                                       sa.or_(versions.c[DELETED] == sa.true(), superseded))
 
     @property
     def data_columns(self) -> list[str]:

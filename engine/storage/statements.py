@@ -71,6 +71,12 @@ class BulkStatement:
         """Run a query once on the driver (:func:`on_driver`) and return its rows."""
         return on_driver(conn, self.sql, params)
 
+    def count(self, conn: sa.Connection, values: dict[str, Any]) -> int:
+        """Run a write (an UPDATE or DELETE) once on the driver with the named ``values`` (a name may
+        stand at several places of the statement) and return the number of rows it changed."""
+        params = tuple(values[n] for n in self.names) if self.positional else {n: values[n] for n in self.names}
+        return on_driver_count(conn, self.sql, params)
+
     def run(self, conn: sa.Connection, rows: list[tuple[Any, ...]], columns: list[str]) -> None:
         """``rows`` are tuples in the order of ``columns``."""
         if not rows:
@@ -358,6 +364,19 @@ def on_driver(conn: sa.Connection, sql: str, params: Any, many: bool = False) ->
             return []
         cursor.execute(sql, params)
         return cast(list[Any], cursor.fetchall()) if cursor.description is not None else []
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _wrapped(conn, cursor, sql, exc) from exc
+    finally:
+        cursor.close()
+
+
+def on_driver_count(conn: sa.Connection, sql: str, params: Any) -> int:
+    """:func:`on_driver` of one write, returning the number of rows it changed (the cursor's
+    ``rowcount``). Errors as :func:`on_driver`'s."""
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql, params)
+        return max(0, int(cursor.rowcount))
     except conn.dialect.loaded_dbapi.Error as exc:
         raise _wrapped(conn, cursor, sql, exc) from exc
     finally:

@@ -42,6 +42,7 @@ from ..errors import ErrorCode, SchemaViolation, TabletStateError, YtError
 from ..query import QuerySource
 from ..schema import TableSchema
 from ..storage import UserTables, on_commit, on_rollback
+from ..timestamps import COUNTER_BITS
 from . import conflicts, ordered_rows, queue, sorted_rows
 from .keys import key_sort_tuple
 from .queue import QueueRun
@@ -49,6 +50,8 @@ from .writes import ImageRun, RowWrite
 
 #: a write's row
 _ROW = attrgetter("row")
+#: commit timestamps are ``(unix seconds << 30) | counter``: this shift gives a 64-second span
+_MARK_SHIFT = COUNTER_BITS + 6
 
 
 class TabletState(StrEnum):
@@ -94,11 +97,21 @@ class DynamicTable:
     #: Storage.write_lock; kept on the table's node (``_rt_compacted_until``)
     compacted_until: int = 0
     #: the horizon of the last compaction pass over the table (0: none yet in this process). While
-    #: ``applied_ts`` is not past it and nothing was applied since (``compaction_due``), no version
-    #: can have become droppable: the pass is skipped, so an idle table costs no write transaction
-    #: every pass. Both changed only under Storage.write_lock
+    #: ``applied_ts`` is not past it, no version can have become droppable. Changed only under
+    #: Storage.write_lock
     compacted_through: int = 0
+    #: a compaction pass is due whatever :attr:`compaction_marks` say (set at start-up: the versions
+    #: kept before it were superseded by commits this process never saw). Under Storage.write_lock
     compaction_due: bool = True
+    #: the commits a compaction pass has not yet covered, as the smallest commit timestamp of each
+    #: 64-second span that had one (ascending). A version becomes droppable only once a pass's horizon
+    #: reaches the commit that superseded it, so a pass whose horizon is before the first mark has
+    #: nothing to drop and is skipped: with the default ``@min_data_ttl`` of 30 minutes, a table
+    #: written once was otherwise visited by every pass for 30 minutes (a write transaction each,
+    #: every 30 s: at 1,000 tables, seconds of CPU a pass). At most one mark per span: 29 for 30
+    #: minutes of writes. Changed only under Storage.write_lock (a rolled-back commit leaves its mark:
+    #: at worst one pass too many)
+    compaction_marks: list[int] = field(default_factory=list)
     #: a replica table accepts writes only from this upstream replica (None: from anyone)
     upstream_replica_id: str | None = None
     #: whether _rt_read_locks may hold rows of this table (skips a query per commit when not)
@@ -300,8 +313,8 @@ class DynamicTable:
         on_rollback(conn, lambda: setattr(self, "change_seq", seq))
         if commit_ts > self.applied_ts:
             self.applied_ts = commit_ts  # (not put back on a rollback: a start too late skips nothing kept)
-        self.compaction_due = True  # (likewise: at worst one pass too many)
         if self.sorted:
+            self.mark_for_compaction(commit_ts)
             if keyed is None:
                 keyed = self.keyed(writes)
             by_key = keyed
@@ -315,7 +328,7 @@ class DynamicTable:
                       keyed: dict[Any, RowWrite] | None) -> int:
         if commit_ts > self.applied_ts:
             self.applied_ts = commit_ts
-        self.compaction_due = True
+        self.mark_for_compaction(commit_ts)
         written = sorted_rows.apply_images(self, conn, run, commit_ts)
         # conflict checks read a remembered write's kind and lock mask only: one write for all keys
         by_key = keyed if keyed is not None else run.keyed()
@@ -375,6 +388,40 @@ class DynamicTable:
                           "raise @min_data_ttl before a long snapshot read", code=ErrorCode.TABLET_SNAPSHOT_EXPIRED,
                           attributes={"path": path, "timestamp": timestamp, "compacted_until": self.compacted_until})
 
+    def mark_for_compaction(self, commit_ts: int) -> None:
+        """Note a commit for :attr:`compaction_marks` (under the writer, as the commit applies)."""
+        marks = self.compaction_marks
+        span = commit_ts >> _MARK_SHIFT
+        if not marks or marks[-1] >> _MARK_SHIFT < span:
+            marks.append(commit_ts)  # (the usual case: commits come in timestamp order)
+            return
+        i = bisect.bisect_left(marks, span << _MARK_SHIFT)
+        if i < len(marks) and marks[i] >> _MARK_SHIFT == span:
+            marks[i] = min(marks[i], commit_ts)
+        else:
+            marks.insert(i, commit_ts)
+
+    def compaction_needed(self, horizon: int) -> bool:
+        """Whether a compaction pass up to ``horizon`` may find a version to drop (a read without the
+        writer lock: a commit racing it is seen by the next pass)."""
+        if self.compaction_due:
+            return True
+        if self.applied_ts <= self.compacted_through:
+            return False
+        marks = self.compaction_marks
+        return bool(marks) and marks[0] <= horizon
+
     def compact(self, conn: sa.Connection, horizon: int) -> int:
-        """Drop versions no read at or after ``horizon`` can see; returns the number removed."""
-        return sorted_rows.compact(self, conn, horizon)
+        """Drop versions no read at or after ``horizon`` can see; returns the number removed. The marks
+        of the commits it covers (every 64-second span before the one of ``horizon``) are dropped,
+        put back if the transaction rolls back."""
+        removed = sorted_rows.compact(self, conn, horizon)
+        marks, due, through = self.compaction_marks, self.compaction_due, self.compacted_through
+        covered = bisect.bisect_left(marks, (horizon >> _MARK_SHIFT) << _MARK_SHIFT)
+        self.compaction_marks = marks[covered:]
+        self.compaction_due, self.compacted_through = False, max(through, horizon)
+
+        def undo() -> None:
+            self.compaction_marks, self.compaction_due, self.compacted_through = marks, due, through
+        on_rollback(conn, undo)
+        return removed
