@@ -31,6 +31,7 @@ def test_tiny_points_report_every_figure_and_stop_their_engines(tmp_path: Path) 
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--dimensions", "tables,members", "--tables", "2,4",
                            "--members", "2", "--batch", "2", "--settle-seconds", "0.5", "--idle-seconds", "1",
+                           "--idle-after-seconds", "1",
                            "--samples", "10", "--json", str(out), "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=140)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -47,8 +48,11 @@ def test_tiny_points_report_every_figure_and_stop_their_engines(tmp_path: Path) 
         assert not any(alive(pid) for pid in p["pids"].values())
     tables = [p for p in points if p["dimension"] == "tables"]
     assert all(p["first_batch_s_per_table"] > 0 and p["last_batch_s_per_table"] > 0 for p in tables)
+    # and the idle CPU once every table was written
+    assert all(set(p["idle_after_cpu_pct"]) == {"meta", "r0", "r1"} and
+               all(c >= 0 for c in p["idle_after_cpu_pct"].values()) for p in tables)
     # the goals are judged at the largest tables point, one line each
-    assert "at 4 tables" in proc.stdout and proc.stdout.count("PASS  ") + proc.stdout.count("MISS  ") == 6
+    assert "at 4 tables" in proc.stdout and proc.stdout.count("PASS  ") + proc.stdout.count("MISS  ") == 7
     assert isinstance(data["goals_met"], bool)
     assert not list(tmp_path.glob("reptables-scale-*")), "the benchmark's temporary directory must be removed"
 
