@@ -181,6 +181,22 @@ def test_queue_is_trimmed_after_every_replica_has_rows(clusters: ClusterSet) -> 
     assert clusters.meta.get(f"#{replica_id}/@tablets")[0]["current_replication_row_index"] == 10
 
 
+def test_a_queue_too_young_to_trim_is_trimmed_at_once_when_its_ttl_is_lowered(clusters: ClusterSet) -> None:
+    """A queue whose rows every replica has but which are younger than min_replication_log_ttl is
+    passed over until they are old enough; lowering the ttl (to free the space now) takes effect at
+    the next pass, not when the old ttl would have run out."""
+    path = clusters.replicated_table("//tmp/rt", attributes={"min_replication_log_ttl": 3_600_000})
+    replica_id = clusters.replica(path, "remote_0", "//tmp/r")
+    clusters.meta.insert_rows(path, [{"k": i, "v": "x"} for i in range(10)], require_sync_replica=False)
+    wait_for(lambda: clusters.meta.get(f"#{replica_id}/@tablets")[0]["current_replication_row_index"] == 10,
+             what="replicated")
+    time.sleep(2.5)  # (two passes of the maintenance: the queue is kept, an hour is not over)
+    assert clusters.meta.get(f"{path}/@tablets")[0]["trimmed_row_count"] == 0
+    clusters.meta.set(f"{path}/@min_replication_log_ttl", 0)
+    wait_for(lambda: clusters.meta.get(f"{path}/@tablets")[0]["trimmed_row_count"] == 10, timeout=10,
+             what="trim after the ttl was lowered")
+
+
 def test_freeze_gives_the_seed_queue_check(clusters: ClusterSet) -> None:
     path = clusters.replicated_table("//tmp/rt")
     replica_id = clusters.replica(path, "remote_0", "//tmp/r")
