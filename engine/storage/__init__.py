@@ -12,8 +12,10 @@ from .shapes import DELETED, KIND, LOCK_MASK, PAYLOAD, ROW_COUNT, ROW_INDEX, TAB
 from .sql import Storage, on_commit, on_rollback
 from .statements import (
     COPY_FORM_ROWS,
+    SHARED_SQL,
     BulkStatement,
     FastStatement,
+    SharedSql,
     array_parameter,
     bulk_insert,
     on_driver,
@@ -40,6 +42,7 @@ from .system_tables import (
 
 __all__ = [
     "changes_table", "commits_table", "consumers_table", "DatabaseRefused", "DatabaseReservation", "DataDir",
+    "SHARED_SQL", "SharedSql",
     "BulkStatement", "DELETED", "FastStatement", "KIND", "LOCK_MASK", "meta_table", "new_database_id", "nodes_table",
     "on_commit", "on_driver", "on_driver_count", "on_driver_each",
     "on_rollback", "open_data_dir", "open_database", "positional", "PAYLOAD", "prepared_table", "read_locks_table",

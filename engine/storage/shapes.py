@@ -21,13 +21,13 @@ schema together and never names a column its SQL table lacks. Its compiled state
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.schema import CreateColumn
 
 from ..schema import ColumnType, TableSchema
-from .statements import BulkStatement, upsert
+from .statements import SHARED_SQL, BulkStatement, SharedSql, upsert
 
 TS = "_rt_ts"
 DELETED = "_rt_deleted"
@@ -121,6 +121,11 @@ class UserTables:
         cache = self.__dict__.setdefault("_bulk", {})
         key = (name, conn.dialect.name)
         stmt = cache.get(key)
+        if stmt is None and self.shares_sql(conn):
+            shared = SHARED_SQL.get(("bulk", name, conn.dialect.name, self.shape))
+            if shared is not None:
+                stmt = cache[key] = shared.renamed(SharedSql.MARK, self.sql_name)
+                return stmt
         if stmt is None:
             kind, which = name.split(":")
             table = self.data if which == "data" else self.versions
@@ -138,7 +143,24 @@ class UserTables:
             else:
                 statement = table.insert()
             stmt = cache[key] = BulkStatement(statement, conn.dialect)
+            if self.shares_sql(conn):
+                SHARED_SQL.put(("bulk", name, conn.dialect.name, self.shape),
+                               stmt.renamed(self.sql_name, SharedSql.MARK))
         return stmt
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """What the SQL of this table's statements depends on besides its name (``SharedSql``): whether
+        it keeps versions, and each column of its SQL table with its type and whether it is a key."""
+        found = self.__dict__.get("_shape")
+        if found is None:
+            found = self.__dict__["_shape"] = (self.versions is not None, tuple(
+                (c.name, repr(c.type), c.primary_key) for c in self.data.columns))
+        return cast(tuple[Any, ...], found)
+
+    def shares_sql(self, conn: sa.Connection) -> bool:
+        """Whether this table's statements may be shared with the tables of its shape (``SharedSql``)."""
+        return SharedSql.applies(conn, self.sql_name, (c.name for c in self.data.columns))
 
     def _compaction(self) -> sa.ClauseElement:
         """DELETE the versions at or before ``:horizon`` that are tombstones or superseded at or before

@@ -18,6 +18,7 @@ both store an equal result.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
@@ -52,6 +53,8 @@ class BulkStatement:
         self.sql = str(compiled)
         self.positional = bool(compiled.positional)
         self.names: list[str] = list(compiled.positiontup or []) if self.positional else list(compiled.params)
+        #: the values the statement itself gives its parameters (a LIMIT's, say)
+        self.defaults: dict[str, Any] = dict(compiled.params)
         #: PostgreSQL: the INSERT with one array per column (see :func:`_array_form`), or None
         self.arrays: _ArrayForm | None = _array_form(stmt, compiled, self.names) \
             if dialect.name == "postgresql" and self.positional else None
@@ -70,6 +73,21 @@ class BulkStatement:
     def query(self, conn: sa.Connection, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[Any]:
         """Run a query once on the driver (:func:`on_driver`) and return its rows."""
         return on_driver(conn, self.sql, params)
+
+    def renamed(self, old: str, new: str) -> BulkStatement:
+        """The same statement over tables named with ``new`` in place of ``old`` (see
+        :class:`SharedSql`); only for a statement without PostgreSQL forms."""
+        assert self.arrays is None and self.copy is None
+        other = copy.copy(self)
+        other.sql = self.sql.replace(old, new)
+        return other
+
+    def first(self, conn: sa.Connection, values: dict[str, Any]) -> Any:
+        """Run a query once on the driver with the named ``values`` (a parameter not among them takes
+        the value the statement gave it, a LIMIT's say) and return its first row, or None."""
+        params = tuple(values[n] if n in values else self.defaults[n] for n in self.names) \
+            if self.positional else {n: values[n] if n in values else self.defaults[n] for n in self.names}
+        return next(on_driver_each(conn, self.sql, [params]))
 
     def count(self, conn: sa.Connection, values: dict[str, Any]) -> int:
         """Run a write (an UPDATE or DELETE) once on the driver with the named ``values`` (a name may
@@ -96,6 +114,61 @@ class BulkStatement:
             on_driver(conn, self.sql, [tuple(r[i] for i in order) for r in rows], many=True)
         else:
             on_driver(conn, self.sql, [{n: r[index[n]] for n in self.names} for r in rows], many=True)
+
+
+class SharedSql:
+    """Compiled SQL shared by the tables of one shape, on SQLite.
+
+    Every dynamic table has its own SQL tables (``rt_t<n>``, ``rt_t<n>_versions``) and so its own
+    compiled statements. Compiling one costs SQLAlchemy a millisecond or more (an IN list of keys,
+    an upsert); a thousand tables written for the first time paid it a thousand times over on every
+    engine (the first push into each replica table spent most of its time compiling). Tables of one
+    shape (the same columns, keys and types) differ in SQLite's SQL by their name only, so the SQL
+    compiled for the first is kept with its name replaced by a mark, and the others take it with
+    their own name. Only where no column name holds the table's name or the mark (the replacement
+    could otherwise touch a column), and not on PostgreSQL (its array and COPY forms are built from
+    the table's types and names: compiled per table, as before). A plain dict: a race compiles a
+    statement twice, harmlessly."""
+
+    MARK = "rt_tshared_mark"
+
+    def __init__(self) -> None:
+        self._sql: dict[tuple[Any, ...], Any] = {}
+
+    @classmethod
+    def applies(cls, conn: sa.Connection, sql_name: str, column_names: Iterable[str]) -> bool:
+        return conn.dialect.name == "sqlite" and sql_name != cls.MARK and \
+            not any(sql_name in c or cls.MARK in c for c in column_names)
+
+    def get(self, key: tuple[Any, ...]) -> Any:
+        return self._sql.get(key)
+
+    def statement(self, conn: sa.Connection, table: sa.Table, name: str,
+                  build: Callable[[], sa.ClauseElement]) -> BulkStatement:
+        """``build()`` (a statement over ``table`` alone) compiled once per table (kept in its
+        ``info``) and, where it :meth:`applies`, once per shape of table."""
+        cache = table.info.setdefault("rt_statements", {})
+        key = (name, conn.dialect.name)
+        found = cache.get(key)
+        if found is not None:
+            return cast(BulkStatement, found)
+        sharing = self.applies(conn, table.name, table.columns.keys())
+        shape = ("table", name, conn.dialect.name, tuple((c.name, repr(c.type), c.primary_key) for c in table.columns))
+        shared = self._sql.get(shape) if sharing else None
+        if shared is not None:
+            stmt = cache[key] = shared.renamed(self.MARK, table.name)
+            return cast(BulkStatement, stmt)
+        stmt = cache[key] = BulkStatement(build(), conn.dialect)
+        if sharing:
+            self._sql[shape] = stmt.renamed(table.name, self.MARK)
+        return stmt
+
+    def put(self, key: tuple[Any, ...], value: Any) -> None:
+        self._sql[key] = value
+
+
+#: the one registry of shared SQL (keys name the statement, the dialect and the tables' shape)
+SHARED_SQL = SharedSql()
 
 
 #: from this many rows on, a PostgreSQL INSERT runs once with an array per column

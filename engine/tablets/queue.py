@@ -38,6 +38,7 @@ from ..storage import (
     PAYLOAD,
     ROW_COUNT,
     ROW_INDEX,
+    SHARED_SQL,
     TABLET_INDEX,
     TS,
     FastStatement,
@@ -230,9 +231,13 @@ _READ_PAGE = 16
 
 def _holding(data: sa.Table, conn: sa.Connection, tablet_index: int, row: int) -> tuple[int, int, int] | None:
     """(first row index, row count, timestamp) of the queue row holding change ``row``, if any."""
-    found = conn.execute(sa.select(data.c[ROW_INDEX], data.c[ROW_COUNT], data.c[TS])
-                         .where(data.c[TABLET_INDEX] == tablet_index, data.c[ROW_INDEX] <= row)
-                         .order_by(data.c[ROW_INDEX].desc()).limit(1)).first()
+    # compiled once per queue table (and on SQLite once for all: ``SharedSql``), run on the driver: the
+    # trim pass asks it of every queue the first time it has rows, a thousand statements at once
+    found = SHARED_SQL.statement(conn, data, "holding", lambda: sa.select(
+        data.c[ROW_INDEX], data.c[ROW_COUNT], data.c[TS]).where(
+        data.c[TABLET_INDEX] == sa.bindparam("tablet"), data.c[ROW_INDEX] <= sa.bindparam("row"))
+        .order_by(data.c[ROW_INDEX].desc()).limit(sa.literal_column("1"))).first(
+        conn, {"tablet": tablet_index, "row": row})
     if found is None or row >= int(found[0]) + int(found[1]):
         return None
     return int(found[0]), int(found[1]), int(found[2])

@@ -45,7 +45,9 @@ from ..storage import (
     COPY_FORM_ROWS,
     DELETED,
     LOCK_MASK,
+    SHARED_SQL,
     TS,
+    SharedSql,
     UserTables,
     array_parameter,
     on_driver,
@@ -468,12 +470,21 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
     nkeys = len(table.schema.key_names)
     extra = extra or {}
     per_chunk = _chunk_size(table)
+    # the SQL tables' own statements (a DynamicTable's ``sql``) are shared by the tables of one shape
+    own = getattr(table, "sql", None)
+    shared = own if isinstance(own, UserTables) and sql_table.name.startswith(own.sql_name) and \
+        own.shares_sql(conn) else None
     for chunk in chunks(keys, per_chunk):
         # a few list lengths only (powers of two, and the full chunk): a short list is padded
         # with its last key, which changes nothing in an IN list
         size = len(chunk) if len(chunk) == per_chunk else 1 << (len(chunk) - 1).bit_length()
         chunk = chunk + [chunk[-1]] * (size - len(chunk))
         entry = cache.get((name, size, conn.dialect.name))
+        if entry is None and shared is not None:
+            found = SHARED_SQL.get(("keys", name, size, conn.dialect.name, shared.shape))
+            if found is not None:
+                entry = cache[(name, size, conn.dialect.name)] = (
+                    found[0].replace(SharedSql.MARK, shared.sql_name), *found[1:])
         if entry is None:
             cols = key_cols(table, sql_table)
             binds: list[list[sa.BindParameter[Any]]] = [
@@ -485,6 +496,9 @@ def run_with_keys(table: KeyedTable, conn: sa.Connection, name: str, sql_table: 
             keys_first = order is not None and order[:size * nkeys] == [
                 f"k{i}_{j}" for i in range(size) for j in range(nkeys)]
             entry = cache[(name, size, conn.dialect.name)] = (str(compiled), order, keys_first)
+            if shared is not None:
+                SHARED_SQL.put(("keys", name, size, conn.dialect.name, shared.shape),
+                               (entry[0].replace(shared.sql_name, SharedSql.MARK), order, keys_first))
         sql, order, keys_first = entry
         if keys_first:
             # positional, keys first (the usual shape): a flat tuple

@@ -274,6 +274,32 @@ def test_a_pass_visits_a_table_only_once_its_horizon_reaches_a_commit_not_yet_co
     assert table.compaction_marks == [1 << 36, (2 << 36) + 2, 3 << 36]
 
 
+def test_tables_of_one_shape_share_compiled_sql_yet_each_writes_its_own_rows(cluster: Cluster) -> None:
+    """Tables with the same columns take the statements compiled for the first (SQLite: the SQL of
+    one differs from the other's by its name only), each with its own table names: writes, updates,
+    deletes and reads at a timestamp of one never touch the other."""
+    other = "//tmp/other"
+    cluster.nodes.create("table", other, {"dynamic": True, "schema": SCHEMA})
+    cluster.tablets.mount_table(other)
+    for path, tag in ((PATH, "a"), (other, "b")):
+        cluster.rows.insert_rows(path, [{"k": i, "v": f"{tag}{i}"} for i in range(100)])
+    before = cluster.rows.generate_timestamp()
+    for path, tag in ((PATH, "a"), (other, "b")):
+        cluster.rows.insert_rows(path, [{"k": i, "v": f"{tag}{i}-new"} for i in range(0, 100, 2)])
+        cluster.rows.delete_rows(path, [{"k": i} for i in range(1, 100, 4)])
+    for path, tag in ((PATH, "a"), (other, "b")):
+        rows = cluster.rows.select_rows(f"k, v from [{path}] order by k limit 1000")
+        expected = [{"k": i, "v": f"{tag}{i}-new" if i % 2 == 0 else f"{tag}{i}"} for i in range(100) if i % 4 != 1]
+        assert rows == expected
+        assert len(cluster.rows.select_rows(f"k from [{path}]", timestamp=before)) == 100
+    mine, theirs = table_of(cluster).sql, cluster.tables.table(other)[0].sql
+    assert mine.shape == theirs.shape and mine.sql_name != theirs.sql_name
+    with cluster.storage.read() as conn:
+        if conn.dialect.name == "sqlite":
+            sql = theirs.bulk("upsert:data", conn).sql
+            assert theirs.sql_name in sql and mine.sql_name not in sql.replace(theirs.sql_name, "")
+
+
 def test_a_read_before_the_compaction_horizon_is_refused_not_answered_wrong(tmp_path: Path) -> None:
     """After compaction a read at an older timestamp could see a row a later version replaced (or
     miss a deleted one): it is refused with YT's TabletSnapshotExpired (1708), also after a restart."""
