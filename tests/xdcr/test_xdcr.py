@@ -324,11 +324,19 @@ def _accounted(group: XdcrGroup, path: str, starts: dict[str, int]) -> None:
     for name in group.names:
         client = group.client(name)
         events: list[dict[str, Any]] = []
+        # read the stream up to a timestamp taken now, not only until an answer without events: a
+        # commit in flight with an earlier timestamp holds the stream's bound before a commit that
+        # already landed (a heartbeat below ``until`` says nothing of what comes after it)
+        until, deadline = client.generate_timestamp(), time.monotonic() + 30
         answer = client.pull_changes(path, from_timestamp=starts[name], wait_timeout=0, max_row_count=100_000)
-        while [e for e in answer["events"] if e["kind"] != "heartbeat"]:
-            events += [e for e in answer["events"] if e["kind"] != "heartbeat"]
-            answer = client.pull_changes(path, from_event_token=answer["event_token"], wait_timeout=0,
-                                         max_row_count=100_000)
+        while True:
+            found = [e for e in answer["events"] if e["kind"] != "heartbeat"]
+            events += found
+            if not found and answer["timestamp"] >= until:
+                break
+            assert time.monotonic() < deadline, f"the stream of {name} did not reach {until}"
+            answer = client.pull_changes(path, from_event_token=answer["event_token"],
+                                         wait_timeout=0 if found else 500, max_row_count=100_000)
         own = group.names.index(name) + 1
         versions[name] = {(e["origin_cluster_id"], e["origin_timestamp"]) for e in events
                           if e["origin_cluster_id"] == own}
