@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.schema import CreateColumn
 
 from ..schema import ColumnType, TableSchema
-from .statements import SHARED_SQL, BulkStatement, SharedSql, upsert
+from .statements import SHARED_SQL, BulkStatement, SharedSql, columns_shape, upsert
 
 TS = "_rt_ts"
 DELETED = "_rt_deleted"
@@ -154,8 +154,7 @@ class UserTables:
         it keeps versions, and each column of its SQL table with its type and whether it is a key."""
         found = self.__dict__.get("_shape")
         if found is None:
-            found = self.__dict__["_shape"] = (self.versions is not None, tuple(
-                (c.name, repr(c.type), c.primary_key) for c in self.data.columns))
+            found = self.__dict__["_shape"] = (self.versions is not None, columns_shape(self.data))
         return cast(tuple[Any, ...], found)
 
     def shares_sql(self, conn: sa.Connection) -> bool:

@@ -153,7 +153,7 @@ class SharedSql:
         if found is not None:
             return cast(BulkStatement, found)
         sharing = self.applies(conn, table.name, table.columns.keys())
-        shape = ("table", name, conn.dialect.name, tuple((c.name, repr(c.type), c.primary_key) for c in table.columns))
+        shape = ("table", name, conn.dialect.name, columns_shape(table))
         shared = self._sql.get(shape) if sharing else None
         if shared is not None:
             stmt = cache[key] = shared.renamed(self.MARK, table.name)
@@ -165,6 +165,12 @@ class SharedSql:
 
     def put(self, key: tuple[Any, ...], value: Any) -> None:
         self._sql[key] = value
+
+
+def columns_shape(table: sa.Table) -> tuple[tuple[str, str, bool], ...]:
+    """What the SQL of a statement over ``table`` depends on besides its name (``SharedSql``): each
+    column with its type and whether it is a key."""
+    return tuple((c.name, repr(c.type), c.primary_key) for c in table.columns)
 
 
 #: the one registry of shared SQL (keys name the statement, the dialect and the tables' shape)
