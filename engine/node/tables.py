@@ -172,6 +172,7 @@ class Tables:
         elif not replicated:
             with self.storage.read() as conn:
                 table.change_seq = changes.next_seq(conn, node.id)
+            table.note_start(table.recent_floor)
         table.on_change = self.change_feed.notify
         table.xdcr_clock = self.xdcr_clock
         if flag(attrs.get("xdcr")) and table.sorted and not replicated:

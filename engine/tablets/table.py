@@ -148,8 +148,8 @@ class DynamicTable:
     #: commit writes. An XDCR table logs its own changes whatever this says (its shippers read
     #: them); with it false, not the changes it received. Changed only under Storage.write_lock
     change_log: bool = False
-    #: the newest commit timestamp applied to the table (a log switched on starts after it);
-    #: under Storage.write_lock
+    #: the newest commit timestamp applied to the table (a log switched on starts after it), at
+    #: least the moment this process started serving it (``note_start``); under Storage.write_lock
     applied_ts: int = 0
     #: called after every commit that changed the table (wakes stream pulls waiting for changes);
     #: runs under Storage.write_lock and takes only a leaf lock
@@ -400,6 +400,17 @@ class DynamicTable:
             marks[i] = min(marks[i], commit_ts)
         else:
             marks.insert(i, commit_ts)
+
+    def note_start(self, ts: int) -> None:
+        """This process starts serving a table that had commits before ``ts`` (a fresh timestamp):
+        the versions they superseded were noted by no mark, so the first pass visits the table
+        (``compaction_due``), and a mark at ``ts`` covers them: a version superseded within the
+        ttl before the start is dropped by the pass whose horizon reaches ``ts``, not kept until
+        the table's next write. Called before any commit applies here."""
+        self.compaction_due = True
+        self.applied_ts = max(self.applied_ts, ts)  # (a commit applied before this process is older)
+        if self.sorted:
+            self.mark_for_compaction(ts)
 
     def compaction_needed(self, horizon: int) -> bool:
         """Whether a compaction pass up to ``horizon`` may find a version to drop (a read without the
