@@ -284,7 +284,15 @@ def _report(res: Resource, members: list[str], statuses: dict[str, XdcrStatus], 
 def finalize_xdcr_group(res: Resource, world: World) -> Outcome:
     """Deletion: every member forgets the group's other members (dr_reset of each, forced); tables and
     pause are left as they are. A group that never applied (another group holds its clusters, or
-    its engines lack ids) touches nothing."""
+    its engines lack ids) touches nothing. Either way the operator then forgets that it checked
+    the group's engines (a deleted group's uid never comes back)."""
+    try:
+        return _reset_members(res, world)
+    finally:
+        world.engines.note_group_checked(res.uid, False)
+
+
+def _reset_members(res: Resource, world: World) -> Outcome:
     events: list[Event] = []
     if group_problem(res, world) is not None or \
             conditions.reason_of(res.status.get("conditions"), ConditionType.READY) in ENGINE_ID_PROBLEMS:

@@ -163,3 +163,23 @@ def test_a_new_xdcr_groups_peers_reach_no_directory_until_its_engines_were_check
     assert xdcr_peers("east", world) == {"west"} and xdcr_peers("west", world) == {"east"}
     world.engines.note_group_checked("u-1", False)  # an engine found without its id
     assert xdcr_peers("east", world) == set()
+
+
+def test_a_deleted_group_is_forgotten_by_the_engines_memory_of_checked_groups() -> None:
+    """The operator remembers which XdcrGroups' engines it found running with their ids; a group's
+    deletion ends that memory (uids never come back: the set only grew, one entry per group ever
+    deleted), whether the deletion reset members or had nothing to touch."""
+    from reptables.operator.controllers.xdcr import finalize_xdcr_group
+
+    group = {"apiVersion": API, "kind": "XdcrGroup", "metadata": {"name": "users", "uid": "u-1", "generation": 1},
+             "spec": {"clusters": ["c0", "north"],  # (no TableCluster north: the deletion touches no engine)
+                      "tables": [{"path": "//home/users", "schema": [
+                          {"name": "id", "type": "int64", "sortOrder": "ascending"}]}]}}
+    reg = registry(cluster("c0"), group)
+    world = reg.world()
+    world.engines.note_group_checked("u-1", True)
+    res = reg.find("XdcrGroup", None, "users")
+    assert res is not None and world.engines.group_checked("u-1")
+    outcome = finalize_xdcr_group(res, world)
+    assert outcome.finished and not outcome.events
+    assert not world.engines.group_checked("u-1")
