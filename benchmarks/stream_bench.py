@@ -18,6 +18,9 @@ The targets of the issue:
 * **drain throughput** >= the write rate: after the writers stop, a second consumer reads the
   whole history from the timestamp taken before the writes, as fast as it can (``--drain-rows``
   rows per answer, no waiting);
+* **engine CPU per change pulled by a consumer keeping up** (reported): ``--follow-rounds`` rounds of
+  10 commits of ``--batch`` rows, each round pulled right after it (no waiting), the engine's CPU
+  counted over the pulls only;
 * **engine CPU of one open stream** <= 5 % per row (issue 27): the same writers, unpaced (flat out,
   same batch size), for ``--cost-seconds`` with no consumer, then with one consumer streaming (both
   tables keep a change log: what is measured is serving the stream); the two runs alternate
@@ -402,6 +405,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               if cpu["without"] > 0 else float("nan"),
                               "difference_pct": (without - with_) / without * 100.0 if without > 0 else float("nan"),
                               "all_delivered": all(e["all_delivered"] for e in cost["with"])}
+
+            # 4. a consumer keeping up: commits of --batch rows, each batch of them pulled at once
+            result["follow"] = follow(client, "//tmp/stream_bench/follow", engine.pid, args)
+            log(f"follow: {result['follow']['rows']:,} changes, engine CPU "
+                f"{result['follow']['pull_cpu_us_per_row']:.2f} us per change pulled")
     finally:
         for c in consumers:
             c.kill()
@@ -417,6 +425,33 @@ def _runs_note(runs: list[dict[str, Any]]) -> str:
     if runs and "consumer_cpu_s" in runs[0]:
         note += "; consumer CPU " + ", ".join(f"{e['consumer_cpu_s']:.1f}" for e in runs) + " s"
     return note
+
+
+def follow(client: Client, path: str, engine_pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """A consumer that keeps up, without a race to keep up: ``--follow-rounds`` times, 10 commits of
+    ``--batch`` rows, then pulls (no waiting) until it has them all. The engine's CPU is counted over
+    the pulls only (nothing else runs then): what serving one change to a consumer at the head of
+    the stream costs (the in-memory tail of docs/streams.md serves such pulls)."""
+    new_table(client, path)
+    token = client.pull_changes(path, wait_timeout=0)["event_token"]
+    pull_cpu, rows, pulls = 0.0, 0, 0
+    for r in range(args.follow_rounds):
+        for c in range(10):
+            base = (r * 10 + c) * args.batch
+            client.insert_rows(path, [{"k": base + i, "v": r, "s": "x" * 40} for i in range(args.batch)])
+        before, got = cpu_seconds(engine_pid), 0
+        while got < 10 * args.batch:
+            answer = client.pull_changes(path, from_event_token=token, wait_timeout=0)
+            events = [e for e in answer["events"] if e.get("kind") != "heartbeat"]
+            if not events:
+                raise RuntimeError(f"follow: {path} answered no change with {10 * args.batch - got} missing")
+            got += len(events)
+            token = answer["event_token"]
+            pulls += 1
+        pull_cpu += cpu_seconds(engine_pid) - before
+        rows += got
+    return {"rows": rows, "pulls": pulls, "pull_cpu_s": pull_cpu,
+            "pull_cpu_us_per_row": pull_cpu / rows * 1e6 if rows else float("nan")}
 
 
 def figures(result: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
@@ -445,6 +480,9 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
                f"{args.cost_seconds:g} s"),
         Figure("write cost of one open stream", cost["difference_pct"], "%",
                note="(without - with) / without flat-out rows/s, medians; reported, not a target (issue 27)"),
+        Figure("engine CPU per change pulled, consumer keeping up", result["follow"]["pull_cpu_us_per_row"], "us",
+               note=f"{result['follow']['rows']:,} changes in {result['follow']['pulls']:,} pulls, each pulled "
+                    f"right after its {10 * args.batch:,}-row round; reported, not a target"),
         Figure("exactly once, in per-key commit order", None, "", "all", once["passed"],
                f"{once['rows_received']:,} of {once['rows_written']:,} rows; duplicates {once['duplicates']}, "
                f"missing {once['missing']}, unexpected {once['unexpected']}, out of order "
@@ -473,6 +511,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cost-seconds", type=float, default=None, help="seconds of each flat-out run of the write-cost "
                    "figure (default 10; 1.5 with --quick)")
     p.add_argument("--cost-rounds", type=int, default=2, help="alternated without/with rounds (default 2)")
+    p.add_argument("--follow-rounds", type=int, default=None, help="rounds of 10 commits pulled at once by a "
+                   "consumer keeping up (default 50; 5 with --quick)")
     p.add_argument("--quick", action="store_true", help="the smoke run: 3 s at 2,000 rows/s, short cost runs")
     p.add_argument("--data-dir", type=Path, default=None, help="parent of the temporary data directory (a disk, "
                    "not tmpfs)")
@@ -482,6 +522,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.seconds = args.seconds if args.seconds is not None else (3.0 if args.quick else 20.0)
     args.rate = args.rate if args.rate is not None else (2000.0 if args.quick else 10_000.0)
     args.cost_seconds = args.cost_seconds if args.cost_seconds is not None else (1.5 if args.quick else 10.0)
+    args.follow_rounds = args.follow_rounds if args.follow_rounds is not None else (5 if args.quick else 50)
+    if args.follow_rounds < 1:
+        p.error("--follow-rounds must be at least 1")
     if args.seconds <= 0 or args.rate <= 0 or args.cost_seconds <= 0:
         p.error("--seconds, --rate and --cost-seconds must be positive")
     if args.writers < 1 or args.batch < 1 or args.cost_rounds < 1 or args.drain_rows < 1:

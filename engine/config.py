@@ -122,6 +122,10 @@ class EngineConfig:
     #: worker thread while it waits; more are answered at once), and the changes one answer carries
     max_waiting_pulls: int = 16
     max_pull_rows: int = 100_000
+    #: changes of a streamed table kept in memory for its pulls (``changes.ChangeTail``): a consumer
+    #: within this many changes of the newest reads no SQL. About 0.3-0.6 KB each (the rows as maps),
+    #: for a table a pull read in the last minute only: a few seconds of flat-out writes
+    change_tail_rows: int = 65_536
     #: seconds a pull woken by a commit waits before it reads, so that the commits of a busy table
     #: travel in fewer, larger answers (each answer costs the writers' CPU); well inside the
     #: delivery target of 50 ms

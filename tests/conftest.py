@@ -32,7 +32,7 @@ BACKEND_MODULES = (
     "tests/replication/test_transitions.py", "tests/replication/test_trimmed_history.py",
     "tests/replication/test_bootstrap_write.py", "tests/replication/test_seed_walkthrough.py",
     "tests/replication/test_state_changes_beside_writes.py",
-    "tests/streams/test_streams.py", "tests/streams/test_replicated_streams.py",
+    "tests/streams/test_streams.py", "tests/streams/test_replicated_streams.py", "tests/streams/test_change_tail.py",
     "tests/xdcr/test_xdcr.py", "tests/xdcr/test_join.py", "tests/xdcr/test_trust.py",
 )
 #: REPTABLES_TEST_BACKENDS=sqlite runs the suite without the PostgreSQL half (a machine without it)

@@ -45,6 +45,7 @@ from ..cypress import Cypress, Node
 from ..errors import ErrorCode, YtError
 from ..metrics import ConsumerSample, StateSamples
 from ..replication import UPSTREAM_TABLE_ATTRIBUTE, ReplicationManager
+from ..schema import ColumnType
 from ..storage import Storage, consumers_table, on_rollback
 from ..tablets import DynamicTable, changes
 from ..tablets.changes import HEARTBEAT_SEQ, ChangeFeed, Position, decode_token, encode_token, heartbeat_position
@@ -224,17 +225,7 @@ class StreamService:
                 version = feed.version
                 fresh = self.timestamps.generate()
                 bound = self.stream_bound(table, fresh)
-                texts: list[tuple[int, str]] = []
-                found: list[changes.Change] = []
-                with self.storage.read() as conn:
-                    if raw and changes.can_read_json(table, conn):
-                        try:
-                            texts = changes.read_json(table, conn, start, bound, limit, table_path)
-                        except sa.exc.OperationalError:
-                            # a payload SQLite's JSON cannot read (a NaN or an infinite double): build in Python
-                            found = changes.read(table, conn, start, bound, limit)
-                    else:
-                        found = changes.read(table, conn, start, bound, limit)
+                texts, found = self._read(table, table_path, start, bound, limit, raw)
                 # a trim may have passed between the check and the read: never answer with a gap
                 self._check_kept(table, table_path, start)
                 if texts:
@@ -264,6 +255,38 @@ class StreamService:
         token = encode_token(position, table.table_id)
         return PullAnswer(token, position[0], [{"kind": "heartbeat", "event_token": token, "timestamp": position[0],
                                                 "path": table_path}])
+
+    def _read(self, table: DynamicTable, table_path: str, start: Position, bound: int, limit: int,
+              raw: bool) -> tuple[list[tuple[int, str]], list[changes.Change]]:
+        """The changes after ``start`` up to ``bound``: as event texts (``raw``: for the wire) from
+        the table's tail in memory or from SQLite's JSON, else as changes read from SQL."""
+        if raw:
+            kept = self._from_tail(table, table_path, start, bound, limit)
+            if kept is not None:
+                return kept, []
+        with self.storage.read() as conn:
+            if raw and changes.can_read_json(table, conn):
+                try:
+                    return changes.read_json(table, conn, start, bound, limit, table_path), []
+                except sa.exc.OperationalError:
+                    pass  # a payload SQLite's JSON cannot read (a NaN or an infinite double): build in Python
+            return [], changes.read(table, conn, start, bound, limit)
+
+    def _from_tail(self, table: DynamicTable, table_path: str, start: Position, bound: int,
+                   limit: int) -> list[tuple[int, str]] | None:
+        """Event texts of the table's tail (``changes.ChangeTail``), made by the first such pull;
+        None where the tail does not serve: a position before it, a replica table or a queue (whose
+        commits do not apply in timestamp order here), an ``any`` column (its YSON text is parsed
+        into the event), a NaN or an infinite double."""
+        if table.replicated or table.upstream_replica_id is not None or \
+                any(c.type is ColumnType.ANY for c in table.schema.columns):
+            return None
+        tail = changes.tail_for(table, self.storage.write_lock, lambda: self.timestamps.last,
+                                self.config.change_tail_rows)
+        taken = tail.take(start, bound, limit)
+        if taken is None:
+            return None
+        return changes.ChangeTail.render(taken, table.table_id, table_path, table.schema.key_names)
 
     def _check_present(self, table: DynamicTable, table_path: str) -> None:
         """A pull waiting on a table that was removed meanwhile answers at once that it is gone."""

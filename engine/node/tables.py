@@ -215,6 +215,7 @@ class Tables:
         elif not on and table.change_log and not xdcr:
             changes.drop_changes(conn, table.table_id)
         table.change_log = on
+        changes.drop_tail(table)  # (a pull makes it again, from now on)
         node.attributes[CHANGE_LOG_ATTRIBUTE] = on
 
         def undo() -> None:

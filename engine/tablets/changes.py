@@ -32,6 +32,7 @@ a read connection and no lock.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 import json
@@ -39,7 +40,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +54,7 @@ from ..storage import (
     bulk_insert,
     changes_table,
     consumers_table,
+    on_commit,
 )
 from . import queue
 from .queue import QueueRun
@@ -107,6 +109,7 @@ class ChangeTable(Protocol):
     tablet_rows: dict[int, list[int]]
     change_seq: int
     change_log: bool
+    change_tail: ChangeTail | None
     queue_tail: dict[int, list[QueueRun]]
 
     @property
@@ -197,17 +200,156 @@ class ChangeFeed:
         return True
 
 
+#: a change kept in a :class:`ChangeTail`: (position, tablet index, kind, row, key (a deletion's),
+#: row index (an append's), XDCR's version ``o`` (its origin), whether the row holds a NaN or an
+#: infinite double), each as logged
+TailEntry = tuple[Position, int, str, dict[str, Any] | None, list[Any] | None, int | None, Any, bool]
+
+
+class ChangeTail:
+    """The latest logged changes of a table that a stream reads, in memory, as ``record`` built them.
+
+    A pull of a table's log builds each event from its logged payload: in SQLite's JSON functions
+    (``read_json``) that was about three quarters of a pull's CPU (15-17 µs a change on a slow
+    machine), the rest a few strings per change. A consumer keeping up reads what was committed a
+    moment ago, whose payloads the commit had as maps: the tail keeps them (references, no copy),
+    and a pull of positions it covers renders events from them (:meth:`render`), never reading SQL.
+
+    What it covers: every change after ``start`` (a position) that was committed, in stream order.
+    It is made under ``Storage.write_lock`` (no commit in flight) with ``start`` at the clock's
+    last timestamp, and each commit adds its changes in an ``on_commit`` hook, under the writer and
+    before the commit is visible to reads: a pull bounded by the visible timestamp finds in it
+    every change up to that bound. So it holds only for a table whose commits apply in timestamp
+    order under the writer (not a replica table, whose pushes carry their meta-cluster's timestamps
+    per tablet). At ``capacity`` changes it drops its older half (``start`` moves past them: a pull
+    from before then reads SQL). A tail no pull has used for ``IDLE_SECONDS`` is let go by its
+    table (``ChangeTail.idle``): a table nobody streams keeps nothing.
+
+    ``_lock`` guards ``_start``, ``_entries`` and ``_used``: a leaf, taken by ``extend`` (under
+    ``Storage.write_lock``) and by readers holding nothing else (docs/architecture.md, lock order).
+    """
+
+    #: seconds without a pull after which a commit lets the tail go
+    IDLE_SECONDS = 60.0
+
+    def __init__(self, start: Position, capacity: int) -> None:
+        self._lock = threading.Lock()
+        self._start = start
+        self._entries: list[TailEntry] = []
+        self.capacity = max(2, capacity)
+        self._used = time.monotonic()
+        self._closed = False
+
+    def idle(self, now: float) -> bool:
+        return now - self._used > self.IDLE_SECONDS
+
+    def close(self) -> None:
+        """Its table let it go (under the writer): the commits from now on are not added, so a pull
+        that still holds it must read SQL, not answer from what it has."""
+        with self._lock:
+            self._closed = True
+
+    def extend(self, entries: list[TailEntry]) -> None:
+        """A commit's changes (an ``on_commit`` hook: under the writer, in commit order)."""
+        with self._lock:
+            kept = self._entries
+            kept.extend(entries)
+            if len(kept) > self.capacity:
+                cut = len(kept) - self.capacity // 2
+                self._start = kept[cut - 1][0]
+                self._entries = kept[cut:]
+
+    def take(self, after: Position, bound_ts: int, limit: int) -> list[TailEntry] | None:
+        """The changes after ``after`` up to ``bound_ts``, as :func:`read` would return them (at
+        least ``limit`` if there are as many, and every change of the last commit returned); None
+        when the tail does not cover ``after`` (a read of SQL must answer)."""
+        with self._lock:
+            self._used = time.monotonic()
+            if self._closed or after < self._start:
+                return None
+            entries = self._entries
+            first = bisect.bisect_right(entries, after, key=_POSITION)
+            out = entries[first:first + limit]
+            if out:
+                end = first + len(out)
+                last_ts = out[-1][0][0]
+                while end < len(entries) and entries[end][0][0] == last_ts:
+                    out.append(entries[end])
+                    end += 1
+        if out and out[-1][0][0] > bound_ts:
+            out = [e for e in out if e[0][0] <= bound_ts]
+        return out
+
+    @staticmethod
+    def render(entries: list[TailEntry], table_id: str, path: str,
+               keys: tuple[str, ...] | list[str]) -> list[tuple[int, str]] | None:
+        """The events of ``entries`` in the form of :func:`read_json` (the same text, built here
+        from the maps); None if one of them holds a NaN or an infinite double (SQL's path answers)."""
+        quoted = json.dumps(path)
+        out: list[tuple[int, str]] = []
+        dumps = orjson.dumps
+        for (ts, seq), tablet, kind, row, key, row_index, origin, special in entries:
+            if special:
+                return None
+            head = (f'{{"event_token":"{ts:016x}{seq:016x}{table_id}","timestamp":{ts},"kind":"{kind}",'
+                    f'"path":{quoted},"tablet_index":{tablet}')
+            if keys:
+                if kind == "delete":
+                    text = head + ',"key":' + dumps(dict(zip(keys, key or (), strict=False))).decode()
+                else:
+                    assert row is not None
+                    text = (head + ',"key":' + dumps({k: row.get(k) for k in keys}).decode()
+                            + ',"row":' + dumps(row).decode())
+            else:
+                text = (head + ',"row":' + dumps(row).decode() + f',"$$tablet_index":{tablet}'
+                        + ',"$$row_index":' + dumps(row_index).decode())
+            if origin is not None:
+                text += (f',"origin_cluster_id":{dumps(origin[1]).decode()},'
+                         f'"origin_timestamp":{dumps(origin[0]).decode()}')
+            out.append((ts, text))
+        return out
+
+
+def _position_of(entry: TailEntry) -> Position:
+    return entry[0]
+
+
+_POSITION = _position_of
+
+
+def tail_for(table: ChangeTable, write_lock: contextlib.AbstractContextManager[Any], last_ts: Callable[[], int],
+             capacity: int) -> ChangeTail:
+    """The table's tail, made if it has none (under ``write_lock``: no commit in flight, so every
+    change after the clock's last timestamp will be added to it)."""
+    tail = table.change_tail
+    if tail is not None:
+        return tail
+    with write_lock:
+        tail = table.change_tail
+        if tail is None:
+            tail = table.change_tail = ChangeTail(heartbeat_position(last_ts()), capacity)
+    return tail
+
+
+def drop_tail(table: ChangeTable) -> None:
+    """Let the table's tail go (under ``Storage.write_lock``); a pull makes a new one."""
+    tail = table.change_tail
+    if tail is not None:
+        table.change_tail = None
+        tail.close()
+
+
 # -- writing ---------------------------------------------------------------------------------------
 
-def _encode(value: dict[str, Any], doubles: list[str], row: dict[str, Any] | None) -> str:
-    """JSON text of a payload: orjson, unless a double is NaN or infinite (the standard encoder
+def _not_finite(doubles: list[str], row: dict[str, Any] | None) -> bool:
+    """Whether a double of ``row`` is NaN or infinite (its payload takes the standard encoder, which
     keeps them; orjson would write null)."""
     if row is not None:
         for name in doubles:
             v = row.get(name)
             if v is not None and not math.isfinite(v):
-                return json.dumps(value)
-    return orjson.dumps(value).decode()
+                return True
+    return False
 
 
 def decode_payload(text: str) -> dict[str, Any]:
@@ -237,6 +379,11 @@ def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
     seq = table.change_seq
     rows = []
     table_id = table.table_id
+    tail = table.change_tail
+    if tail is not None and tail.idle(time.monotonic()):
+        drop_tail(table)  # no pull for a while: nobody streams it now
+        tail = None
+    kept: list[TailEntry] | None = [] if tail is not None else None
     for i, (tablet, kind, row, key, row_index) in enumerate(changes):
         body: dict[str, Any] = dict(extras[i]) if extras is not None else {}
         if booleans:
@@ -252,12 +399,19 @@ def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
             body["key"] = key
         if row_index is not None:
             body["row_index"] = row_index
-        rows.append((table_id, commit_ts, seq, tablet, kind, _encode(body, doubles, row)))
+        special = bool(doubles) and _not_finite(doubles, row)
+        text = json.dumps(body) if special else orjson.dumps(body).decode()
+        rows.append((table_id, commit_ts, seq, tablet, kind, text))
+        if kept is not None:
+            kept.append(((commit_ts, seq), tablet, kind, row, key, row_index, body.get("o"), special))
         seq += 1
     if rows:
         bulk_insert(changes_table, _COLUMNS, conn).run(conn, rows, _COLUMNS)
         table.change_seq = seq
+        if tail is not None and kept:
+            on_commit(conn, lambda: tail.extend(kept))  # (under the writer, before the commit is visible)
     return len(rows)
+
 
 
 #: the columns of a change's row, in the order record() builds them

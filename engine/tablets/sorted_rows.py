@@ -86,6 +86,7 @@ class SortedTable(Protocol):
     tablet_rows: dict[int, list[int]]
     change_seq: int
     change_log: bool
+    change_tail: changes.ChangeTail | None
     queue_tail: dict[int, list[QueueRun]]
     pivot_keys: list[list[Any]]
     compacted_until: int

@@ -44,6 +44,7 @@ from ..schema import TableSchema
 from ..storage import UserTables, on_commit, on_rollback
 from ..timestamps import COUNTER_BITS
 from . import conflicts, ordered_rows, queue, sorted_rows
+from .changes import ChangeTail
 from .keys import key_sort_tuple
 from .queue import QueueRun
 from .writes import ImageRun, RowWrite
@@ -148,6 +149,9 @@ class DynamicTable:
     #: commit writes. An XDCR table logs its own changes whatever this says (its shippers read
     #: them); with it false, not the changes it received. Changed only under Storage.write_lock
     change_log: bool = False
+    #: the latest logged changes, kept while streams pull them (``changes.ChangeTail``; made by a
+    #: pull, let go by a commit once no pull used it for a while). Set under Storage.write_lock
+    change_tail: ChangeTail | None = None
     #: the newest commit timestamp applied to the table (a log switched on starts after it), at
     #: least the moment this process started serving it (``note_start``); under Storage.write_lock
     applied_ts: int = 0

@@ -45,11 +45,14 @@ def test_quick_run_reports_every_figure_and_exactly_once(tmp_path: Path) -> None
         assert value > 0
     assert math.isfinite(data["cost"]["difference_pct"]) and math.isfinite(data["cost"]["cpu_pct"])
     assert [len(data["cost"]["runs"][m]) for m in ("without", "with")] == [2, 2]
+    follow = data["follow"]  # (5 rounds of 10 commits of 100 rows, each round pulled right after it)
+    assert follow["rows"] == 5 * 10 * 100 and follow["pulls"] >= 5
+    assert math.isfinite(follow["pull_cpu_us_per_row"]) and follow["pull_cpu_us_per_row"] >= 0
 
     names = [f["name"] for f in data["figures"]]
     for name in ("paced write rate", "delivery latency p50", "delivery latency p99", "delivery latency max",
                  "drain of the whole history", "write cost of one open stream",
-                 "engine CPU per row of one open stream",
+                 "engine CPU per row of one open stream", "engine CPU per change pulled, consumer keeping up",
                  "exactly once, in per-key commit order"):
         assert name in names
     assert "exactly once" in proc.stdout and "delivery latency p99" in proc.stdout
