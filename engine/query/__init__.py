@@ -52,7 +52,9 @@ The tricky parts, and how they are handled:
   an SQL alias of its own so that a table can be joined with itself. As in YT, the join must equate
   a prefix of the joined table's key; qualified names (``b.k``) name the columns of aliased tables.
 * The SQL is dialect-neutral (it runs on SQLite and PostgreSQL): row values are used only for
-  ``(a, b) IN (...)``; tuple comparisons are expanded lexicographically; ``int64(double)`` rounds
+  ``(a, b) IN (...)``, and where the tuple holds the first key column a short list is written as
+  ``(a = ? AND b = ?) OR ...`` instead (SQLite scans the table for a row-value list); tuple
+  comparisons are expanded lexicographically; ``int64(double)`` rounds
   towards zero on both, although ``CAST`` alone truncates on SQLite but rounds on PostgreSQL.
 
 As in YT, ``IN`` and ``BETWEEN`` take constants only, ``OFFSET`` comes before ``LIMIT`` and needs

@@ -89,6 +89,10 @@ class _RowScope(Scope):
         self._source = source
         self._clause = clause
 
+    def searched_column(self) -> sa.ColumnElement[Any] | None:
+        key = [k for k in self._source.key_columns if not k.startswith("$")]  # an ordered table has none
+        return self._source.columns.get(key[0]) if key else None
+
     def leaf(self, node: Expr) -> Leaf | None:
         if isinstance(node, _Column):
             return Leaf(self._source.columns[node.name], self._source.column_types[node.name])

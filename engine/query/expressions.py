@@ -121,6 +121,11 @@ def _type_mismatch(parent: Expr, *found: frozenset[str]) -> QuerySyntaxError:
     return QuerySyntaxError(f'Type mismatch in expression "{parent.text}": {described}')
 
 
+#: tuples of an ``IN`` list written as an ``OR`` of equalities (``Scope._tuple_in``); SQLite refuses an
+#: expression nested deeper than 1,000
+OR_TERMS = 256
+
+
 @dataclass(frozen=True)
 class Leaf:
     """An expression the scope already holds as SQL: a column, a group key or an aggregate."""
@@ -368,13 +373,39 @@ class Scope(ABC):
             if len(sqls) == 1:
                 result = sqls[0].in_([row[0] for row in rows])
             else:
-                result = sa.tuple_(*sqls).in_(rows)
+                result = self._tuple_in(sqls, rows)
             guards = [
                 sql.is_not(None) for sql, left in zip(sqls, lefts, strict=True) if not _non_null_literal(left)
             ]
             if guards and not predicate:
                 result = sa.and_(result, *guards)
         return sa.not_(result) if node.negated else result
+
+    def _tuple_in(self, sqls: list[sa.ColumnElement[Any]], rows: list[tuple[Any, ...]]) -> sa.ColumnElement[bool]:
+        """``(a, b) IN ((?, ?), ...)`` (no NULL listed), in a form the database can search an index for.
+
+        SQLite (3.40) answers a row-value IN list by reading the whole table, even where the tuple is
+        the table's key (3 keys of 200,000 rows: 39 ms, 0.14 ms searched). Where the tuple holds the
+        column an index search starts from (:meth:`searched_column`), a short list becomes
+        ``(a = ? AND b = ?) OR ...``, one index search a term (SQLite nests an OR's terms one level
+        deeper each, up to a depth of 1,000); a longer one is preceded by ``a IN (...)`` over the
+        distinct values of that column (an ``IN`` on every column would search their cross product:
+        1,000,000 searches for 1,000 tuples of distinct values, six times the scan). Both mean what
+        the row-value list means (a tuple's equality is its members' ``AND``, ``IN`` an ``OR`` of
+        equalities), NULLs included. Any other tuple keeps the row-value list: over a scan, SQLite
+        looks each row up in the list instead of testing every term."""
+        lead = self.searched_column()
+        at = next((i for i, sql in enumerate(sqls) if sql is lead), None) if lead is not None else None
+        if at is None:
+            return sa.tuple_(*sqls).in_(rows)
+        if len(rows) <= OR_TERMS:
+            return sa.or_(*(sa.and_(*(sql == value for sql, value in zip(sqls, row, strict=True))) for row in rows))
+        firsts = list(dict.fromkeys(row[at] for row in rows))
+        return sa.and_(sqls[at].in_(firsts), sa.tuple_(*sqls).in_(rows))
+
+    def searched_column(self) -> sa.ColumnElement[Any] | None:
+        """The SQL column an index search of the rows starts from (the first key column), if any."""
+        return None
 
     def _emit_between(self, node: Between, predicate: bool) -> sa.ColumnElement[bool]:
         lefts = items(node.operand)

@@ -735,3 +735,41 @@ def test_the_parser_tables_are_cached_per_user_and_a_bad_cache_file_is_rebuilt(t
     (tmp_path / "reptables").chmod(0o777)
     assert grammar._build_parser().parse(text) == expected
     assert not any((tmp_path / "reptables").iterdir())  # nothing written where others could write
+
+
+# --- a tuple of key columns in IN is searched, not scanned ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pairs(engine: sa.Engine) -> tuple[sa.Table, QuerySource]:
+    """A table keyed by two columns, 20,000 rows."""
+    table = sa.Table("pairs", sa.MetaData(), sa.Column("a", sa.BigInteger, primary_key=True),
+                     sa.Column("b", sa.BigInteger, primary_key=True), sa.Column("v", sa.BigInteger))
+    table.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"a": i % 4, "b": i, "v": i * 3} for i in range(20_000)])
+    source = QuerySource(from_clause=table, columns={c: table.c[c] for c in ("a", "b", "v")},
+                         column_types={"a": "int64", "b": "int64", "v": "int64"}, key_columns=("a", "b"))
+    return table, source
+
+
+@pytest.mark.parametrize("listed", [3, 256, 257, 600])
+def test_a_tuple_of_key_columns_in_a_list_finds_its_rows_by_the_index(engine, pairs, listed):
+    table, source = pairs
+    wanted = [(b % 4, b) for b in range(5, 5 + 7 * listed, 7)]
+    listed_text = ", ".join(f"({a}, {b})" for a, b in wanted + [(9, 9)])  # (9, 9): no such row
+    for text, expected in [
+        (f"a, b, v from [//pairs] where (a, b) in ({listed_text})", sorted((a, b, b * 3) for a, b in wanted)),
+        (f"a, b, v from [//pairs] where (b, a) in ({listed_text.replace('(9, 9)', '(9, 0)')})", []),
+        (f"a, b from [//pairs] where (a, b) not in ({listed_text}) and b < 40",
+         sorted((b % 4, b) for b in range(40) if (b % 4, b) not in wanted)),
+    ]:
+        statement = compile_query(parse_query(text), source).statement
+        with engine.connect() as conn:
+            assert [tuple(row) for row in conn.execute(statement)] == expected, text
+            if engine.dialect.name == "sqlite" and " not in (" not in text:
+                compiled = statement.compile(conn, compile_kwargs={"render_postcompile": True})
+                plan = [row[3] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + str(compiled),
+                                                               tuple(compiled.params.values()))]
+                # SQLite 3.40 scans the whole table for a row-value IN list
+                assert not [step for step in plan if step.startswith("SCAN pairs")], (text, plan)
