@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -127,6 +128,16 @@ TARGET_COMMIT_P50_MS = 0.6
 TARGET_COMMIT_P99_MS = 10.0
 TARGET_LOOKUP_P50_MS = 0.4
 TARGET_RSS_MIB = 300.0
+#: commits into a table keyed by two columns: the CPU per row of the last tenth of the rows over the
+#: first tenth's (the size of the table must not matter; 4.0x at 60,000 rows before ``270196f``)
+TARGET_COMPOSITE_GROWTH = 1.5
+#: rows of one commit into the two-column table: new keys, as a writer adding its events
+COMPOSITE_BATCH = 100
+COMPOSITE_SCHEMA = [
+    {"name": "w", "type": "int64", "sort_order": "ascending"},
+    {"name": "k", "type": "int64", "sort_order": "ascending"},
+    {"name": "v", "type": "string"},
+]
 
 
 # -- the engine process ----------------------------------------------------------------------------
@@ -529,6 +540,31 @@ def timed_batches(make: Callable[[int, int], Any], insert: Callable[[Any], None]
 def create_table(client: Client, path: str) -> None:
     client.create("table", path, attributes={"dynamic": True, "schema": TABLE_SCHEMA})
     client.mount_table(path)
+
+
+def bench_composite_commits(engine: Engine, client: Client, rows: int, deadline: float) -> dict[str, Any]:
+    """Commits of ``COMPOSITE_BATCH`` new keys into a table keyed by ``(w, k)``, ``rows`` in all, timed
+    by tenths: the engine's CPU per row of each tenth. Every commit reads the keys it writes (the
+    conflict check and the images it replaces), so a key search that became a scan would show as a
+    cost that grows with the table (SQLite answers a row-value IN list by scanning: ``270196f``)."""
+    path = "//tmp/bench_composite"
+    client.create("table", path, attributes={"dynamic": True, "schema": COMPOSITE_SCHEMA})
+    client.mount_table(path)
+    tenth = max(COMPOSITE_BATCH, rows // 10 // COMPOSITE_BATCH * COMPOSITE_BATCH)
+    segments: list[dict[str, float]] = []
+    done = 0
+    while done < rows and time.monotonic() < deadline:
+        end = min(done + tenth, rows)
+        cpu0, wall0 = proc_cpu_seconds(engine.pid), time.perf_counter()
+        for start in range(done, end, COMPOSITE_BATCH):
+            batch = [{"w": i % 4, "k": i, "v": f"event-{i:012d}"}
+                     for i in range(start, min(start + COMPOSITE_BATCH, end))]
+            RETRIES.call("composite", functools.partial(client.insert_rows, path, batch))
+        cpu, wall = proc_cpu_seconds(engine.pid) - cpu0, time.perf_counter() - wall0
+        segments.append({"rows": end - done, "table_rows_after": end, "engine_us_per_row": cpu / (end - done) * 1e6,
+                         "rows_per_s": (end - done) / wall if wall > 0 else 0.0})
+        done = end
+    return {"rows": done, "complete": done >= rows, "segments": segments}
 
 
 def bench_client_insert(engine: Engine, client: Client, path: str, rows: int,
@@ -964,15 +1000,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-data", action="store_true", help="do not delete the data directory at the end")
     p.add_argument("--json", type=Path, default=None, help="also write all figures to this JSON file")
     p.add_argument("--seed", type=int, default=1, help="seed of the random lookup keys")
+    p.add_argument("--composite-rows", type=int, default=None,
+                   help="rows committed 100 at a time into a table keyed by two columns, timed by tenths "
+                        "(default 100,000; 20,000 with --quick; 0 skips the phase)")
     args = p.parse_args(argv)
     args.rows = args.rows if args.rows is not None else (50_000 if args.quick else 1_000_000)
     args.wrapper_rows = args.wrapper_rows if args.wrapper_rows is not None else (
         20_000 if args.quick else 500_000)
     args.raw_rows = args.raw_rows if args.raw_rows is not None else args.rows
+    args.composite_rows = args.composite_rows if args.composite_rows is not None else (
+        20_000 if args.quick else 100_000)
     args.latency_samples = args.latency_samples if args.latency_samples is not None else (
         300 if args.quick else 2_000)
-    if args.rows < 1 or args.latency_samples < 1 or args.raw_rows < 1 or args.wrapper_rows < 0:
-        p.error("--rows, --raw-rows and --latency-samples must be positive, --wrapper-rows >= 0")
+    if args.rows < 1 or args.latency_samples < 1 or args.raw_rows < 1 or args.wrapper_rows < 0 \
+            or args.composite_rows < 0:
+        p.error("--rows, --raw-rows and --latency-samples must be positive, --wrapper-rows and --composite-rows >= 0")
     try:
         args.storage = parse_backends(args.storage)
     except ValueError as exc:
@@ -1064,7 +1106,7 @@ def count_in_database(backend: str, engine: Engine, pg: PgStorage | None, storag
 
 
 def run_engine(args: argparse.Namespace, workdir: Path, backend: str, pg: PgStorage | None) -> EngineRun:
-    """Phases 1-6 with a fresh engine on ``backend`` (PostgreSQL: a new database of ``pg``'s server)."""
+    """Phases 1-7 with a fresh engine on ``backend`` (PostgreSQL: a new database of ``pg``'s server)."""
     label = BACKEND_LABELS[backend]
     details: dict[str, Any] = {"load_average_start": load_average()}
     RETRIES.count.clear()
@@ -1074,7 +1116,7 @@ def run_engine(args: argparse.Namespace, workdir: Path, backend: str, pg: PgStor
         return time.monotonic() + args.phase_timeout
 
     def step(n: int, text: str) -> None:
-        print(f"[{label} {n}/6] {text}", flush=True)
+        print(f"[{label} {n}/{7 if args.composite_rows else 6}] {text}", flush=True)
 
     storage_url: str | None = None
     extra_args: list[str] = []
@@ -1198,6 +1240,16 @@ def run_engine(args: argparse.Namespace, workdir: Path, backend: str, pg: PgStor
                                                  deadline())
             details["commit_latency_raw_socket"] = asdict(raw_commit_lat)
             details["lookup_latency_raw_socket"] = asdict(raw_lookup_lat)
+
+            # 7. commits into a table keyed by two columns, as it grows
+            if args.composite_rows:
+                step(7, f"{args.composite_rows:,} rows in commits of {COMPOSITE_BATCH} new keys into a table keyed "
+                        "by two columns ...")
+                details["composite"] = bench_composite_commits(engine, client, args.composite_rows, deadline())
+                seg = details["composite"]["segments"]
+                if seg:
+                    print(f"      engine CPU per row {seg[0]['engine_us_per_row']:.1f} us (first tenth) -> "
+                          f"{seg[-1]['engine_us_per_row']:.1f} us (last)", flush=True)
         details["rss_mib_end"] = engine.memory_mib()
     finally:
         engine.stop()
@@ -1397,6 +1449,18 @@ def backend_figures(run: EngineRun, raw: RawCeilings) -> list[tuple[str, Figure]
     out.append(("http_floor_raw_p50", Figure(
         "HTTP floor p50, raw socket (GET /healthz)", run.raw_floor.p50_ms, "ms",
         note=f"p99 {run.raw_floor.p99_ms:.2f} ms; keep-alive socket: server-side HTTP cost")))
+    composite = details.get("composite")
+    if composite and composite["segments"]:
+        seg = composite["segments"]
+        first, last = seg[0]["engine_us_per_row"], seg[-1]["engine_us_per_row"]
+        growth = last / first if first > 0 else math.inf
+        rate = composite["rows"] / sum(x["rows"] / x["rows_per_s"] for x in seg if x["rows_per_s"] > 0)
+        out.append(("composite_growth", Figure(
+            "commits into a two-column key: CPU per row, last tenth / first", growth, "x",
+            f"<= {TARGET_COMPOSITE_GROWTH:g}", growth <= TARGET_COMPOSITE_GROWTH,
+            f"{COMPOSITE_BATCH} new keys a commit, {composite['rows']:,} rows, {rate:,.0f} rows/s; engine CPU per row "
+            "by tenth: " + ", ".join(f"{x['engine_us_per_row']:.0f}" for x in seg) + " us"
+            + ("" if composite["complete"] else partial))))
     rss = details["rss_mib_after_load"].get("VmRSS")
     out.append(("rss", Figure(
         f"engine RSS after {ours.rows:,} rows", rss, "MiB", "<= 300", None if rss is None else rss <= TARGET_RSS_MIB,

@@ -51,6 +51,7 @@ def _run(server: backends.RunServer, data_dir: Path, out: Path) -> int:
     return engine_bench.main([
         "--storage", "sqlite,postgresql", "--pg-server", f"{server.host}:{server.port}",
         "--rows", str(ROWS), "--wrapper-rows", "1000", "--raw-rows", str(RAW_ROWS), "--latency-samples", "10",
+        "--composite-rows", "2000",
         "--phase-timeout", "60", "--data-dir", str(data_dir), "--json", str(out)])
 
 
@@ -74,6 +75,11 @@ def test_sqlite_and_postgresql_side_by_side(tmp_path: Path, capsys: pytest.Captu
                     "raw_commit_p50", "lookup_p50"):
             assert _positive(figures[key]["value"]), (backend, key, figures[key])
         assert figures["commit_p50"]["value"] <= figures["commit_p99"]["value"]
+        # commits into a table keyed by two columns, by tenths of the rows (the table's size must not matter)
+        composite = details["composite"]
+        assert composite["rows"] == 2000 and len(composite["segments"]) == 10, composite
+        assert all(_positive(x["rows_per_s"]) for x in composite["segments"]), composite
+        assert figures["composite_growth"]["status"] in ("PASS", "MISS"), figures["composite_growth"]
         assert details["cpu_insert_client"]["engine_s"] >= 0 and details["cpu_insert_client"]["wall_s"] > 0
     # the engine's own work with no HTTP (SQLite): what a commit and a lookup split into
     sqlite_figures = data["backends"]["sqlite"]["figures"]
