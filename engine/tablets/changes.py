@@ -413,7 +413,6 @@ def record(table: ChangeTable, conn: sa.Connection, commit_ts: int,
     return len(rows)
 
 
-
 #: the columns of a change's row, in the order record() builds them
 _COLUMNS = ["table_id", "timestamp", "seq", "tablet_index", "kind", "payload"]
 
