@@ -385,15 +385,14 @@ class Scope(ABC):
         """``(a, b) IN ((?, ?), ...)`` (no NULL listed), in a form the database can search an index for.
 
         SQLite (3.40) answers a row-value IN list by reading the whole table, even where the tuple is
-        the table's key (3 keys of 200,000 rows: 39 ms, 0.14 ms searched). Where the tuple holds the
-        column an index search starts from (:meth:`searched_column`), a short list becomes
-        ``(a = ? AND b = ?) OR ...``, one index search a term (SQLite nests an OR's terms one level
-        deeper each, up to a depth of 1,000); a longer one is preceded by ``a IN (...)`` over the
-        distinct values of that column (an ``IN`` on every column would search their cross product:
-        1,000,000 searches for 1,000 tuples of distinct values, six times the scan). Both mean what
-        the row-value list means (a tuple's equality is its members' ``AND``, ``IN`` an ``OR`` of
-        equalities), NULLs included. Any other tuple keeps the row-value list: over a scan, SQLite
-        looks each row up in the list instead of testing every term."""
+        the table's key. Where the tuple holds the column an index search starts from
+        (:meth:`searched_column`), a short list becomes ``(a = ? AND b = ?) OR ...``, one index search
+        a term (SQLite nests an OR's terms one level deeper each, up to a depth of 1,000); a longer
+        one is preceded by ``a IN (...)`` over the distinct values of that column (an ``IN`` on every
+        column would search their cross product, a million searches for 1,000 tuples of distinct
+        values). Both mean what the row-value list means (a tuple's equality is its members' ``AND``,
+        ``IN`` an ``OR`` of equalities), NULLs included. Any other tuple keeps the row-value list:
+        over a scan, SQLite looks each row up in the list instead of testing every term."""
         lead = self.searched_column()
         at = next((i for i, sql in enumerate(sqls) if sql is lead), None) if lead is not None else None
         if at is None:
