@@ -81,7 +81,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -96,7 +95,7 @@ from typing import Any, TextIO
 
 from reptables.engine.client import Client
 from reptables.engine.errors import YtError
-from reptables.engine.process import LocalEngine
+from reptables.engine.process import LocalEngine, free_port
 from reptables.operator.controllers.world import World
 from reptables.operator.local.runner import LocalRunner
 from reptables.operator.tracker import decision as tk
@@ -230,13 +229,6 @@ class Result:
 
 
 # -- manifests ----------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_manifests(ports: dict[str, int], tokens: dict[str, str]) -> list[dict[str, Any]]:

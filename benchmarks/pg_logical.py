@@ -90,7 +90,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -107,6 +106,7 @@ try:
 except ImportError:  # reported by _require_psycopg() with the install line
     psycopg = None  # type: ignore[assignment]
 
+from reptables.engine.process import free_port
 from reptables.testing import wait_for
 
 if TYPE_CHECKING:
@@ -187,12 +187,6 @@ def _require_psycopg() -> None:
     if psycopg is None:
         raise PgUnavailableError(
             "psycopg 3 is not installed: .venv/bin/pip install 'psycopg[binary]>=3.1'")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def percentile(samples: Sequence[float], p: float) -> float:

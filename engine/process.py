@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +27,34 @@ import httpx
 E = TypeVar("E", bound="LocalEngine")
 
 
+#: the loopback ports :func:`free_port` handed out lately, oldest first, and the same as a set
+_issued_ports: deque[int] = deque(maxlen=4096)
+_issued_set: set[int] = set()
+_issued_ports_lock = threading.Lock()  # guards _issued_ports and _issued_set; a leaf
+_MAX_TRIES = 64
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, and not one this process handed out lately.
+
+    The kernel may give the same port to two binds in a row once the first socket is closed, and
+    callers take several ports before any server binds them (the endpoints of a set of engines):
+    two engines handed one port made one answer for the other's URL, with the other's token
+    refused. So the port is also checked against the last 4,096 this process handed out.
+    """
+    with _issued_ports_lock:
+        for _ in range(_MAX_TRIES):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port in _issued_set:
+                continue
+            if len(_issued_ports) == _issued_ports.maxlen:
+                _issued_set.discard(_issued_ports[0])
+            _issued_ports.append(port)
+            _issued_set.add(port)
+            return port
+    raise RuntimeError(f"no free loopback port in {_MAX_TRIES} tries that this process had not handed out lately")
 
 
 @dataclass
@@ -95,11 +120,24 @@ class LocalEngine:
                     raise RuntimeError(f"engine {self.cluster_name} exited with {self.proc.returncode}:\n"
                                        + self.log_path.read_text(errors="replace")[-4000:])
                 with contextlib.suppress(httpx.HTTPError):
-                    if http.get(f"{self.url}{path}").status_code == 200:
+                    answer = http.get(f"{self.url}{path}")
+                    if answer.status_code == 200:
+                        self._check_identity(answer)
                         return self
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"engine {self.cluster_name} did not become {what} in {timeout} s; see {self.log_path}")
+
+    def _check_identity(self, answer: httpx.Response) -> None:
+        """The engine that answered on this port must be this one: another engine already listening on
+        it (two handed one port) would answer for it, and this one would exit on its failed bind."""
+        with contextlib.suppress(ValueError):
+            body = answer.json()
+            name = body.get("cluster_name") if isinstance(body, dict) else None
+            if name is not None and name != self.cluster_name:
+                self.stop()
+                raise RuntimeError(f"engine {self.cluster_name}: port {self.port} is served by engine {name}, "
+                                   "not by this one: give each engine a port of its own")
 
     def read_token(self) -> str:
         return self.token if self.token is not None else (self.data_dir / "token").read_text().strip()

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from reptables.engine.process import free_port
+
 PG_MAJOR = 15
 OS_USER = "postgres"
 #: the database user the engines connect as (the server's superuser, made by initdb)
@@ -52,12 +54,6 @@ def find_bindir() -> Path:
     raise PostgresUnavailable(f"PostgreSQL {PG_MAJOR} server binaries not found in "
                               f"{', '.join(map(str, candidates))}: `apt-get install postgresql-{PG_MAJOR}` "
                               "(hack/bootstrap.sh does) or set PG_BINDIR")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -109,7 +105,7 @@ class PostgresServer:
                        f"unix_socket_directories = '{self.sockdir}'\nmax_connections = 400\n")
             conf.writelines(f"{name} = '{value}'\n" for name, value in self.settings.items())
         for attempt in range(3):
-            self.port = _free_port()
+            self.port = free_port()
             if self._launch():
                 return self
             text = self.logfile.read_text(errors="replace")[-2000:]

@@ -231,6 +231,8 @@ class LocalRunner:
         if len(set(ports)) != len(ports):
             raise RuntimeError(f"TableCluster {name}: the endpoint and each member need a port of their own "
                                f"(up listens on the endpoint's, {endpoint.port}, and forwards to the leader)")
+        for port in ports:
+            self._check_port_unshared(name, port)
         args, env = self._storage_for(name)
         if not args and not env.get("REPTABLES_STORAGE"):
             raise RuntimeError(f"TableCluster {name}: spec.members needs a PostgreSQL database in spec.local "
@@ -256,10 +258,22 @@ class LocalRunner:
         if url.hostname not in LOOPBACK or url.port is None:
             raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
                                f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
+        self._check_port_unshared(name, url.port)
         args, env = self._storage_for(name)
         # the XDCR cluster id (docs/xdcr.md): stored in the data directory at the first start
         return LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token, env=env,
                            extra_args=["--cluster-id", str(ref.cluster_id), *args])
+
+    def _check_port_unshared(self, name: str, port: int) -> None:
+        """Refuse a loopback port that another TableCluster's endpoint or member also names: both engines
+        would be started on it, one would answer for the other, and the other's token would be refused."""
+        for other in self.registry.of_kind("TableCluster"):
+            if other.name == name:
+                continue
+            for url in [other.spec.endpoint, *(other.spec.members or [])]:
+                if urlparse(url).hostname in LOOPBACK and urlparse(url).port == port:
+                    raise RuntimeError(f"TableCluster {name}: port {port} is also TableCluster {other.name}'s "
+                                       f"({url}): on one machine each engine needs a port of its own")
 
     def _storage_for(self, name: str) -> tuple[list[str], dict[str, str]]:
         """The engine's arguments and environment for ``spec.local``: ``--storage URL`` (the models
