@@ -10,13 +10,17 @@ An edit (:func:`set_spec_field`) changes the file's text in one place - the valu
 one new line in the object's ``spec`` - so the user's comments, order and layout stay; the result
 must load to exactly the documents before with that one field changed, and be valid, or nothing
 is written.
+
+Across files, one check the models cannot make alone (:func:`port_conflict`): on one machine two
+TableClusters never name one loopback port.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -26,6 +30,20 @@ from ..controllers.dispatch import ORDER
 
 class ManifestError(ValueError):
     """A manifest file that cannot be applied: the message names the file, the object and the reason."""
+
+
+def port_conflict(clusters: Iterable[tuple[str, Sequence[str]]], name: str, ports: Iterable[int],
+                  loopback: Sequence[str]) -> str | None:
+    """Why TableCluster ``name`` cannot have its engines on ``ports`` on this machine: another TableCluster's
+    endpoint or member names one of them too (both engines would be started on it, one would answer
+    for the other, and the other's token would be refused). None when no other one does."""
+    for other, urls in clusters:
+        for url in urls if other != name else ():
+            parsed = urlparse(url)
+            if parsed.hostname in loopback and parsed.port in ports:
+                return (f"TableCluster {name}: port {parsed.port} is also TableCluster {other}'s ({url}): on one "
+                        "machine each engine needs a port of its own")
+    return None
 
 
 def manifest_files(paths: Iterable[Path]) -> list[Path]:

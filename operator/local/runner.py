@@ -78,7 +78,7 @@ from ..terminal import display
 from ..tracker.loop import TrackerLoop
 from .demo import demo
 from .group import LocalGroup
-from .manifests import ManifestError, load_file, manifest_files
+from .manifests import ManifestError, load_file, manifest_files, port_conflict
 from .service import LocalService
 from .state import (
     CONTROL_DIR,
@@ -231,8 +231,7 @@ class LocalRunner:
         if len(set(ports)) != len(ports):
             raise RuntimeError(f"TableCluster {name}: the endpoint and each member need a port of their own "
                                f"(up listens on the endpoint's, {endpoint.port}, and forwards to the leader)")
-        for port in ports:
-            self._check_port_unshared(name, port)
+        self._check_ports_unshared(name, ports)
         args, env = self._storage_for(name)
         if not args and not env.get("REPTABLES_STORAGE"):
             raise RuntimeError(f"TableCluster {name}: spec.members needs a PostgreSQL database in spec.local "
@@ -258,22 +257,17 @@ class LocalRunner:
         if url.hostname not in LOOPBACK or url.port is None:
             raise RuntimeError(f"TableCluster {name}: the local runner starts engines on loopback only; "
                                f"endpoint {ref.endpoint} is not http://127.0.0.1:<port>")
-        self._check_port_unshared(name, url.port)
+        self._check_ports_unshared(name, [url.port])
         args, env = self._storage_for(name)
         # the XDCR cluster id (docs/xdcr.md): stored in the data directory at the first start
         return LocalEngine(name, self.data_dir / name, port=url.port, token=ref.token, env=env,
                            extra_args=["--cluster-id", str(ref.cluster_id), *args])
 
-    def _check_port_unshared(self, name: str, port: int) -> None:
-        """Refuse a loopback port that another TableCluster's endpoint or member also names: both engines
-        would be started on it, one would answer for the other, and the other's token would be refused."""
-        for other in self.registry.of_kind("TableCluster"):
-            if other.name == name:
-                continue
-            for url in [other.spec.endpoint, *(other.spec.members or [])]:
-                if urlparse(url).hostname in LOOPBACK and urlparse(url).port == port:
-                    raise RuntimeError(f"TableCluster {name}: port {port} is also TableCluster {other.name}'s "
-                                       f"({url}): on one machine each engine needs a port of its own")
+    def _check_ports_unshared(self, name: str, ports: list[int]) -> None:
+        clusters = [(c.name, [c.spec.endpoint, *(c.spec.members or [])]) for c in self.registry.of_kind("TableCluster")]
+        problem = port_conflict(clusters, name, ports, LOOPBACK)
+        if problem is not None:
+            raise RuntimeError(problem)
 
     def _storage_for(self, name: str) -> tuple[list[str], dict[str, str]]:
         """The engine's arguments and environment for ``spec.local``: ``--storage URL`` (the models
