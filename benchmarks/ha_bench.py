@@ -79,9 +79,9 @@ import httpx
 
 from reptables.engine.client import Client
 from reptables.engine.client.protocol import TransportError, never_sent
+from reptables.engine.config import DEFAULT_LEASE
 from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
-from reptables.engine.storage.leadership import DEFAULT_LEASE
 from reptables.testing import KV_SCHEMA, TEST_TOKEN, EngineProcess, backends, wait_for
 
 CASES = ("leader", "postgres")

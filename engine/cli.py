@@ -43,22 +43,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yt.yson as yson
 
-from . import logs
-from .api import LeaderGate, create_app, standby_app
-from .api.server import check_tls_files, metrics_app, run_servers
-from .config import DEFAULT_CONFIG, EngineConfig
-from .errors import DataDirError, DataDirInUseError, YtError
-from .httpconn import client_ssl_context
-from .node import Cluster
-from .node.tables import STORAGE_FORMAT
-from .storage import DataDir
-from .storage.database import probe_database
-from .storage.leadership import DEFAULT_LEASE, EXIT_STEPPED_DOWN, Leadership
+from .config import DEFAULT_CONFIG, DEFAULT_LEASE, EngineConfig
+
+if TYPE_CHECKING:
+    from .node import Cluster
+    from .storage.leadership import Leadership
+
+# The engine itself (the API, the node, storage) is imported by the functions that serve it, not
+# here: ``reptables`` mounts this app under ``reptables engine``, and its other commands (status,
+# env, dr, stream...) and ``--help`` should not pay the engine's import (about a second of CPU)
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")
@@ -158,6 +155,13 @@ def serve(
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
     """Serve the YTsaurus HTTP API for one table cluster."""
+    from . import logs
+    from .api import create_app
+    from .api.server import metrics_app
+    from .errors import DataDirError, DataDirInUseError
+    from .node import Cluster
+    from .storage.leadership import Leadership
+
     # first: every file and directory this process creates is its user's alone (0600 files, 0700
     # directories). The data directory holds tokens (the token file, the peer directory in the
     # database and its WAL) and table rows (XDCR conflict logs, snapshot pages), and files are
@@ -244,6 +248,8 @@ def serve(
 def _start(cluster: Cluster, data_dir: Path, token: str | None, clusters_config: Path | None) -> str:
     """What a built node needs before it serves: its token (written once the data directory is locked),
     the peers of ``--clusters-config``, its background work. The API token."""
+    import yt.yson as yson
+
     secret = resolve_token(data_dir, token)
     if clusters_config is not None:
         raw = clusters_config.read_bytes()
@@ -260,6 +266,14 @@ def _serve_candidate(cluster_name: str, url: str, data_dir: Path, config: Engine
     """``serve --standby``: listen at once as a standby (``api.standby_app``), stand by for the lease in
     a thread, and once it is won build the node from the database as a restart does and serve it
     (``api.LeaderGate``). A leader that steps down stops the process (exit status 75)."""
+    from .api import LeaderGate, create_app, standby_app
+    from .api.server import metrics_app
+    from .errors import DataDirError, DataDirInUseError, YtError
+    from .node import Cluster
+    from .node.tables import STORAGE_FORMAT
+    from .storage import DataDir
+    from .storage.database import probe_database
+
     try:
         # refused at once what would be refused once the lease is won: another cluster's database, a
         # newer format's, an incomplete one, a data directory another engine serves
@@ -329,7 +343,9 @@ def _serve_candidate(cluster_name: str, url: str, data_dir: Path, config: Engine
 def _run_until_stopped(leadership: Leadership | None, app: Any, host: str, port: int, config: EngineConfig,
                        metrics: tuple[Any, int] | None, on_exit: Any) -> None:
     """``run_servers`` until SIGTERM; the SystemExit of a stop this engine asked for itself (it stepped
-    down) is not the caller's to see (it exits with :data:`EXIT_STEPPED_DOWN`)."""
+    down) is not the caller's to see (it exits with ``EXIT_STEPPED_DOWN``)."""
+    from .api.server import run_servers
+
     try:
         run_servers(app, host, port, config, metrics=metrics, on_exit=on_exit)
     except SystemExit:
@@ -338,6 +354,8 @@ def _run_until_stopped(leadership: Leadership | None, app: Any, host: str, port:
 
 
 def _exit_if_stepped_down(leadership: Leadership | None) -> None:
+    from .storage.leadership import EXIT_STEPPED_DOWN
+
     if leadership is not None and leadership.lost is not None:
         print(f"this engine stepped down: {leadership.lost}", file=sys.stderr)
         raise typer.Exit(EXIT_STEPPED_DOWN)
@@ -358,6 +376,9 @@ def _default_address(host: str, port: int, config: EngineConfig) -> str:
 
 def _transport_problem(config: EngineConfig, port: int, metrics_port: int | None) -> str | None:
     """Why the listeners or the peer CA cannot work as configured (None if they can)."""
+    from .api.server import check_tls_files
+    from .httpconn import client_ssl_context
+
     problem = check_tls_files(config)
     if problem is not None:
         return problem

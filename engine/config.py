@@ -179,3 +179,5 @@ class EngineConfig:
 
 
 DEFAULT_CONFIG = EngineConfig()
+#: seconds a group leader's lease lasts (``engine serve --leader-lease``; storage/leadership.py)
+DEFAULT_LEASE = 1.5

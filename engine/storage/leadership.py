@@ -83,14 +83,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..config import DEFAULT_LEASE
 from ..errors import UnavailableError
 from .sql import postgresql_driver_url
 from .system_tables import leader_table
 
 log = logging.getLogger("reptables.engine.leadership")
 
-#: seconds a group leader's lease lasts (``--leader-lease``)
-DEFAULT_LEASE = 1.5
 #: the exit status of ``engine serve`` when the engine stepped down (another engine leads now):
 #: EX_TEMPFAIL, "try again" - its supervisor starts it again, as a standby
 EXIT_STEPPED_DOWN = 75
