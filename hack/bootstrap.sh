@@ -44,3 +44,6 @@ fi
 # strict editable mode links every file of the package folders under build/: mypy and lint-imports
 # then resolve reptables.* like any installed package (re-run after adding a module)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]' --config-settings editable_mode=strict
+# the bytecode of the project's own modules, written here once: where PYTHONDONTWRITEBYTECODE is set
+# (CI's machines set it), every engine, CLI and Spark job process would compile them again at start
+.venv/bin/python -m compileall -q -j 0 build/__editable__.reptables-*/reptables >/dev/null
