@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # What one local Spark start costs: wall time and CPU (perf stat's task-clock, every thread and child
-# process counted) of a session start, one small job and a stop, with the JVM's default options and
-# with the options the test suite gives every Spark JVM (tests/conftest.py SPARK_TEST_JVM_OPTIONS).
+# process counted) of a session start, one small job and a stop, with the JVM's default options, with
+# the JIT and collector options the test suite gives every Spark JVM, and with those and the suite's
+# class-data-sharing archive (testing/spark_jvm.py; made first if this environment has none).
 # Usage: bash hack/spark-jvm-cost.sh [ROUNDS]   (needs .venv with the spark extra, and perf)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)" >&2; exit 2; }
-options="$(.venv/bin/python -c 'import ast, sys
-tree = ast.parse(open("tests/conftest.py").read())
-print(next(n.value.value for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "SPARK_TEST_JVM_OPTIONS"))')"
+options="$(.venv/bin/python -c 'from reptables.testing.spark_jvm import JVM_OPTIONS; print(JVM_OPTIONS)')"
+archived="$(.venv/bin/python -c 'from reptables.testing.spark_jvm import jvm_options; print(jvm_options())')"
 probe='import time
 t = time.monotonic()
 from pyspark.sql import SparkSession
@@ -18,11 +18,13 @@ s.range(100).count()
 s.stop()
 print(f"wall {time.monotonic() - t:.1f} s")'
 for round in $(seq 1 "$rounds"); do
-  for jvm in "" "$options"; do
+  for jvm in "" "$options" "$archived"; do
     out="$(SPARK_LOCAL_IP=127.0.0.1 PYSPARK_SUBMIT_ARGS="--driver-java-options '$jvm' pyspark-shell" \
       perf stat -x, -e task-clock .venv/bin/python -c "$probe" 2>&1)"
     wall="$(grep -o 'wall [0-9.]* s' <<<"$out")"
     cpu="$(grep task-clock <<<"$out" | cut -d, -f1)"
-    printf 'round %s  %-42s %s  cpu %.1f s\n' "$round" "[${jvm:-JVM defaults}]" "$wall" "$(awk -v ms="$cpu" 'BEGIN { print ms / 1000 }')"
+    label="${jvm:-JVM defaults}"
+    [ "$jvm" = "$archived" ] && [ "$archived" != "$options" ] && label="$options + class archive"
+    printf 'round %s  %-60s %s  cpu %.1f s\n' "$round" "[$label]" "$wall" "$(awk -v ms="$cpu" 'BEGIN { print ms / 1000 }')"
   done
 done

@@ -12,14 +12,6 @@ import pytest
 from reptables.testing import backends
 from tests.harness import EngineProcess
 
-#: the JVM options of every local Spark the tests start (the session of tests/sparkapps, and the jobs
-#: that the launchers, ``reptables up`` and the spark-operator stand-in run as processes): the client
-#: compiler only and the serial collector. A job's JVM lives seconds on small data, where C2's
-#: compilations and G1's threads cost more than they return (``bash hack/spark-jvm-cost.sh`` measures
-#: the CPU and wall time of a start with and without them).
-SPARK_TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
 #: the modules whose behaviour depends on storage: collected a second time as ``test_x.py[postgresql]``,
 #: whose engines keep their state in databases of the run's PostgreSQL server (testing/backends.py).
 #: (The SQLite-only modules - a damaged database file, the data directory's files and lock - and the
@@ -42,9 +34,16 @@ _pg_server: Any = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pyspark reads PYSPARK_SUBMIT_ARGS when it launches its JVM; set here, every child process inherits it
-    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{SPARK_TEST_JVM_OPTIONS}' pyspark-shell")
     global _pg_server
+    # pyspark reads PYSPARK_SUBMIT_ARGS when it launches its JVM: set by the process that runs the session
+    # (the controller under pytest-xdist), every worker and child process inherits it. The options of
+    # every local Spark of the run - the session of tests/sparkapps, and the jobs that the launchers,
+    # reptables up and the spark-operator stand-in run as processes - with the class-data-sharing
+    # archive (testing/spark_jvm.py), made here first when this environment has none
+    if "PYTEST_XDIST_WORKER" not in os.environ and "PYSPARK_SUBMIT_ARGS" not in os.environ:
+        from reptables.testing.spark_jvm import jvm_options
+
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options '{jvm_options()}' pyspark-shell"
     # one PostgreSQL server for the whole run (the PostgreSQL half, reptables up on PostgreSQL, the
     # mirror's target), started by the process that runs the session (the controller under
     # pytest-xdist: its workers inherit the address) and stopped by its pid at the end

@@ -30,6 +30,7 @@ from reptables.engine.credentials import peer_credential
 from reptables.engine.errors import YtError
 from reptables.testing.waits import wait_for
 
+from ..spark_jvm import jvm_options
 from .cluster import ChaosProcess
 from .nemesis import Fault, Kill, Partition, Pause
 from .runner import RunContext, Scenario
@@ -43,8 +44,6 @@ TARGET = "r3"
 KEEP = 3
 #: attempts of one copy before the cycle counts as failed
 ATTEMPTS = 6
-#: the JVM options of tests/conftest.py: a job's JVM lives seconds, C1 and the serial collector suit it
-SPARK_SUBMIT_ARGS = "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
 
 
 def _secret_file(path: Path, value: str) -> Path:
@@ -98,9 +97,11 @@ def _cycle(ctx: RunContext, meta: Client, path: str, cycle: int, rng: random.Ran
     ctx.history.info("bootstrap", "begin", {"cycle": cycle, "path": path, "replica_id": replica_id,
                                             "source": source_cluster, "timestamp": timestamp})
     started = time.monotonic()
+    # the JVM options of the test suite's Spark (testing/spark_jvm.py), the class archive if one was made
+    spark_submit_args = f"--driver-java-options '{jvm_options(make=False)}' pyspark-shell"
     for attempt in range(1, ATTEMPTS + 1):
         job = ChaosProcess(f"bootstrap-{cycle}-{attempt}", argv, base / f"bootstrap-{cycle}.log",
-                           env={"PYSPARK_SUBMIT_ARGS": SPARK_SUBMIT_ARGS, "SPARK_LOCAL_IP": "127.0.0.1"})
+                           env={"PYSPARK_SUBMIT_ARGS": spark_submit_args, "SPARK_LOCAL_IP": "127.0.0.1"})
         ctx.run.process(job)
         if attempt == 1:
             _strike(ctx, rng, job, str(source_cluster))
