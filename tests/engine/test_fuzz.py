@@ -15,6 +15,7 @@ the same examples every time. What a user relies on, asserted for every request:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,13 @@ def _check_answer(answer: httpx.Response, what: str) -> None:
         assert len(answer.headers["X-YT-Error"]) <= 16_384, f"{what}: X-YT-Error of {len(answer.headers['X-YT-Error'])}"
 
 
-FUZZ = settings(max_examples=500, deadline=None, derandomize=True, database=None,
+#: examples a test sends: the suite's short mode by default, derandomized (the same examples every
+#: run: a regression check). ``bash hack/fuzz.sh`` is the long mode: thousands of examples a test
+#: (``REPTABLES_FUZZ_EXAMPLES``), fresh ones from the seed in ``REPTABLES_FUZZ_SEED`` (which it prints
+#: and also hands pytest as ``--hypothesis-seed``: give it again to send the same examples)
+EXAMPLES = int(os.environ.get("REPTABLES_FUZZ_EXAMPLES", "200"))
+SEED = os.environ.get("REPTABLES_FUZZ_SEED")
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=SEED is None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
 

@@ -87,9 +87,10 @@ CONSUMER_NAMES = ["\ud800", "new", "c2", "", "x" * 1001, 5, None, ["c1"], MISSIN
 REFUSED_TIMEOUTS = [-1, 0, 3_600_001, 2**64, "60000", 1.5, True, [1]]
 LONG_ROW = {"k": 7, "v": "x" * 1_000_000, "n": 1}
 
-#: the generic fuzzer's settings (derandomized, no example database), with fewer examples a test and
-#: no shrinking: an example is a template and at most three changes, small already
-XFUZZ = settings(FUZZ, max_examples=150, phases=[Phase.explicit, Phase.generate])
+#: the generic fuzzer's settings (derandomized, no example database; hack/fuzz.sh's long mode), with
+#: fewer examples a test (three tenths) and no shrinking: an example is a template and at most three
+#: changes, small already
+XFUZZ = settings(FUZZ, max_examples=max(1, FUZZ.max_examples * 3 // 10), phases=[Phase.explicit, Phase.generate])
 
 
 @dataclass(frozen=True)
