@@ -17,7 +17,7 @@ TableClusters never name one loopback port.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -32,7 +32,7 @@ class ManifestError(ValueError):
     """A manifest file that cannot be applied: the message names the file, the object and the reason."""
 
 
-def port_conflict(clusters: Iterable[tuple[str, Sequence[str]]], name: str, ports: Iterable[int],
+def port_conflict(clusters: Iterable[tuple[str, Sequence[str]]], name: str, ports: Collection[int],
                   loopback: Sequence[str]) -> str | None:
     """Why TableCluster ``name`` cannot have its engines on ``ports`` on this machine: another TableCluster's
     endpoint or member names one of them too (both engines would be started on it, one would answer
@@ -40,7 +40,7 @@ def port_conflict(clusters: Iterable[tuple[str, Sequence[str]]], name: str, port
     for other, urls in clusters:
         for url in urls if other != name else ():
             parsed = urlparse(url)
-            if parsed.hostname in loopback and parsed.port in ports:
+            if parsed.hostname in loopback and parsed.port is not None and parsed.port in ports:
                 return (f"TableCluster {name}: port {parsed.port} is also TableCluster {other}'s ({url}): on one "
                         "machine each engine needs a port of its own")
     return None
