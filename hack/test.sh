@@ -12,8 +12,8 @@ source "$(dirname "$0")/bootstrap.sh"
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass
 # three workers (pytest-xdist) on the 2 cores: many tests wait on engine processes, timers or faults
 # (two workers left the machine idle a quarter of the time: 25:24 then, 22:11 with three on
-# 2026-11-28, CPU 94 % busy; 41-46 minutes on slower machines on 2026-11-29, 35:16 on 2026-11-30 once
-# the project's bytecode, Spark's class archive and the short fuzz mode came in); tests/conftest.py keeps each module
+# 2026-11-28, CPU 94 % busy; 35:16 on a slower machine on 2026-11-30, bash .ci/run on a clean clone);
+# tests/conftest.py keeps each module
 # on one worker, in order, and all Spark tests on one (one Spark session per run), and starts the
 # minutes-long modules first (tests/conftest.py HEAVY_FIRST) so that the workers finish together
 exec .venv/bin/python -m pytest -n 3 --durations=25 "$@"

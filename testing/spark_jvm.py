@@ -7,8 +7,9 @@ dynamic class-data-sharing (CDS) archive holds them already parsed and verified:
 skips that work (``bash hack/spark-jvm-cost.sh`` measures a start with and without it).
 
 The archive is made by one Spark start with ``-XX:ArchiveClassesAtExit`` that runs what the jobs
-run (a Python data source, DataFrames, Python code on the executors), once per JDK build and pyspark version: it is
-kept in the virtual environment (``.venv/share/reptables/``) and made again when either changes.
+run (a Python data source, DataFrames, Python code on the executors), once per JDK build and
+pyspark version: it is kept in the virtual environment (``.venv/share/reptables/``) and made again
+when either changes.
 A JVM whose classpath or JDK does not match the archive ignores it (``-Xshare:auto``, its warning
 silenced) and starts as it would without it, so the archive can only save time, never fail a start.
 The client compiler only and the serial collector: a job's JVM lives seconds on small data, where
