@@ -2,7 +2,7 @@
 
 Why: the suite starts local Spark many times (its own session, and every bootstrap, verify, mirror
 and join job that the launchers, ``reptables up`` and the spark-operator stand-in run as processes),
-and a short-lived Spark JVM spends about half its CPU loading and verifying Spark's classes. A
+and a short-lived Spark JVM spends much of its CPU loading and verifying Spark's classes. A
 dynamic class-data-sharing (CDS) archive holds them already parsed and verified: a JVM mapping it
 skips that work (``bash hack/spark-jvm-cost.sh`` measures a start with and without it).
 
