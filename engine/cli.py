@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 # The engine itself (the API, the node, storage) is imported by the functions that serve it, not
 # here: ``reptables`` mounts this app under ``reptables engine``, and its other commands (status,
-# env, dr, stream...) and ``--help`` should not pay the engine's import (about a second of CPU)
+# env, dr, stream...) and ``--help`` should not pay the engine's import
 
 app = typer.Typer(help="The table engine: one process serves one table cluster.", no_args_is_help=True)
 log = logging.getLogger("reptables.engine")

@@ -45,5 +45,6 @@ fi
 # then resolve reptables.* like any installed package (re-run after adding a module)
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spark]' --config-settings editable_mode=strict
 # the bytecode of the project's own modules, written here once: where PYTHONDONTWRITEBYTECODE is set
-# (CI's machines set it), every engine, CLI and Spark job process would compile them again at start
+# (as on the machines this project is built on), every engine, CLI and Spark job process would
+# compile them again at start
 .venv/bin/python -m compileall -q -j 0 build/__editable__.reptables-*/reptables >/dev/null
