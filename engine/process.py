@@ -4,12 +4,24 @@ The local runner, the tests and the benchmarks all run real engines. Each engine
 session (so its process group id is its pid) and is stopped through that group — SIGTERM, then
 SIGKILL — never by name, so nothing else on the machine is touched. ``kill`` is a SIGKILL of the
 group, for crash tests.
+
+Two ways to launch one. ``exec`` (the default) spawns ``python -m reptables.engine.cli serve``.
+``fork`` (``REPTABLES_ENGINE_LAUNCH=fork``; the test suite sets it) asks this process's zygote
+(``engine/zygote.py``: one process per caller that imported the engine once) to fork the engine,
+which skips the second of CPU the imports cost - the largest part of an engine's start. A forked
+engine is the same engine in its own session; :class:`ForkedProcess` gives it the part of
+``subprocess.Popen`` callers use (``pid``, ``poll``, ``wait``, ``returncode``). An engine whose
+environment changes how Python itself starts (``PYTHON*``, ``LD_*``) is always spawned, and so is
+every engine once the zygote could not be started.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -20,11 +32,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import httpx
 
 E = TypeVar("E", bound="LocalEngine")
+
+#: the environment variable that picks how engines are launched: ``exec`` (default) or ``fork``
+LAUNCH_ENV = "REPTABLES_ENGINE_LAUNCH"
 
 
 #: the loopback ports :func:`free_port` handed out lately, oldest first, and the same as a set
@@ -57,6 +72,152 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in {_MAX_TRIES} tries that this process had not handed out lately")
 
 
+class ForkedProcess:
+    """An engine the zygote forked: not this process's child, so its exit is read from the status
+    pipe the zygote writes the exit code into when it reaps it (``-N`` for signal N, as ``Popen``)."""
+
+    def __init__(self, pid: int, status_fd: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._status_fd = status_fd
+        self._orphaned = False  # the zygote went away without a code: the pid is watched instead
+        self._status_lock = threading.Lock()  # guards returncode, _status_fd and _orphaned; a leaf
+        os.set_blocking(status_fd, False)
+
+    def poll(self) -> int | None:
+        with self._status_lock:
+            if self.returncode is not None:
+                return self.returncode
+            if self._orphaned:
+                if not _running(self.pid):
+                    self.returncode = -1  # exited; its code went with the zygote
+                return self.returncode
+            try:
+                data = os.read(self._status_fd, 32)
+            except BlockingIOError:
+                return None
+            os.close(self._status_fd)
+            if data:
+                self.returncode = int(data)
+            else:
+                self._orphaned = True
+        return self.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout if timeout is not None else 0.0)
+            if self._orphaned:
+                time.sleep(0.05 if left is None else min(0.05, left))
+                continue
+            with contextlib.suppress(OSError, ValueError):  # closed by another thread's poll
+                select.select([self._status_fd], [], [], 0.5 if left is None else min(0.5, left))
+        return code
+
+
+def _running(pid: int) -> bool:
+    """Whether the process runs (a zombie no longer does: its parent may be slow to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+Process: TypeAlias = subprocess.Popen[bytes] | ForkedProcess
+
+
+class _Zygote:
+    """This process's zygote (``engine/zygote.py``): spawned on first use, asked over a socket pair."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "reptables.engine.zygote", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True)
+        self.sock = mine
+        try:
+            self.sock.settimeout(120.0)
+            hello = json.loads(self.sock.recv(1 << 16) or b"{}")
+            if "ready" not in hello:
+                raise RuntimeError(f"the engine zygote did not start: {hello.get('error', 'it exited')}")
+        except BaseException:
+            self.close()
+            raise
+
+    def fork(self, argv: list[str], env: dict[str, str], log_fd: int) -> ForkedProcess:
+        status_r, status_w = os.pipe()
+        try:
+            request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
+            socket.send_fds(self.sock, [request], [log_fd, status_w])
+            answer = json.loads(self.sock.recv(1 << 16) or b"{}")
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        if "pid" not in answer:
+            os.close(status_r)
+            raise RuntimeError(f"the engine zygote could not fork: {answer.get('error', 'it went away')}")
+        return ForkedProcess(int(answer["pid"]), status_r, argv)
+
+    def close(self) -> None:
+        self.sock.close()  # end of file: the zygote exits (its engines run on)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_zygote: _Zygote | None = None
+_zygote_failed = False
+_zygote_lock = threading.Lock()  # guards _zygote, _zygote_failed and the zygote's socket; a leaf
+
+
+def _fork_engine(argv: list[str], env: dict[str, str], log_fd: int) -> ForkedProcess | None:
+    """The engine forked by this process's zygote, or None if there is none to be had (then spawn)."""
+    global _zygote, _zygote_failed
+    with _zygote_lock:
+        if _zygote is not None and _zygote.owner != os.getpid():
+            _zygote = None  # a forked copy of the process that started it: it is not ours to ask
+        if _zygote is None and not _zygote_failed:
+            try:
+                _zygote = _Zygote()
+            except (OSError, RuntimeError, ValueError):
+                _zygote_failed = True
+        if _zygote is None:
+            return None
+        try:
+            return _zygote.fork(argv, env, log_fd)
+        except (OSError, RuntimeError, ValueError):
+            _zygote.close()
+            _zygote, _zygote_failed = None, True
+            return None
+
+
+@atexit.register
+def _close_zygote() -> None:
+    global _zygote
+    with _zygote_lock:
+        if _zygote is not None and _zygote.owner == os.getpid():
+            _zygote.close()
+        _zygote = None
+
+
+def _forkable(env: dict[str, str], own: dict[str, str]) -> bool:
+    """Whether an engine may be forked: ``fork`` was asked for, and nothing of its own environment
+    (``own``) changes how the interpreter starts (that takes effect only in a new interpreter)."""
+    return env.get(LAUNCH_ENV, "exec") == "fork" and not any(
+        name.startswith(("PYTHON", "LD_")) and value != os.environ.get(name) for name, value in own.items())
+
+
 @dataclass
 class LocalEngine:
     cluster_name: str
@@ -67,7 +228,7 @@ class LocalEngine:
     env: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
     extra_args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Process | None = None
 
     @property
     def url(self) -> str:
@@ -93,11 +254,12 @@ class LocalEngine:
         env = {**os.environ, **self.env}
         if self.token is not None:
             env["REPTABLES_TOKEN"] = self.token
+        argv = ["serve", "--cluster-name", self.cluster_name, "--data-dir", str(self.data_dir),
+                "--port", str(self.port), "--log-level", self.log_level, *self.extra_args]
         with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reptables.engine.cli", "serve", "--cluster-name",
-                 self.cluster_name, "--data-dir", str(self.data_dir), "--port", str(self.port),
-                 "--log-level", self.log_level, *self.extra_args],
+            forked = _fork_engine(argv, env, log.fileno()) if _forkable(env, self.env) else None
+            self.proc = forked or subprocess.Popen(
+                [sys.executable, "-m", "reptables.engine.cli", *argv],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         return self
 

@@ -31,6 +31,11 @@ BACKEND_MODULES = (
 _BACKENDS = tuple(os.environ.get("REPTABLES_TEST_BACKENDS", "sqlite,postgresql").split(","))
 _ROOT = Path(__file__).resolve().parent.parent
 _pg_server: Any = None
+# engines of the run are forked by a zygote that imported the engine once (engine/process.py,
+# engine/zygote.py), not spawned: the imports are most of an engine's start, and a run starts
+# hundreds. Set here, so every process of the run (workers, reptables up) inherits it; a test that
+# needs a spawned engine's own command line or environment asks for exec
+os.environ.setdefault("REPTABLES_ENGINE_LAUNCH", "fork")
 
 
 def pytest_configure(config: pytest.Config) -> None:

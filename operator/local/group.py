@@ -86,12 +86,11 @@ class LocalGroup:
         lines = []
         now = time.monotonic()
         for engine in self.members:
-            if engine.proc is not None and engine.proc.poll() is not None:
+            if engine.proc is not None and (status := engine.proc.poll()) is not None:
                 seen = self.exited.setdefault(engine.url, now)
                 if now - seen < RESTART_DELAY:
                     continue
                 del self.exited[engine.url]
-                status = engine.proc.returncode
                 engine.spawn()
                 how = "was killed" if status < 0 else f"exited with status {status}" + (
                     " (another engine took over)" if status == 75 else "")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reptables.engine.process import free_port
+from reptables.engine.process import LAUNCH_ENV, free_port
 from reptables.operator.local.runner import LocalRunner
 from reptables.testing.backends import DB_USER, RunServer
 
@@ -61,6 +61,9 @@ def test_up_runs_each_engine_on_the_database_its_manifest_names(
     remote_with_password = remote_url.replace(f"//{DB_USER}@", f"//{DB_USER}:{PASSWORD}@")
     # a URL in up's own environment: no engine may take it (every engine would go to one database)
     monkeypatch.setenv("REPTABLES_STORAGE", "postgresql://nobody@127.0.0.1:1/nowhere")
+    # spawned engines, as up's default: their command lines and environments are read from /proc below
+    # (a forked engine's are the zygote's)
+    monkeypatch.setenv(LAUNCH_ENV, "exec")
     manifests = [
         secret("primary-token", token="token-primary"), secret("remote-token", token="token-remote"),
         secret("plain-token", token="token-plain"), secret("remote-db", uri=remote_with_password),
