@@ -45,6 +45,9 @@ PRELOAD = (
     "reptables.engine.httpconn", "yt.yson", "sqlalchemy", "sqlalchemy.dialects.sqlite",
     "sqlalchemy.dialects.postgresql", "uvicorn", "uvicorn.loops.asyncio", "uvicorn.protocols.http.h11_impl",
     "uvicorn.protocols.http.httptools_impl", "uvicorn.lifespan.on", "psycopg", "psycopg_pool",
+    "uvicorn.loops.auto", "uvloop", "uvicorn.protocols.websockets.auto", "anyio._backends._asyncio",
+    "httpcore", "typer._click.decorators", "pydantic.plugin._loader",
+    "typer._adapters",  # typer builds its parameters with pydantic, imported at the first command line parsed
 )
 
 #: the largest request: argv and an environment
