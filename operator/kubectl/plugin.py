@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, cast
+from typing import Annotated, Any, NoReturn
 
 import typer
 import urllib3
@@ -145,7 +145,6 @@ class Kube:
         self.api_client = client.ApiClient(configuration)
         self.api_client.user_agent = USER_AGENT
         self.custom = client.CustomObjectsApi(self.api_client)
-        self.core = client.CoreV1Api(self.api_client)
         self.namespace = namespace or "default"
         self.all_namespaces = target.all_namespaces
 
@@ -183,22 +182,30 @@ class Kube:
 
     def switch_events(self, namespace: str | None = None) -> list[dict[str, Any]]:
         """The tracker's ReplicaModeChanged Events; a warning (not a failure) when RBAC hides Events."""
-        selector = f"reason={SWITCH_REASON}"
         try:
-            if self.all_namespaces:
-                response = self.core.list_event_for_all_namespaces(field_selector=selector, _preload_content=False,
-                                                                   _request_timeout=REQUEST_TIMEOUT)
-            else:
-                response = self.core.list_namespaced_event(namespace or self.namespace, field_selector=selector,
-                                                           _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+            items = self._list_events(namespace or self.namespace, f"reason={SWITCH_REASON}")
         except ApiException as exc:
             if exc.status in (401, 403, 404):
                 typer.echo(display(f"warning: cannot read Events ({_message(exc)}): tracker switches are not shown"),
                            err=True)
                 return []
             raise
-        items = json.loads(cast(Any, response).data).get("items") or []  # raw: not preloaded into models
         return [e for e in items if e.get("reason") == SWITCH_REASON]
+
+    def _list_events(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Events as JSON, through the client's ApiClient (its configuration, authentication, retries and
+        TLS) without ``CoreV1Api``: that class's module builds the typed models of the whole core API
+        when imported, which cost more CPU than everything else a ``status`` does (it read raw JSON anyway)."""
+        path = "/api/v1/events" if self.all_namespaces else "/api/v1/namespaces/{namespace}/events"
+        request = self.api_client.param_serialize(
+            method="GET", resource_path=path, path_params={} if self.all_namespaces else {"namespace": namespace},
+            query_params=[("fieldSelector", selector)], header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"])
+        response = self.api_client.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+        body = response.read() or b""
+        if not 200 <= int(response.status) < 300:
+            raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
+        return list(json.loads(body).get("items") or [])
 
     def get_replica(self, name: str) -> dict[str, Any]:
         try:
