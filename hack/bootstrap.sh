@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by hack/up.sh and hack/test.sh: make .venv and install reptables (with the test and spark
 # extras) into it.
-# Needs only python3 >= 3.11 with venv; everything else comes from PyPI.
+# Needs python3 >= 3.11 with venv; Python packages come from PyPI, the rest from Debian's packages
+# (apt-get, as root or with sudo) when this machine lacks them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
