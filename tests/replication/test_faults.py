@@ -29,7 +29,7 @@ import pytest
 import sqlalchemy as sa
 
 from reptables.engine.client import Client, token_timestamp
-from reptables.engine.errors import YtError
+from reptables.engine.errors import UnavailableError, YtError
 from reptables.engine.storage import replica_progress_table, tablets_table
 from reptables.engine.storage.datadir import DATABASE
 from reptables.engine.storage.sql import postgresql_driver_url
@@ -517,10 +517,20 @@ def test_a_resharded_table_delivers_every_acknowledged_row_once_across_a_meta_si
     clusters.engines[ASYNC_CLUSTER].start()
     clusters.wait_in_sync(sync)
     restarted = [(k, "restarted") for k in RESHARD_KEYS]
-    try:
-        meta.insert_rows(path, [{"k": k, "v": v} for k, v in restarted])
-    except YtError as exc:
-        pytest.fail(f"a write to every tablet after the restart failed: {exc}")
+
+    def write_restarted() -> bool:
+        try:
+            meta.insert_rows(path, [{"k": k, "v": v} for k, v in restarted])
+        except UnavailableError:
+            # retried, as a client does: the sync replica may still hold the row locks of a transaction
+            # the killed meta-cluster left in doubt, until it asks for the outcome (within about 2 s).
+            # A failed attempt committed nothing: a retry that wrote twice fails the count below
+            return False
+        except YtError as exc:
+            pytest.fail(f"a write to every tablet after the restart failed: {exc}")
+        return True
+
+    wait_for(write_restarted, 30, "a write to every tablet after the restart")
     written += restarted
 
     _check_delivered_once(clusters, {sync: SYNC_CLUSTER, async_: ASYNC_CLUSTER}, start, written)
