@@ -62,10 +62,6 @@ def _preload() -> None:
             pass
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 class _Zygote:
     """The serving loop: requests on the socket, children reaped on SIGCHLD."""
 
@@ -148,7 +144,7 @@ class _Zygote:
             fd = self.status_fds.pop(pid, None)
             if fd is not None:
                 try:
-                    os.write(fd, str(_exit_code(status)).encode())
+                    os.write(fd, str(os.waitstatus_to_exitcode(status)).encode())
                 except OSError:  # the client closed its end: no one is waiting for this child
                     pass
                 os.close(fd)
